@@ -1,0 +1,41 @@
+"""pipeline: a Dask-distributed job runner for machine-learning data work."""
+
+__version__ = "0.1.0"
+
+from .cluster import connect
+from .config import RunOptions
+from .cubes import CubeJob, CubeWorkload, read_shard
+from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
+from .jobs import Job, load_jobs, run_jobs
+from .runner import RunSummary, run_job
+from .storage import LocalStore, Store, open_store
+from .workload import Task, TaskOutput, UnitFailure, Workload
+
+__all__ = [
+    # running jobs
+    "Job",
+    "RunOptions",
+    "RunSummary",
+    "connect",
+    "load_jobs",
+    "run_job",
+    "run_jobs",
+    # workloads
+    "CubeJob",
+    "CubeWorkload",
+    "Task",
+    "TaskOutput",
+    "UnitFailure",
+    "Workload",
+    "read_shard",
+    # storage
+    "LocalStore",
+    "Store",
+    "open_store",
+    # errors
+    "ClusterError",
+    "ConfigError",
+    "InputError",
+    "PipelineError",
+    "StorageError",
+]

@@ -1,0 +1,172 @@
+"""Configuration: one resolution order, in one place, into frozen dataclasses.
+
+Every setting is a dataclass field with its help text. It can be given as a CLI
+flag (``--cubes-per-shard``), a job-file key (``cubes_per_shard``) or an
+environment variable (``PIPELINE_CUBES_PER_SHARD``); the first of those that is
+set wins, in that order, then the field's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "ENV_PREFIX",
+    "JobFile",
+    "RunOptions",
+    "load_job_file",
+    "resolve",
+    "setting",
+    "settings_of",
+]
+
+ENV_PREFIX = "PIPELINE_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def setting(default: Any, kind: type, help: str, *, choices: tuple | None = None,
+            minimum: float | None = None):
+    """A dataclass field that is also a CLI flag, a job-file key and an env var."""
+    meta = {"kind": kind, "help": help, "choices": choices, "minimum": minimum}
+    return field(default=default, metadata=meta)
+
+
+def settings_of(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "kind" in f.metadata]
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.name.replace("_", "-")
+
+
+def env_name(f: dataclasses.Field) -> str:
+    return ENV_PREFIX + f.name.upper()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a job runs: where, with what parallelism, writing where."""
+
+    scheduler: str | None = setting(
+        None, str, "Address of an existing Dask scheduler (tcp://, tls://). "
+        "Unset: start an embedded local cluster.")
+    workers: int | None = setting(
+        None, int, "Workers of the embedded cluster (one thread each). Default: one per core.",
+        minimum=1)
+    output: str = setting("results", str, "Where results go: a directory or s3://bucket/prefix.")
+    overwrite: bool = setting(False, bool, "Delete the job's previous output and start over "
+                              "instead of resuming.")
+    units_per_task: int | None = setting(
+        None, int, "Units (cubes, chunks) per Dask task. Default: sized by a calibration so "
+        "each task lasts about --task-seconds.", minimum=1)
+    task_seconds: float = setting(1.0, float, "Target duration of one task when sizing tasks.",
+                                  minimum=0.01)
+    max_failures: int = setting(0, int, "Exit non-zero when more units than this failed.",
+                                minimum=0)
+    report: str | None = setting(None, str, "Directory for Dask's performance report (HTML) "
+                                 "and a JSON summary of each job.")
+    profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
+    progress: bool | None = setting(None, bool, "Show a progress bar (default: when stderr "
+                                    "is a terminal).")
+    tls_ca_file: str | None = setting(None, str, "CA certificate for TLS to the scheduler.")
+    tls_cert: str | None = setting(None, str, "Client certificate for TLS.")
+    tls_key: str | None = setting(None, str, "Client private key for TLS.")
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """The raw content of one job file: its path, workload name and keys."""
+
+    path: Path | None
+    workload: str
+    values: Mapping[str, Any]
+
+    @property
+    def stem(self) -> str | None:
+        return self.path.stem if self.path else None
+
+
+def load_job_file(path: str | os.PathLike, known_workloads: tuple[str, ...]) -> JobFile:
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"job file {p}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
+    workload = data.pop("workload", known_workloads[0])
+    if workload not in known_workloads:
+        raise ConfigError(f"job file {p}: workload = {workload!r} is not known, "
+                          f"expected one of {', '.join(known_workloads)}")
+    return JobFile(p, workload, data)
+
+
+def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
+    """Check and convert one value; ``origin`` says where it came from, for messages."""
+    kind, choices, minimum = f.metadata["kind"], f.metadata["choices"], f.metadata["minimum"]
+    expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        try:
+            if kind is bool:
+                if text not in _TRUE | _FALSE:
+                    raise ValueError(text)
+                value = text in _TRUE
+            else:
+                value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{origin}: {value!r} is not {expected}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{origin}: expected {expected}, got {value!r} "
+                          f"({type(value).__name__})")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{origin}: {value!r} is not one of {', '.join(map(str, choices))}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{origin}: {value!r} must be at least {minimum}")
+    return value
+
+
+def resolve(cls, job: JobFile | None, cli: Mapping[str, Any],
+            environ: Mapping[str, str] | None = None):
+    """Build ``cls`` from CLI values > job-file values > ``PIPELINE_*`` env vars > defaults.
+
+    ``cli`` maps field names to values, ``None`` meaning "not given".
+    """
+    environ = os.environ if environ is None else environ
+    values = {}
+    for f in settings_of(cls):
+        if cli.get(f.name) is not None:
+            values[f.name] = _coerce(f, cli[f.name], f"--{flag_name(f)}")
+        elif job is not None and f.name in job.values:
+            values[f.name] = _coerce(f, job.values[f.name], f"job file {job.path}: key {f.name!r}")
+        elif environ.get(env_name(f), "") != "":
+            values[f.name] = _coerce(f, environ[env_name(f)], f"environment {env_name(f)}")
+    return cls(**values)
+
+
+def check_unknown_keys(job: JobFile, *classes) -> None:
+    known = {f.name for cls in classes for f in settings_of(cls)}
+    unknown = sorted(set(job.values) - known)
+    if unknown:
+        raise ConfigError(f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
+                          f"for workload {job.workload!r}; known keys: {', '.join(sorted(known))}")
+
+
+def check_flags_apply(cli: Mapping[str, Any], workload: str, *classes) -> None:
+    known = {f.name for cls in classes for f in settings_of(cls)}
+    extra = sorted(k for k, v in cli.items() if v is not None and k not in known)
+    if extra:
+        flags = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise ConfigError(f"{flags} do(es) not apply to a {workload!r} job")

@@ -1,0 +1,242 @@
+"""Cube generation: d x d x d cubes stacked from d frames, written in .npy shards.
+
+Cube k of a job takes the first d rows of each of the first d frames and d
+columns drawn without replacement from columns 1..ncols-1 by a generator seeded
+with (job seed, k), so any cube can be regenerated alone.
+
+Memory layout: a cube is stored column-major (Fortran order) over its axes
+(frame, row, column), because that makes building it one contiguous gather of
+d blocks (see :func:`pipeline.frames.load_layout`). A shard of n cubes is a
+Fortran-ordered ``.npy`` array of shape (d, d, d, n): ``np.load(shard)[..., i]``
+is cube i with axes (frame, row, column), without a copy.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from .config import setting
+from .errors import StorageError
+from .frames import FrameSet, inspect_frames, load_layout, write_frames
+from .storage import Store, join, open_store, write_parquet
+from .workload import Task, TaskOutput, UnitFailure, Workload
+
+__all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
+
+#: Frames made for a cube job that names none.
+AUTO_FRAME_ROWS = 1000
+AUTO_FRAME_COLS = 1000
+
+
+@dataclass(frozen=True)
+class CubeJob:
+    """The settings of a cube job (job-file keys, ``--flags``, ``PIPELINE_*`` vars)."""
+
+    name: str | None = setting(None, str, "Job id: names the job's folder in the output. "
+                               "Default: the job file's name, or 'cubes'.")
+    frames: str | None = setting(None, str, "Folder (or s3:// prefix) of parquet frames. "
+                                 "Default: make dim frames of 1000x1000 under the output.")
+    cubes: int = setting(1000, int, "Number of cubes.", minimum=1)
+    dim: int = setting(100, int, "Cube dimension d: d frames x d rows x d columns.", minimum=1)
+    seed: int = setting(0, int, "Job seed; cube k's columns come from (seed, k).", minimum=0)
+    sink: str = setting("store", str, "store: write shards and a manifest; none: build "
+                        "cubes and discard them (measures generation alone).",
+                        choices=("store", "none"))
+    dtype: str = setting("float64", str, "Cube element type.", choices=("float64", "float32"))
+    cubes_per_shard: int = setting(16, int, "Cubes per .npy shard.", minimum=1)
+    per_layer_columns: bool = setting(False, bool, "Draw new columns for every layer "
+                                      "instead of the same columns in every layer.")
+
+
+def cube_columns(seed: int, cube_id: int, dim: int, n_cols: int, per_layer: bool) -> np.ndarray:
+    """Column positions (1..n_cols-1) of cube ``cube_id``: shape (d,), or (d, d) per layer."""
+    rng = np.random.default_rng([seed, cube_id])
+    if per_layer:
+        return np.stack([rng.choice(n_cols - 1, dim, replace=False) for _ in range(dim)]) + 1
+    return rng.choice(n_cols - 1, dim, replace=False) + 1
+
+
+def build_cube(layout: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
+    """Fill ``out`` (C-ordered, axes column, row, frame) from the layout."""
+    if cols.ndim == 1:
+        np.take(layout, cols - 1, axis=0, out=out, mode="clip")
+    else:
+        for f in range(cols.shape[0]):
+            out[:, :, f] = layout[cols[f] - 1, :, f]
+
+
+def read_shard(data: bytes | str) -> np.ndarray:
+    """A shard's cubes as an array of shape (n, d, d, d), axes (cube, frame, row, column)."""
+    src = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+    return np.moveaxis(np.load(src), -1, 0)
+
+
+def _npy_header(shard: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(shard))
+    return buf.getvalue()
+
+
+class CubeWorkload(Workload):
+    kind = "cubes"
+    unit_name = "cube"
+
+    def __init__(self, job: CubeJob, job_id: str, frames: FrameSet | str):
+        self.job = job
+        self.job_id = job_id
+        self.n_units = job.cubes
+        self.writes_output = job.sink == "store"
+        self._frames_url = frames if isinstance(frames, str) else frames.url
+        self.frames = frames if isinstance(frames, FrameSet) else None
+
+    @classmethod
+    def from_job(cls, job: CubeJob, job_id: str, output: str) -> CubeWorkload:
+        frames = job.frames
+        if frames is None:
+            frames = ensure_auto_frames(output, job.dim, job.seed)
+        return cls(job, job_id, frames)
+
+    def preflight(self) -> None:
+        if self.frames is None:
+            self.frames = inspect_frames(self._frames_url, self.job.dim)
+
+    def fingerprint(self) -> dict:
+        j = self.job
+        return {"frames": list(self.frames.keys), "frames_url": self.frames.url, "cubes": j.cubes,
+                "dim": j.dim, "seed": j.seed, "dtype": j.dtype,
+                "cubes_per_shard": j.cubes_per_shard, "per_layer_columns": j.per_layer_columns}
+
+    def columns(self, cube_id: int) -> np.ndarray:
+        return cube_columns(self.job.seed, cube_id, self.job.dim, self.frames.n_cols,
+                            self.job.per_layer_columns)
+
+    def cube(self, cube_id: int) -> np.ndarray:
+        """Regenerate one cube alone, axes (frame, row, column)."""
+        d = self.job.dim
+        out = np.empty((d, d, d), dtype=self.job.dtype)
+        build_cube(self._layout(), self.columns(cube_id), out)
+        return out.T
+
+    def _layout(self) -> np.ndarray:
+        return load_layout(self.frames, self.job.dim, self.job.dtype)
+
+    @property
+    def granularity(self) -> int:
+        # Shard s always holds cubes s*cps .. (s+1)*cps-1, whatever the task sizes,
+        # so the output bytes do not depend on how the run was planned.
+        return self.job.cubes_per_shard if self.writes_output else 1
+
+    def _shards(self, units: range):
+        step = self.job.cubes_per_shard
+        for first in range(units.start, units.stop, step):
+            yield first // step, range(first, min(units.stop, first + step))
+
+    def _build_shard(self, layout, ids: range) -> tuple[np.ndarray, list]:
+        d = self.job.dim
+        shard = np.empty((d, d, d, len(ids)), dtype=self.job.dtype, order="F")
+        rows = []
+        for i, cube_id in enumerate(ids):
+            cols = self.columns(cube_id)
+            out = shard[..., i].T  # C-contiguous (column, row, frame) view
+            build_cube(layout, cols, out)
+            rows.append((cube_id, i, cols.reshape(-1).astype(np.int32),
+                         xxhash.xxh3_64_hexdigest(out)))
+        return shard, rows
+
+    def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        layout = self._layout()
+        t0 = time.perf_counter()
+        if store is None:
+            return self._run_discarding(layout, task, t0)
+        out = TaskOutput()
+        manifest = {"cube_id": [], "shard": [], "offset": [], "columns": [], "checksum": []}
+        for s, ids in self._shards(task.units):
+            key = join(self.job_id, "shards", f"{s:06d}.npy")
+            try:
+                shard, rows = self._build_shard(layout, ids)
+                out.bytes_written += store.write(key, [_npy_header(shard),
+                                                       memoryview(shard.T).cast("B")])
+            except Exception as exc:
+                out.failures.extend(UnitFailure.from_exception(c, exc) for c in ids)
+                continue
+            for cube_id, offset, cols, checksum in rows:
+                manifest["cube_id"].append(cube_id)
+                manifest["shard"].append(key)
+                manifest["offset"].append(offset)
+                manifest["columns"].append(cols)
+                manifest["checksum"].append(checksum)
+        out.manifest = pa.table({
+            "cube_id": pa.array(manifest["cube_id"], pa.int64()),
+            "shard": pa.array(manifest["shard"], pa.string()),
+            "offset": pa.array(manifest["offset"], pa.int32()),
+            "columns": pa.array(manifest["columns"], pa.list_(pa.int32())),
+            "checksum": pa.array(manifest["checksum"], pa.string()),
+        })
+        out.busy_seconds = time.perf_counter() - t0
+        return out
+
+    def _run_discarding(self, layout, task: Task, t0: float) -> TaskOutput:
+        d = self.job.dim
+        cube = np.empty((d, d, d), dtype=self.job.dtype)
+        flat = cube.reshape(-1)
+        stride = max(1, flat.size // 64)
+        digest = xxhash.xxh3_64()
+        for cube_id in task.units:
+            build_cube(layout, self.columns(cube_id), cube)
+            # A sparse sample of the built cube: cheap, and it changes if any cube
+            # is not built, so a run that skipped work would show a different value.
+            digest.update(flat[::stride].tobytes())
+        return TaskOutput(fingerprint=digest.hexdigest(),
+                          busy_seconds=time.perf_counter() - t0)
+
+    def trial(self, n_units: int, store: Store | None) -> None:
+        layout = self._layout()
+        task = Task(0, 0, min(n_units, self.n_units))
+        if store is None:
+            self._run_discarding(layout, task, time.perf_counter())
+            return
+        scratch = join(self.job_id, "_calibration")
+        try:
+            for _s, ids in self._shards(task.units):
+                shard, _rows = self._build_shard(layout, ids)
+                store.write(join(scratch, "shard.npy"), [_npy_header(shard),
+                                                         memoryview(shard.T).cast("B")])
+        finally:
+            store.delete_prefix(scratch)
+
+    def finalize(self, store: Store, tasks: list[Task]) -> dict:
+        import pyarrow.parquet as pq
+
+        from .runner import manifest_key
+
+        parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index)))
+                 for t in tasks]
+        manifest = pa.concat_tables(parts).sort_by("cube_id")
+        if manifest.num_rows != self.n_units or manifest["cube_id"].to_pylist() != list(
+                range(self.n_units)):
+            raise StorageError(f"{store.describe(self.job_id)}: manifest parts do not list "
+                              f"cubes 0..{self.n_units - 1} exactly once")
+        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        return {"manifest": store.describe(join(self.job_id, "manifest.parquet")),
+                "shards": len(set(manifest["shard"].to_pylist()))}
+
+
+def auto_frames_url(output: str, dim: int, seed: int) -> str:
+    return f"{output.rstrip('/')}/inputs/frames-{dim}x{AUTO_FRAME_ROWS}x{AUTO_FRAME_COLS}-seed{seed}"
+
+
+def ensure_auto_frames(output: str, dim: int, seed: int, echo=print) -> str:
+    """Make the default input frames under the output once, and return their URL."""
+    url = auto_frames_url(output, dim, seed)
+    store = open_store(url)
+    if len([k for k in store.list() if k.endswith(".parquet")]) < dim:
+        echo(f"no --frames given: writing {dim} frames of {AUTO_FRAME_ROWS}x{AUTO_FRAME_COLS} "
+             f"to {url}")
+        write_frames(store, "", count=dim, rows=AUTO_FRAME_ROWS, cols=AUTO_FRAME_COLS, seed=seed)
+    return url

@@ -1,0 +1,35 @@
+"""The project's exceptions: one module, subclassing built-ins where natural.
+
+Every message names the file, column or setting at fault and what was expected,
+so that a CLI user can fix the input without reading a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterError",
+    "ConfigError",
+    "InputError",
+    "PipelineError",
+    "StorageError",
+]
+
+
+class PipelineError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(PipelineError, ValueError):
+    """A job file, flag or environment variable holds a value we cannot use."""
+
+
+class InputError(PipelineError, ValueError):
+    """Input data (frames, datasets) is missing or not what the job expects."""
+
+
+class StorageError(PipelineError, OSError):
+    """Reading or writing the store failed; the cause is chained."""
+
+
+class ClusterError(PipelineError, RuntimeError):
+    """The Dask cluster could not be started or reached."""

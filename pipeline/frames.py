@@ -1,0 +1,121 @@
+"""Input frames: generating them, validating them, and loading them on workers in
+the column-major layout that makes building a cube one contiguous gather."""
+
+from __future__ import annotations
+
+import functools
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import InputError
+from .storage import Store, join, open_store
+
+__all__ = ["FrameSet", "inspect_frames", "load_layout", "write_frames"]
+
+#: Rows per parquet row group: a worker that needs the first d rows reads
+#: only the row groups that hold them.
+ROW_GROUP_ROWS = 100
+
+
+def write_frames(store: Store, prefix: str, *, count: int, rows: int, cols: int,
+                 seed: int) -> list[str]:
+    """Write ``count`` parquet frames of ``rows`` x ``cols`` random floats in [0, 1),
+    rounded to 10 decimals. Frame i depends only on (seed, i)."""
+    for name, value in (("count", count), ("rows", rows), ("cols", cols)):
+        if value < 1:
+            raise InputError(f"--{name} must be at least 1, got {value}")
+    names = [str(c) for c in range(cols)]
+    keys = []
+    for i in range(count):
+        data = np.random.default_rng([seed, i]).random((rows, cols)).round(10)
+        table = pa.table({n: data[:, c] for c, n in enumerate(names)})
+        sink = io.BytesIO()
+        pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS, compression="none",
+                       write_statistics=False)
+        key = join(prefix, f"frame-{i:05d}.parquet")
+        store.write_bytes(key, sink.getbuffer())
+        keys.append(key)
+    return keys
+
+
+@dataclass(frozen=True)
+class FrameSet:
+    """The frames a cube job uses: the first ``dim`` files of a folder, in name order."""
+
+    url: str
+    keys: tuple[str, ...]
+    n_cols: int
+    n_rows: int  # the fewest rows of any used frame
+
+
+def inspect_frames(url: str, dim: int) -> FrameSet:
+    """Validate a frames folder for cubes of dimension ``dim`` from parquet footers only."""
+    store = open_store(url)
+    try:
+        keys = [k for k in store.list() if k.endswith(".parquet")]
+    except OSError as exc:
+        raise InputError(f"frames folder {url}: cannot list it: {exc}") from exc
+    if not keys:
+        what = "has no .parquet files" if store.list() else "is missing or empty"
+        raise InputError(f"frames folder {url} {what}; expected at least {dim} parquet "
+                         "frames (make some with `pipeline data frames`)")
+    if len(keys) < dim:
+        raise InputError(f"frames folder {url} has {len(keys)} frames; a cube of dimension "
+                         f"{dim} needs at least {dim}")
+    used = keys[:dim]
+    n_cols = None
+    n_rows = None
+    for key in used:
+        where = store.describe(key)
+        try:
+            with store.open_input(key) as f:
+                meta = pq.ParquetFile(f).metadata
+                schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"frame {where}: not a readable parquet file ({exc})") from exc
+        for fld in schema:
+            if not (pa.types.is_floating(fld.type) or pa.types.is_integer(fld.type)):
+                raise InputError(f"frame {where}: column {fld.name!r} has type {fld.type}; "
+                                 "expected numbers (float or integer)")
+        if meta.num_rows < dim:
+            raise InputError(f"frame {where} has {meta.num_rows} rows; a cube of dimension "
+                             f"{dim} needs at least {dim}")
+        if len(schema) - 1 < dim:
+            raise InputError(f"frame {where} has {len(schema)} columns; a cube of dimension "
+                             f"{dim} draws {dim} columns from columns 1..ncols-1, so it needs "
+                             f"at least {dim + 1}")
+        if n_cols is not None and len(schema) != n_cols:
+            raise InputError(f"frame {where} has {len(schema)} columns; expected {n_cols} "
+                             f"like {store.describe(used[0])}")
+        n_cols = len(schema)
+        n_rows = meta.num_rows if n_rows is None else min(n_rows, meta.num_rows)
+    return FrameSet(url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows)
+
+
+@functools.lru_cache(maxsize=2)
+def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
+    """Worker: ``T[c - 1, r, f] = frame_f[r, c]`` for columns 1.., the first ``dim`` rows.
+
+    Column-major over (row, frame) means the d x d block of one column is
+    contiguous, so a cube with columns ``cols`` is ``T[cols - 1]``: d block copies.
+    Cached per process: each worker reads the frames once.
+    """
+    store = open_store(frames.url)
+    # Read frame by frame into (frame, column, row), then transpose once: writing
+    # each frame straight into the final layout is a cache-hostile strided scatter.
+    by_frame = np.empty((dim, frames.n_cols - 1, dim), dtype=dtype)
+    for f, key in enumerate(frames.keys):
+        with store.open_input(key) as fh:
+            pf = pq.ParquetFile(fh)
+            groups, rows = [], 0
+            while rows < dim:
+                groups.append(len(groups))
+                rows += pf.metadata.row_group(groups[-1]).num_rows
+            names = pf.schema_arrow.names[1:]
+            table = pf.read_row_groups(groups, columns=names, use_threads=False).slice(0, dim)
+        by_frame[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
+    return np.ascontiguousarray(by_frame.transpose(1, 2, 0))

@@ -1,0 +1,122 @@
+"""Jobs: from job files, flags and env vars to workloads, and running a batch of them."""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cluster import connect
+from .config import (
+    JobFile,
+    RunOptions,
+    check_flags_apply,
+    check_unknown_keys,
+    load_job_file,
+    resolve,
+)
+from .cubes import CubeJob, CubeWorkload
+from .runner import RunSummary, run_job
+from .workload import Workload
+
+__all__ = ["WORKLOADS", "Job", "load_jobs", "run_jobs"]
+
+
+@dataclass(frozen=True)
+class WorkloadType:
+    settings: type
+    build: Callable[[Any, str, RunOptions], Workload]
+
+
+#: Workload name (``workload = "..."`` in a job file) to its settings and builder.
+WORKLOADS: dict[str, WorkloadType] = {
+    "cubes": WorkloadType(CubeJob, lambda s, job_id, o: CubeWorkload.from_job(s, job_id, o.output)),
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One resolved job: how to run it, its workload settings, and its id."""
+
+    workload: str
+    options: RunOptions
+    settings: Any
+    job_id: str
+    source: Path | None
+
+    def build(self) -> Workload:
+        return WORKLOADS[self.workload].build(self.settings, self.job_id, self.options)
+
+
+def load_jobs(paths: Sequence[str], cli: Mapping[str, Any], *, workload: str | None = None,
+              environ: Mapping[str, str] | None = None) -> list[Job]:
+    """Resolve each job file (or, with none, one job from flags alone) into a :class:`Job`."""
+    environ = os.environ if environ is None else environ
+    kinds = tuple(WORKLOADS)
+    files: list[JobFile | None] = [load_job_file(p, kinds) for p in paths] or [
+        JobFile(None, workload or kinds[0], {})]
+    jobs = []
+    for jf in files:
+        kind = jf.workload if jf is not None else workload
+        settings_cls = WORKLOADS[kind].settings
+        if jf.path is not None:
+            check_unknown_keys(jf, RunOptions, settings_cls)
+        check_flags_apply(cli, kind, RunOptions, settings_cls)
+        options = resolve(RunOptions, jf, cli, environ)
+        settings = resolve(settings_cls, jf, cli, environ)
+        job_id = settings.name or jf.stem or kind
+        jobs.append(Job(kind, options, settings, job_id, jf.path))
+    return jobs
+
+
+def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
+    """Run jobs in sequence on one cluster connection (that of the first job)."""
+    first = jobs[0].options
+    summaries = []
+    with _profiled(first.profile), connect(first) as client:
+        for job in jobs:
+            workload = job.build()
+            echo(f"{workload.describe()} on {_cluster_name(client)}")
+            with _performance_report(job.options.report, job.job_id):
+                summary = run_job(workload, job.options, client, echo=echo)
+            if job.options.report:
+                path = Path(job.options.report, f"{job.job_id}-summary.json")
+                path.write_text(summary.to_json())
+            summaries.append(summary)
+    return summaries
+
+
+def _cluster_name(client) -> str:
+    n = sum(client.ncores().values())
+    return f"{client.scheduler.address} ({n} worker threads)"
+
+
+@contextlib.contextmanager
+def _performance_report(report_dir: str | None, job_id: str):
+    if not report_dir:
+        yield
+        return
+    from distributed import performance_report
+
+    Path(report_dir).mkdir(parents=True, exist_ok=True)
+    with performance_report(filename=str(Path(report_dir, f"{job_id}-dask-report.html"))):
+        yield
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None):
+    if not path:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(path)

@@ -1,0 +1,34 @@
+"""Storage backends behind one small interface (:class:`Store`)."""
+
+from __future__ import annotations
+
+import functools
+
+from ..errors import ConfigError
+from .base import Store, join, read_parquet_file, write_parquet
+from .local import LocalStore
+
+__all__ = ["LocalStore", "Store", "join", "open_store", "read_parquet_file", "write_parquet"]
+
+
+def open_store(url: str) -> Store:
+    """The store for ``url``: a local path, ``file://`` path or ``s3://bucket/prefix``.
+
+    Cached per process so that each worker keeps one client per store.
+    """
+    return _open_store(str(url))
+
+
+@functools.lru_cache(maxsize=16)
+def _open_store(url: str) -> Store:
+    if url.startswith("s3://"):
+        try:
+            from .s3 import S3Store
+        except ImportError as exc:  # pragma: no cover - boto3 is a core dependency
+            raise ConfigError(f"{url}: S3 needs boto3: pip install boto3") from exc
+        return S3Store(url)
+    if "://" in url and not url.startswith("file://"):
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(f"output/input URL {url!r}: unsupported scheme {scheme!r}, "
+                          "expected a local path, file:// or s3://")
+    return LocalStore(url.removeprefix("file://"))

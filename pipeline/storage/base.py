@@ -1,0 +1,101 @@
+"""The store interface: a flat namespace of keys under one root URL.
+
+Workers never receive a store object: they receive its URL and reopen it with
+:func:`pipeline.storage.open_store`, which caches one instance per process.
+That keeps clients that do not pickle (boto3) out of task graphs.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import BinaryIO
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Store(ABC):
+    """Objects addressed by ``/``-separated keys relative to :attr:`url`.
+
+    Writes are atomic: a reader sees either the whole new object or the old one
+    (or nothing), never a partial object. That is what lets a task write its
+    data first and its manifest entry last, and lets a retried task overwrite
+    its own output.
+    """
+
+    #: The root, e.g. ``/data/out`` or ``s3://bucket/prefix``.
+    url: str
+
+    @abstractmethod
+    def write(self, key: str, chunks: Iterable[Buffer]) -> int:
+        """Write the concatenation of ``chunks`` to ``key`` atomically; return its size."""
+
+    @abstractmethod
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object; ``FileNotFoundError`` when it does not exist."""
+
+    @abstractmethod
+    def open_input(self, key: str) -> BinaryIO:
+        """A seekable binary file for formats that read parts (parquet footers, row groups)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under ``prefix`` (a folder-like prefix, without trailing slash), sorted."""
+
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix``; return how many were deleted."""
+
+    def size(self, key: str) -> int:
+        return len(self.read_bytes(key))
+
+    def write_bytes(self, key: str, data: Buffer) -> int:
+        return self.write(key, [data])
+
+    def describe(self, key: str = "") -> str:
+        """A human-readable location for messages."""
+        return f"{self.url.rstrip('/')}/{key}" if key else self.url
+
+    def preflight(self) -> None:
+        """Check that the store can be written, read and deleted; raise ``StorageError``."""
+        from ..errors import StorageError
+
+        probe = "_preflight/probe"
+        payload = b"pipeline preflight probe"
+        try:
+            self.write_bytes(probe, payload)
+            if self.read_bytes(probe) != payload:
+                raise StorageError(f"{self.describe(probe)}: read back different bytes")
+            self.delete_prefix("_preflight")
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot write, read and delete in {self.url}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def join(*parts: str) -> str:
+    """Join key parts with ``/``, ignoring empty ones."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def read_parquet_file(store: Store, key: str):
+    """A ``pyarrow.parquet.ParquetFile`` over a stored object (reads footer only)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(store.open_input(key))
+
+
+def write_parquet(store: Store, key: str, table) -> int:
+    """Write a ``pyarrow.Table`` as one parquet object."""
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return store.write_bytes(key, sink.getbuffer())

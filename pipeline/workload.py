@@ -1,0 +1,120 @@
+"""What a workload is to the runner: units grouped into tasks, and the results of a task."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .storage import Store
+
+__all__ = ["Task", "TaskOutput", "TaskReceipt", "UnitFailure", "Workload", "plan_tasks"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Units ``start`` to ``stop - 1`` of a job; its ``index`` names its output keys."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def units(self) -> range:
+        return range(self.start, self.stop)
+
+
+def plan_tasks(n_units: int, units_per_task: int) -> list[Task]:
+    n_tasks = math.ceil(n_units / units_per_task)
+    return [Task(i, i * units_per_task, min(n_units, (i + 1) * units_per_task))
+            for i in range(n_tasks)]
+
+
+@dataclass(frozen=True)
+class UnitFailure:
+    """A unit that raised: recorded as data, it never aborts the run."""
+
+    unit: int | str
+    error_type: str
+    message: str
+
+    @classmethod
+    def from_exception(cls, unit: int | str, exc: BaseException) -> UnitFailure:
+        return cls(unit, type(exc).__name__, str(exc) or repr(exc))
+
+
+@dataclass
+class TaskOutput:
+    """What ``Workload.run_task`` returns on the worker.
+
+    ``manifest`` (a ``pyarrow.Table``) is the task's manifest entry, which the
+    runner writes after everything else, and only when no unit failed.
+    """
+
+    manifest: Any = None
+    failures: list[UnitFailure] = field(default_factory=list)
+    bytes_written: int = 0
+    fingerprint: str | None = None
+    busy_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class TaskReceipt:
+    """The small summary of a task that travels back to the driver."""
+
+    index: int
+    units: int
+    failures: tuple[UnitFailure, ...]
+    bytes_written: int
+    seconds: float
+    busy_seconds: float
+    worker: str
+    fingerprint: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return not self.failures
+
+
+class Workload(ABC):
+    """A job's work: ``n_units`` independent units, run in tasks on workers.
+
+    Instances are pickled into every task: keep them small (settings and paths,
+    never data). Methods marked *worker* run in a worker process.
+    """
+
+    #: The name used as ``workload = "..."`` in job files.
+    kind: ClassVar[str]
+    #: Whether tasks write to the store (resume needs a store).
+    writes_output: bool = True
+
+    job_id: str
+    n_units: int
+    unit_name: str = "unit"
+    #: Tasks hold a multiple of this many units (e.g. whole shards).
+    granularity: int = 1
+
+    @abstractmethod
+    def preflight(self) -> None:
+        """Driver: validate every input; raise ``InputError``/``ConfigError`` before any task."""
+
+    @abstractmethod
+    def fingerprint(self) -> dict[str, Any]:
+        """Driver: the JSON-able settings that determine the output bytes (checked on resume)."""
+
+    @abstractmethod
+    def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        """Worker: run the task's units, write their outputs; record failures per unit."""
+
+    @abstractmethod
+    def trial(self, n_units: int, store: Store | None) -> None:
+        """Worker: do the work of ``n_units`` units as a task would, leaving no output
+        behind; the runner times it to size tasks."""
+
+    def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
+        """Driver: once every task is complete, consolidate; return facts for the summary."""
+        return {}
+
+    def describe(self) -> str:
+        return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"

@@ -1,0 +1,45 @@
+"""The embedded cluster: single-threaded worker processes with BLAS pinned to one thread."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline import RunOptions, connect
+
+
+def _thread_facts():
+    # Runs in a worker process: numpy was imported there after the variables were set.
+    import numpy  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    return {
+        "env": {k: os.environ.get(k) for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS",
+                                               "OPENBLAS_NUM_THREADS")},
+        "pools": [(p["internal_api"], p["num_threads"]) for p in threadpool_info()],
+        "pid": os.getpid(),
+    }
+
+
+def test_workers_are_processes_with_one_thread_and_pinned_blas(client):
+    info = client.scheduler_info()["workers"]
+    assert len(info) == 2
+    assert all(w["nthreads"] == 1 for w in info.values())
+    facts = client.run(_thread_facts)
+    assert len({f["pid"] for f in facts.values()} | {os.getpid()}) == 3  # real processes
+    for f in facts.values():
+        assert f["env"] == {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                            "OPENBLAS_NUM_THREADS": "1"}
+        assert f["pools"], "threadpoolctl found no BLAS/OpenMP pool to check"
+        assert all(n == 1 for _api, n in f["pools"]), f["pools"]
+
+
+def test_default_worker_count_is_the_core_count():
+    with connect(RunOptions()) as c:
+        assert len(c.scheduler_info()["workers"]) == os.cpu_count()
+
+
+def test_scheduler_option_connects_to_an_existing_cluster(client):
+    address = client.scheduler.address
+    with connect(RunOptions(scheduler=address)) as other:
+        assert other.scheduler.address == address
+        assert other.submit(sum, [1, 2]).result() == 3

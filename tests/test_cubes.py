@@ -1,0 +1,153 @@
+"""Cube generation on a real embedded cluster: content, determinism, resume, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from pipeline import load_jobs, read_shard, run_job
+from pipeline.cubes import cube_columns
+
+
+def cube_job(out, frames_dir, **settings):
+    cli = {"output": str(out), "frames": str(frames_dir), "cubes": 40, "dim": 10, "seed": 3,
+           "cubes_per_shard": 4, "progress": False, **settings}
+    (job,) = load_jobs([], cli, environ={})
+    return job
+
+
+def run(job, client, messages=None):
+    echo = messages.append if messages is not None else (lambda m: None)
+    return run_job(job.build(), job.options, client, echo=echo)
+
+
+def load_manifest(out, job_id="cubes"):
+    return pq.read_table(out / job_id / "manifest.parquet").to_pandas()
+
+
+def frames(frames_dir):
+    return [pd.read_parquet(p) for p in sorted(frames_dir.glob("*.parquet"))]
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_cube_content_matches_the_definition(tmp_path, frames_dir, client, per_layer):
+    out = tmp_path / "out"
+    summary = run(cube_job(out, frames_dir, per_layer_columns=per_layer), client)
+    assert summary.complete and summary.units_failed == 0
+    manifest = load_manifest(out)
+    assert manifest.cube_id.tolist() == list(range(40))
+    dfs = frames(frames_dir)
+    for row in manifest.itertuples():
+        cube = read_shard((out / row.shard).read_bytes())[row.offset]
+        assert cube.shape == (10, 10, 10)
+        cols = np.asarray(row.columns).reshape((10, 10) if per_layer else (10,))
+        assert ((cols >= 1) & (cols < 30)).all()
+        for f in range(10):
+            layer_cols = cols[f] if per_layer else cols
+            assert len(set(layer_cols.tolist())) == 10  # without replacement
+            expected = dfs[f].iloc[:10, layer_cols].to_numpy()
+            np.testing.assert_array_equal(cube[f], expected)
+        assert xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cube.T)) == row.checksum
+    if not per_layer:
+        # The same columns in every layer, drawn from (seed, cube id) alone.
+        np.testing.assert_array_equal(manifest["columns"][5], cube_columns(3, 5, 10, 30, False))
+
+
+def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, frames_dir,
+                                                                       client):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(cube_job(a, frames_dir, units_per_task=4), client)
+    run(cube_job(b, frames_dir, units_per_task=12), client)
+    files_a = sorted(p.relative_to(a) for p in (a / "cubes" / "shards").iterdir())
+    files_b = sorted(p.relative_to(b) for p in (b / "cubes" / "shards").iterdir())
+    assert files_a == files_b and len(files_a) == 10
+    for rel in files_a:
+        assert (a / rel).read_bytes() == (b / rel).read_bytes()
+    assert (a / "cubes/manifest.parquet").read_bytes() == (b / "cubes/manifest.parquet").read_bytes()
+    # A different seed gives different cubes.
+    c = tmp_path / "c"
+    run(cube_job(c, frames_dir, seed=4), client)
+    assert (c / files_a[0]).read_bytes() != (a / files_a[0]).read_bytes()
+
+
+def test_a_cube_regenerated_alone_equals_its_bytes_in_its_shard(tmp_path, frames_dir, client):
+    out = tmp_path / "out"
+    job = cube_job(out, frames_dir, dtype="float32")
+    run(job, client)
+    workload = job.build()
+    workload.preflight()
+    row = load_manifest(out).iloc[29]
+    alone = workload.cube(29)
+    assert alone.dtype == np.float32
+    np.testing.assert_array_equal(alone, read_shard((out / row.shard).read_bytes())[row.offset])
+    assert xxhash.xxh3_64_hexdigest(np.ascontiguousarray(alone.T)) == row.checksum
+
+
+def test_failed_units_are_recorded_and_the_rerun_resumes(tmp_path, frames_dir, client):
+    out = tmp_path / "out"
+    job = cube_job(out, frames_dir, units_per_task=8)
+    # A directory where shard 3 (cubes 12-15, task 1) must go: writing it fails for real.
+    blocker = out / "cubes" / "shards" / "000003.npy"
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_text("x")
+    first = run(job, client)
+    assert not first.complete
+    assert first.units_run == 40
+    assert sorted(f["unit"] for f in first.failures) == [12, 13, 14, 15]
+    assert {f["error_type"] for f in first.failures} == {"StorageError"}
+    assert "000003.npy" in first.failures[0]["message"]
+    parts = sorted(p.name for p in (out / "cubes" / "manifest").iterdir())
+    assert parts == [f"part-{i:06d}.parquet" for i in (0, 2, 3, 4)]  # task 1 has no entry
+    assert not (out / "cubes" / "manifest.parquet").exists()  # incomplete run, no manifest
+
+    (blocker / "keep").unlink()
+    blocker.rmdir()
+    messages = []
+    second = run(job, client, messages)
+    assert second.complete and second.tasks_skipped == 4 and second.units_run == 8
+    assert any("4 of 5 tasks already complete" in m for m in messages)
+
+    clean = tmp_path / "clean"
+    run(cube_job(clean, frames_dir, units_per_task=8), client)
+    assert (out / "cubes/manifest.parquet").read_bytes() == (
+        clean / "cubes/manifest.parquet").read_bytes()
+    for shard in (clean / "cubes" / "shards").iterdir():
+        assert (out / "cubes" / "shards" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(tmp_path, frames_dir,
+                                                                            client):
+    out = tmp_path / "out"
+    job = cube_job(out, frames_dir, units_per_task=8)
+    run(job, client)
+    again = run(job, client)
+    assert again.tasks_skipped == 5 and again.units_run == 0 and again.complete
+    fresh = cube_job(out, frames_dir, units_per_task=8, overwrite=True)
+    messages = []
+    over = run(fresh, client, messages)
+    assert over.tasks_skipped == 0 and over.units_run == 40
+    assert any("--overwrite: removed" in m for m in messages)
+
+
+def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, client):
+    from pipeline import ConfigError
+
+    out = tmp_path / "out"
+    run(cube_job(out, frames_dir), client)
+    with pytest.raises(ConfigError, match="other settings.*dim.*--overwrite"):
+        run(cube_job(out, frames_dir, dim=8), client)
+
+
+def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, client):
+    out = tmp_path / "out"
+    a = run(cube_job(out, frames_dir, sink="none", cubes=50), client)
+    b = run(cube_job(out, frames_dir, sink="none", cubes=50, units_per_task=7), client)
+    c = run(cube_job(out, frames_dir, sink="none", cubes=50, seed=9), client)
+    assert a.units_run == 50 and a.complete and not out.exists()
+    assert a.details["fingerprint"] != c.details["fingerprint"]
+    assert a.bytes_written == 0
+    # Per-task fingerprints depend on the task split, but each is a function of its cubes.
+    assert b.details["fingerprint"]
