@@ -111,11 +111,14 @@ def load_job_file(path: str | os.PathLike, known_workloads: tuple[str, ...]) -> 
     return JobFile(p, workload, data)
 
 
-def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
-    """Check and convert one value; ``origin`` says where it came from, for messages."""
+def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = False) -> Any:
+    """Check and convert one value; ``origin`` says where it came from, for messages.
+
+    Only environment variables are text to parse: a job file has types of its own.
+    """
     kind, choices, minimum = f.metadata["kind"], f.metadata["choices"], f.metadata["minimum"]
     expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
-    if isinstance(value, str) and kind is not str:
+    if from_text and kind is not str:
         text = value.strip().lower()
         try:
             if kind is bool:
@@ -152,7 +155,8 @@ def resolve(cls, job: JobFile | None, cli: Mapping[str, Any],
         elif job is not None and f.name in job.values:
             values[f.name] = _coerce(f, job.values[f.name], f"job file {job.path}: key {f.name!r}")
         elif environ.get(env_name(f), "") != "":
-            values[f.name] = _coerce(f, environ[env_name(f)], f"environment {env_name(f)}")
+            values[f.name] = _coerce(f, environ[env_name(f)], f"environment {env_name(f)}",
+                                     from_text=True)
     return cls(**values)
 
 

@@ -57,11 +57,11 @@ def load_jobs(paths: Sequence[str], cli: Mapping[str, Any], *, workload: str | N
     """Resolve each job file (or, with none, one job from flags alone) into a :class:`Job`."""
     environ = os.environ if environ is None else environ
     kinds = tuple(WORKLOADS)
-    files: list[JobFile | None] = [load_job_file(p, kinds) for p in paths] or [
+    files = [load_job_file(p, kinds) for p in paths] or [
         JobFile(None, workload or kinds[0], {})]
     jobs = []
     for jf in files:
-        kind = jf.workload if jf is not None else workload
+        kind = jf.workload
         settings_cls = WORKLOADS[kind].settings
         if jf.path is not None:
             check_unknown_keys(jf, RunOptions, settings_cls)
@@ -74,12 +74,18 @@ def load_jobs(paths: Sequence[str], cli: Mapping[str, Any], *, workload: str | N
 
 
 def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
-    """Run jobs in sequence on one cluster connection (that of the first job)."""
+    """Run jobs in sequence on one cluster connection (that of the first job).
+
+    Every job's inputs are validated before the cluster starts, so a bad second
+    job fails the batch before the first one has spent an hour.
+    """
     first = jobs[0].options
+    workloads = [job.build() for job in jobs]
+    for workload in workloads:
+        workload.preflight()
     summaries = []
     with _profiled(first.profile), connect(first) as client:
-        for job in jobs:
-            workload = job.build()
+        for job, workload in zip(jobs, workloads, strict=True):
             echo(f"{workload.describe()} on {_cluster_name(client)}")
             with _performance_report(job.options.report, job.job_id):
                 summary = run_job(workload, job.options, client, echo=echo)

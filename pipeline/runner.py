@@ -225,6 +225,8 @@ def _run_tasks(workload: Workload, store: Store | None, pending: list[Task],
                options: RunOptions, client) -> list[TaskReceipt]:
     from joblib import Parallel, delayed, parallel_config
 
+    from ._joblib_dask import DaskBackend
+
     receipts: list[TaskReceipt] = []
     if not pending:
         return receipts
@@ -235,7 +237,8 @@ def _run_tasks(workload: Workload, store: Store | None, pending: list[Task],
                unit_scale=True, disable=not show, file=sys.stderr, smoothing=0.1)
     store_url = store.url if store is not None else None
     try:
-        with parallel_config(backend="dask", wait_for_workers_timeout=60):
+        backend = DaskBackend(client=client, wait_for_workers_timeout=60, pure=False)
+        with parallel_config(backend=backend):
             results = Parallel(n_jobs=-1, return_as="generator_unordered", batch_size=1,
                                pre_dispatch="3*n_jobs")(
                 delayed(execute_task)(workload, store_url, t) for t in pending)

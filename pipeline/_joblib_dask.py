@@ -1,0 +1,43 @@
+"""joblib's Dask backend, with one fix: a task that fails at the Dask level.
+
+Exceptions raised inside a task travel back as joblib results, but a task that
+Dask itself gives up on (``KilledWorker`` after its workers died, a cancelled
+future) only sets an exception on joblib's internal future and never calls the
+completion callback, so ``Parallel`` with ``return_as="generator_unordered"``
+waits forever (joblib 1.4-1.6). Here that case calls the callback too, so
+joblib raises the error and the runner can record the affected tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from joblib._dask import DaskDistributedBackend
+
+
+class _DaskLevelError:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class DaskBackend(DaskDistributedBackend):
+    async def _collect(self):
+        while self._continue:
+            async for future, result in self.waiting_futures:
+                cf_future = self._results.pop(future)
+                callback = self._callbacks.pop(future)
+                if future.status == "error":
+                    _typ, exc, _tb = result
+                    cf_future.set_exception(exc)
+                    callback(_DaskLevelError(exc))
+                else:
+                    cf_future.set_result(result)
+                    callback(result)
+            await asyncio.sleep(0.01)
+
+    def retrieve_result_callback(self, out):
+        if isinstance(out, _DaskLevelError):
+            raise out.exc
+        return super().retrieve_result_callback(out)

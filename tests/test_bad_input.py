@@ -1,0 +1,137 @@
+"""Bad input: a clear error naming the file and what was expected, before any work,
+and nothing written to the output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import ConfigError, InputError, load_jobs, run_jobs
+from pipeline.frames import write_frames
+from pipeline.storage import LocalStore
+
+
+def run_cubes(tmp_path, frames, **settings):
+    out = tmp_path / "out"
+    cli = {"output": str(out), "frames": str(frames), "cubes": 5, "dim": 4, "progress": False,
+           "workers": 1, **settings}
+    try:
+        run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
+    finally:
+        assert not out.exists(), "bad input must leave the output untouched"
+
+
+def frames_in(tmp_path, **shape):
+    path = tmp_path / "frames"
+    write_frames(LocalStore(path), "", **{"count": 5, "rows": 6, "cols": 8, "seed": 1, **shape})
+    return path
+
+
+def test_missing_frames_folder(tmp_path):
+    with pytest.raises(InputError, match=r"frames folder .*nope is missing or empty"):
+        run_cubes(tmp_path, tmp_path / "nope")
+
+
+def test_empty_frames_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"empty is missing or empty; expected at least 4"):
+        run_cubes(tmp_path, tmp_path / "empty")
+
+
+def test_folder_without_parquet_files(tmp_path):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "a.csv").write_text("1,2\n")
+    with pytest.raises(InputError, match=r"csv has no \.parquet files"):
+        run_cubes(tmp_path, tmp_path / "csv")
+
+
+def test_fewer_frames_than_dim(tmp_path):
+    with pytest.raises(InputError, match=r"has 3 frames; a cube of dimension 4 needs at least 4"):
+        run_cubes(tmp_path, frames_in(tmp_path, count=3))
+
+
+def test_fewer_rows_than_dim(tmp_path):
+    with pytest.raises(InputError, match=r"frame-00000\.parquet has 3 rows; .*needs at least 4"):
+        run_cubes(tmp_path, frames_in(tmp_path, rows=3))
+
+
+def test_fewer_columns_than_dim(tmp_path):
+    # Column 0 is never drawn, so 4 columns leave only 3 to choose from.
+    with pytest.raises(InputError, match=r"frame-00000\.parquet has 4 columns; .*at least 5"):
+        run_cubes(tmp_path, frames_in(tmp_path, cols=4))
+
+
+def test_frames_with_different_column_counts(tmp_path):
+    path = frames_in(tmp_path)
+    pd.DataFrame(np.zeros((6, 9)), columns=[str(i) for i in range(9)]).to_parquet(
+        path / "frame-00002.parquet")
+    with pytest.raises(InputError, match=r"frame-00002\.parquet has 9 columns; expected 8"):
+        run_cubes(tmp_path, path)
+
+
+def test_non_numeric_column(tmp_path):
+    path = frames_in(tmp_path)
+    df = pd.read_parquet(path / "frame-00001.parquet")
+    df["5"] = "text"
+    df.to_parquet(path / "frame-00001.parquet")
+    with pytest.raises(InputError, match=r"frame-00001\.parquet: column '5' has type (large_)?string; "
+                                         r"expected numbers"):
+        run_cubes(tmp_path, path)
+
+
+def test_corrupt_parquet(tmp_path):
+    path = frames_in(tmp_path)
+    data = (path / "frame-00003.parquet").read_bytes()
+    (path / "frame-00003.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"frame .*frame-00003\.parquet: not a readable parquet"):
+        run_cubes(tmp_path, path)
+
+
+def test_job_file_with_unknown_key(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('workload = "cubes"\ncubes = 10\ncube_count = 5\n')
+    with pytest.raises(ConfigError, match=r"job\.toml: unknown key\(s\) 'cube_count' for "
+                                          r"workload 'cubes'"):
+        load_jobs([str(job)], {}, environ={})
+
+
+def test_job_file_with_wrong_type(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('cubes = "many"\n')
+    with pytest.raises(ConfigError, match=r"job\.toml: key 'cubes': expected an integer, "
+                                          r"got 'many' \(str\)"):
+        load_jobs([str(job)], {}, environ={})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("dim = 0\n", r"key 'dim': 0 must be at least 1"),
+    ('sink = "s3"\n', r"key 'sink': 's3' is not one of store, none"),
+    ('workload = "fractals"\n', r"workload = 'fractals' is not known, expected one of cubes"),
+    ("cubes = \n", r"not valid TOML"),
+    ("overwrite = 1\n", r"key 'overwrite': expected true or false, got 1 \(int\)"),
+])
+def test_job_file_values_are_checked(tmp_path, text, message):
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_jobs([str(job)], {}, environ={})
+
+
+def test_missing_job_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"job file .*absent\.toml: no such file"):
+        load_jobs([str(tmp_path / "absent.toml")], {}, environ={})
+
+
+def test_cli_reports_bad_input_in_one_line_and_exits_non_zero(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(f'frames = "{tmp_path / "nope"}"\ndim = 4\ncubes = 3\n')
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", str(job), "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Error: frames folder" in proc.stderr and "nope is missing or empty" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

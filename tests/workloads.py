@@ -1,0 +1,49 @@
+"""Small workloads for testing the runner itself through its public Workload interface."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from pipeline import TaskOutput, UnitFailure, Workload
+from pipeline.storage import join
+
+
+class SquaresWorkload(Workload):
+    """Unit i writes i*i; units in ``fail`` raise, a task containing ``crash_task``'s
+    first unit raises as a whole, and unit ``exit_unit`` kills its worker process."""
+
+    kind = "squares"
+    unit_name = "square"
+
+    def __init__(self, job_id, n_units, fail=(), crash_task=None, exit_unit=None):
+        self.job_id, self.n_units = job_id, n_units
+        self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
+
+    def preflight(self):
+        pass
+
+    def fingerprint(self):
+        return {"n_units": self.n_units}
+
+    def run_task(self, task, store):
+        if task.index == self.crash_task:
+            raise RuntimeError(f"task {task.index} cannot start")
+        out = TaskOutput()
+        values = []
+        for unit in task.units:
+            if unit == self.exit_unit:
+                os._exit(3)
+            try:
+                if unit in self.fail:
+                    raise ValueError(f"unit {unit} is bad")
+                values.append(unit * unit)
+                store.write_bytes(join(self.job_id, "values", f"{unit:05d}"), b"%d" % (unit * unit))
+            except ValueError as exc:
+                out.failures.append(UnitFailure.from_exception(unit, exc))
+        out.manifest = pa.table({"value": values})
+        return out
+
+    def trial(self, n_units, store):
+        pass
