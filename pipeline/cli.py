@@ -14,30 +14,34 @@ from .errors import PipelineError
 from .jobs import WORKLOADS, load_jobs, run_jobs
 from .runner import RunSummary
 
-_ALL_SETTINGS = {f.name: f for cls in (RunOptions, *(w.settings for w in WORKLOADS.values()))
-                 for f in settings_of(cls)}
+_ALL_SETTINGS = {
+    f.name: f
+    for cls in (RunOptions, *(w.settings for w in WORKLOADS.values()))
+    for f in settings_of(cls)
+}
 
 
 def _setting_options(func):
     """One ``--flag`` per setting, its help naming the job-file key and env var."""
     for f in reversed(list(_ALL_SETTINGS.values())):
         kind = f.metadata["kind"]
-        help_text = (f"{f.metadata['help']} [key: {f.name}; env: {env_name(f)}"
-                     + (f"; default: {f.default}" if f.default is not None else "") + "]")
+        help_text = (
+            f"{f.metadata['help']} [key: {f.name}; env: {env_name(f)}"
+            + (f"; default: {f.default}" if f.default is not None else "")
+            + "]"
+        )
         name = flag_name(f)
         if kind is bool:
             option = click.option(f"--{name}/--no-{name}", f.name, default=None, help=help_text)
         else:
             choices = f.metadata["choices"]
             ptype = click.Choice(choices) if choices else kind
-            option = click.option(f"--{name}", f.name, type=ptype, default=None,
-                                  help=help_text)
+            option = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_text)
         func = option(func)
     return func
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"],
-                               "max_content_width": 100})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="pipeline")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
@@ -58,8 +62,12 @@ def main(verbose: int) -> None:
 
 @main.command("run", context_settings={"show_default": False})
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--workload", type=click.Choice(list(WORKLOADS)), default=None,
-              help="Workload of a job given by flags alone (no job file). [default: cubes]")
+@click.option(
+    "--workload",
+    type=click.Choice(list(WORKLOADS)),
+    default=None,
+    help="Workload of a job given by flags alone (no job file). [default: cubes]",
+)
 @_setting_options
 def run_command(job_files, workload, **values) -> None:
     """Run JOB_FILES (TOML) in sequence on one cluster connection.
@@ -75,29 +83,37 @@ def run_command(job_files, workload, **values) -> None:
     failed = False
     for job, summary in zip(jobs, summaries, strict=True):
         _print_summary(summary)
-        failed |= (summary.units_failed > job.options.max_failures
-                   or (not summary.complete and summary.units_failed == 0))
+        failed |= summary.units_failed > job.options.max_failures or (
+            not summary.complete and summary.units_failed == 0
+        )
     if failed:
         sys.exit(1)
 
 
 def _print_summary(s: RunSummary) -> None:
-    click.echo(f"{s.workload} job {s.job_id!r}: {s.units_run - s.units_failed} of {s.units_run} "
-               f"{'units' if s.workload != 'cubes' else 'cubes'} in {s.wall_seconds:.2f} s = "
-               f"{s.units_per_second:,.0f}/s on {s.workers} workers "
-               f"({s.tasks} tasks of {s.units_per_task}, {s.tasks_skipped} skipped as complete)")
+    click.echo(
+        f"{s.workload} job {s.job_id!r}: {s.units_run - s.units_failed} of {s.units_run} "
+        f"{'units' if s.workload != 'cubes' else 'cubes'} in {s.wall_seconds:.2f} s = "
+        f"{s.units_per_second:,.0f}/s on {s.workers} workers "
+        f"({s.tasks} tasks of {s.units_per_task}, {s.tasks_skipped} skipped as complete)"
+    )
     if s.bytes_written:
-        click.echo(f"  wrote {s.bytes_written / 1e9:.2f} GB "
-                   f"({s.bytes_written / 1e9 / max(s.wall_seconds, 1e-9):.2f} GB/s)")
+        click.echo(
+            f"  wrote {s.bytes_written / 1e9:.2f} GB "
+            f"({s.bytes_written / 1e9 / max(s.wall_seconds, 1e-9):.2f} GB/s)"
+        )
     if s.output:
         click.echo(f"  results: {s.output}")
     for key, value in s.details.items():
         click.echo(f"  {key}: {value}")
     if s.units_failed:
         by_type = collections.Counter(f["error_type"] for f in s.failures)
-        click.echo(f"  FAILED: {s.units_failed} units "
-                   f"({', '.join(f'{n} {t}' for t, n in by_type.most_common())}); "
-                   "run the same command again to retry them", err=True)
+        click.echo(
+            f"  FAILED: {s.units_failed} units "
+            f"({', '.join(f'{n} {t}' for t, n in by_type.most_common())}); "
+            "run the same command again to retry them",
+            err=True,
+        )
         for f in s.failures[:5]:
             click.echo(f"    unit {f['unit']}: {f['error_type']}: {f['message']}", err=True)
         if len(s.failures) > 5:
@@ -128,7 +144,79 @@ def frames_command(count, rows, cols, out, seed) -> None:
     click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")
 
 
+@main.command("certs")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder for ca.pem, <role>.pem and <role>-key.pem.",
+)
+@click.option("--days", type=int, default=365, show_default=True, help="Validity in days.")
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    default=("localhost", "127.0.0.1"),
+    show_default=True,
+    help="Host name or IP for the certificates' SAN (repeatable, or comma-separated).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing files.")
+def certs_command(out, days, hosts, overwrite) -> None:
+    """Create a CA and TLS certificates for the scheduler, worker and client roles.
+
+    Keys are written with mode 0600. Give the scheduler, workers and driver the
+    CA and their own role's pair; keep ca-key.pem offline.
+    """
+    from .tls import make_certificates
+
+    try:
+        files = make_certificates(out, days=days, hosts=hosts, overwrite=overwrite)
+    except (ValueError, FileExistsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {len(files)} files to {out} (valid {days} days for {', '.join(hosts)})")
+
+
+@main.command("verify")
+@click.argument("output")
+@click.option("--job", "jobs", multiple=True, help="Only this job id (repeatable).")
+def verify_command(output, jobs) -> None:
+    """Check OUTPUT (a folder or s3:// prefix) against its manifests.
+
+    Reports objects that are missing, extra (not in any manifest), corrupt
+    (checksum differs), and units listed more or fewer than once. Exits
+    non-zero when anything is wrong.
+    """
+    from .verify import verify_output
+
+    try:
+        checks = verify_output(output, list(jobs) or None)
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    bad = False
+    for c in checks:
+        status = "OK" if c.ok else "FAILED"
+        click.echo(
+            f"{c.job_id} ({c.workload}): {status}: {c.units_ok} of {c.units_expected} "
+            f"units verified in {c.objects_checked} objects; {len(c.missing)} missing, "
+            f"{len(c.extra)} extra, {len(c.corrupt)} corrupt, "
+            f"{len(c.duplicated)} duplicated"
+        )
+        for label, items in (
+            ("missing", c.missing),
+            ("extra", c.extra),
+            ("corrupt", c.corrupt),
+            ("duplicated", c.duplicated),
+        ):
+            for item in items[:10]:
+                click.echo(f"  {label}: {item}")
+            if len(items) > 10:
+                click.echo(f"  ... {len(items) - 10} more {label}")
+        if c.incomplete:
+            click.echo(f"  incomplete: {c.incomplete}")
+        bad |= not c.ok
+    if bad:
+        sys.exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
-
-

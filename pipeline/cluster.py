@@ -24,26 +24,66 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
     """Yield a ``distributed.Client``: to ``options.scheduler`` if set, else to a new
-    embedded cluster of single-threaded worker processes that is closed on exit."""
+    embedded cluster of single-threaded worker processes that is closed on exit.
+
+    A remote scheduler is usually behind a load balancer that forwards only the
+    scheduler's port, so the client gets results through the scheduler
+    (``direct_to_workers=False``) unless ``--direct-to-workers`` says the driver
+    can reach every worker's own address.
+    """
     from distributed import Client
 
     if options.scheduler:
+        address = options.scheduler
+        _require_tls_beyond_loopback(address)
         security = _security(options)
         try:
-            client = Client(options.scheduler, security=security, timeout="30s",
-                            set_as_default=True, **_direct_to_workers(options))
-        except (OSError, TimeoutError) as exc:
-            raise ClusterError(f"cannot reach the Dask scheduler at {options.scheduler} "
-                               f"(--scheduler / PIPELINE_SCHEDULER): {exc}") from exc
+            client = Client(
+                address,
+                security=security,
+                timeout="30s",
+                set_as_default=True,
+                direct_to_workers=bool(options.direct_to_workers),
+            )
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {address} "
+                f"(--scheduler / PIPELINE_SCHEDULER): {exc}"
+            ) from exc
         with client:
             yield client
         return
 
     if options.tls_cert or options.tls_key or options.tls_ca_file:
-        log.info("TLS settings are ignored by the embedded cluster (loopback only)")
-    with _embedded_cluster(options.workers or os.cpu_count() or 1, quiet) as cluster:
-        with Client(cluster, set_as_default=True) as client:
-            yield client
+        log.info("TLS settings are ignored by the embedded cluster (it listens on loopback)")
+    with (
+        _embedded_cluster(options.workers or os.cpu_count() or 1, quiet) as cluster,
+        Client(cluster, set_as_default=True) as client,
+    ):
+        yield client
+
+
+def _require_tls_beyond_loopback(address: str) -> None:
+    from distributed.comm import parse_address, parse_host_port
+
+    scheme, location = parse_address(address)
+    host = parse_host_port(location)[0] if scheme in ("tcp", "tls") else ""
+    if scheme == "tcp" and not _is_loopback(host):
+        raise ClusterError(
+            f"--scheduler {address}: plaintext connections beyond loopback are refused; use "
+            "tls://HOST:PORT with --tls-ca-file, --tls-cert and --tls-key"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @contextlib.contextmanager
@@ -53,34 +93,45 @@ def _embedded_cluster(n_workers: int, quiet: bool):
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                          "distributed.worker.daemon": False}):
+    with dask.config.set(
+        {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.daemon": False}
+    ):
         try:
             cluster = LocalCluster(
-                n_workers=n_workers, threads_per_worker=1, processes=True,
-                host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                n_workers=n_workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
                 silence_logs=logging.ERROR if quiet else logging.WARNING,
             )
         except Exception as exc:
-            raise ClusterError(f"cannot start the embedded cluster of {n_workers} "
-                               f"workers: {exc}") from exc
+            raise ClusterError(
+                f"cannot start the embedded cluster of {n_workers} workers: {exc}"
+            ) from exc
     with cluster:
         yield cluster
 
 
 def _security(options: RunOptions):
-    files = (options.tls_ca_file, options.tls_cert, options.tls_key)
-    if not any(files):
-        if options.scheduler.startswith("tls://"):
-            return None  # Dask's own configuration (distributed.comm.tls.*) applies
+    """Dask ``Security`` from the --tls-* settings; ``None`` leaves Dask's own
+    configuration (``distributed.comm.tls.*``, ``DASK_DISTRIBUTED__COMM__TLS__*``) in charge."""
+    files = {
+        "--tls-ca-file": options.tls_ca_file,
+        "--tls-cert": options.tls_cert,
+        "--tls-key": options.tls_key,
+    }
+    if not any(files.values()):
         return None
-    if not all(files):
-        raise ClusterError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key "
-                           "(or PIPELINE_TLS_CA_FILE, PIPELINE_TLS_CERT, PIPELINE_TLS_KEY)")
+    absent = [flag for flag, value in files.items() if not value]
+    if absent:
+        raise ClusterError(
+            f"TLS needs {', '.join(absent)} too (or PIPELINE_TLS_CA_FILE, "
+            "PIPELINE_TLS_CERT, PIPELINE_TLS_KEY)"
+        )
     from .tls import tls_security
 
-    return tls_security(*files)
-
-
-def _direct_to_workers(options: RunOptions) -> dict:
-    return {}
+    try:
+        return tls_security(*files.values())
+    except FileNotFoundError as exc:
+        raise ClusterError(str(exc)) from exc

@@ -33,8 +33,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def setting(default: Any, kind: type, help: str, *, choices: tuple | None = None,
-            minimum: float | None = None):
+def setting(
+    default: Any,
+    kind: type,
+    help: str,
+    *,
+    choices: tuple | None = None,
+    minimum: float | None = None,
+):
     """A dataclass field that is also a CLI flag, a job-file key and an env var."""
     meta = {"kind": kind, "help": help, "choices": choices, "minimum": minimum}
     return field(default=default, metadata=meta)
@@ -57,29 +63,50 @@ class RunOptions:
     """How a job runs: where, with what parallelism, writing where."""
 
     scheduler: str | None = setting(
-        None, str, "Address of an existing Dask scheduler (tcp://, tls://). "
-        "Unset: start an embedded local cluster.")
+        None,
+        str,
+        "Address of an existing Dask scheduler (tcp://, tls://). "
+        "Unset: start an embedded local cluster.",
+    )
     workers: int | None = setting(
-        None, int, "Workers of the embedded cluster (one thread each). Default: one per core.",
-        minimum=1)
+        None,
+        int,
+        "Workers of the embedded cluster (one thread each). Default: one per core.",
+        minimum=1,
+    )
     output: str = setting("results", str, "Where results go: a directory or s3://bucket/prefix.")
-    overwrite: bool = setting(False, bool, "Delete the job's previous output and start over "
-                              "instead of resuming.")
+    overwrite: bool = setting(
+        False, bool, "Delete the job's previous output and start over instead of resuming."
+    )
     units_per_task: int | None = setting(
-        None, int, "Units (cubes, chunks) per Dask task. Default: sized by a calibration so "
-        "each task lasts about --task-seconds.", minimum=1)
-    task_seconds: float = setting(1.0, float, "Target duration of one task when sizing tasks.",
-                                  minimum=0.01)
-    max_failures: int = setting(0, int, "Exit non-zero when more units than this failed.",
-                                minimum=0)
-    report: str | None = setting(None, str, "Directory for Dask's performance report (HTML) "
-                                 "and a JSON summary of each job.")
+        None,
+        int,
+        "Units (cubes, chunks) per Dask task. Default: sized by a calibration so "
+        "each task lasts about --task-seconds.",
+        minimum=1,
+    )
+    task_seconds: float = setting(
+        1.0, float, "Target duration of one task when sizing tasks.", minimum=0.01
+    )
+    max_failures: int = setting(
+        0, int, "Exit non-zero when more units than this failed.", minimum=0
+    )
+    report: str | None = setting(
+        None, str, "Directory for Dask's performance report (HTML) and a JSON summary of each job."
+    )
     profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
-    progress: bool | None = setting(None, bool, "Show a progress bar (default: when stderr "
-                                    "is a terminal).")
+    progress: bool | None = setting(
+        None, bool, "Show a progress bar (default: when stderr is a terminal)."
+    )
     tls_ca_file: str | None = setting(None, str, "CA certificate for TLS to the scheduler.")
     tls_cert: str | None = setting(None, str, "Client certificate for TLS.")
     tls_key: str | None = setting(None, str, "Client private key for TLS.")
+    direct_to_workers: bool = setting(
+        False,
+        bool,
+        "Fetch results straight from workers instead of through the scheduler "
+        "(only when the driver can reach every worker's address).",
+    )
 
 
 @dataclass(frozen=True)
@@ -106,8 +133,10 @@ def load_job_file(path: str | os.PathLike, known_workloads: tuple[str, ...]) -> 
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
     workload = data.pop("workload", known_workloads[0])
     if workload not in known_workloads:
-        raise ConfigError(f"job file {p}: workload = {workload!r} is not known, "
-                          f"expected one of {', '.join(known_workloads)}")
+        raise ConfigError(
+            f"job file {p}: workload = {workload!r} is not known, "
+            f"expected one of {', '.join(known_workloads)}"
+        )
     return JobFile(p, workload, data)
 
 
@@ -132,8 +161,7 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{origin}: expected {expected}, got {value!r} "
-                          f"({type(value).__name__})")
+        raise ConfigError(f"{origin}: expected {expected}, got {value!r} ({type(value).__name__})")
     if choices is not None and value not in choices:
         raise ConfigError(f"{origin}: {value!r} is not one of {', '.join(map(str, choices))}")
     if minimum is not None and value < minimum:
@@ -141,8 +169,9 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     return value
 
 
-def resolve(cls, job: JobFile | None, cli: Mapping[str, Any],
-            environ: Mapping[str, str] | None = None):
+def resolve(
+    cls, job: JobFile | None, cli: Mapping[str, Any], environ: Mapping[str, str] | None = None
+):
     """Build ``cls`` from CLI values > job-file values > ``PIPELINE_*`` env vars > defaults.
 
     ``cli`` maps field names to values, ``None`` meaning "not given".
@@ -155,8 +184,9 @@ def resolve(cls, job: JobFile | None, cli: Mapping[str, Any],
         elif job is not None and f.name in job.values:
             values[f.name] = _coerce(f, job.values[f.name], f"job file {job.path}: key {f.name!r}")
         elif environ.get(env_name(f), "") != "":
-            values[f.name] = _coerce(f, environ[env_name(f)], f"environment {env_name(f)}",
-                                     from_text=True)
+            values[f.name] = _coerce(
+                f, environ[env_name(f)], f"environment {env_name(f)}", from_text=True
+            )
     return cls(**values)
 
 
@@ -164,8 +194,10 @@ def check_unknown_keys(job: JobFile, *classes) -> None:
     known = {f.name for cls in classes for f in settings_of(cls)}
     unknown = sorted(set(job.values) - known)
     if unknown:
-        raise ConfigError(f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
-                          f"for workload {job.workload!r}; known keys: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
+            f"for workload {job.workload!r}; known keys: {', '.join(sorted(known))}"
+        )
 
 
 def check_flags_apply(cli: Mapping[str, Any], workload: str, *classes) -> None:

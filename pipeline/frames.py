@@ -3,13 +3,17 @@ the column-major layout that makes building a cube one contiguous gather."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import io
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from .errors import InputError
 from .storage import Store, join, open_store
@@ -21,8 +25,9 @@ __all__ = ["FrameSet", "inspect_frames", "load_layout", "write_frames"]
 ROW_GROUP_ROWS = 100
 
 
-def write_frames(store: Store, prefix: str, *, count: int, rows: int, cols: int,
-                 seed: int) -> list[str]:
+def write_frames(
+    store: Store, prefix: str, *, count: int, rows: int, cols: int, seed: int
+) -> list[str]:
     """Write ``count`` parquet frames of ``rows`` x ``cols`` random floats in [0, 1),
     rounded to 10 decimals. Frame i depends only on (seed, i)."""
     for name, value in (("count", count), ("rows", rows), ("cols", cols)):
@@ -34,8 +39,9 @@ def write_frames(store: Store, prefix: str, *, count: int, rows: int, cols: int,
         data = np.random.default_rng([seed, i]).random((rows, cols)).round(10)
         table = pa.table({n: data[:, c] for c, n in enumerate(names)})
         sink = io.BytesIO()
-        pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS, compression="none",
-                       write_statistics=False)
+        pq.write_table(
+            table, sink, row_group_size=ROW_GROUP_ROWS, compression="none", write_statistics=False
+        )
         key = join(prefix, f"frame-{i:05d}.parquet")
         store.write_bytes(key, sink.getbuffer())
         keys.append(key)
@@ -50,6 +56,7 @@ class FrameSet:
     keys: tuple[str, ...]
     n_cols: int
     n_rows: int  # the fewest rows of any used frame
+    versions: tuple[str, ...] = ()  # size and mtime or ETag: a changed frame is reloaded
 
 
 def inspect_frames(url: str, dim: int) -> FrameSet:
@@ -61,14 +68,19 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
         raise InputError(f"frames folder {url}: cannot list it: {exc}") from exc
     if not keys:
         what = "has no .parquet files" if store.list() else "is missing or empty"
-        raise InputError(f"frames folder {url} {what}; expected at least {dim} parquet "
-                         "frames (make some with `pipeline data frames`)")
+        raise InputError(
+            f"frames folder {url} {what}; expected at least {dim} parquet "
+            "frames (make some with `pipeline data frames`)"
+        )
     if len(keys) < dim:
-        raise InputError(f"frames folder {url} has {len(keys)} frames; a cube of dimension "
-                         f"{dim} needs at least {dim}")
+        raise InputError(
+            f"frames folder {url} has {len(keys)} frames; a cube of dimension "
+            f"{dim} needs at least {dim}"
+        )
     used = keys[:dim]
     n_cols = None
     n_rows = None
+    versions = []
     for key in used:
         where = store.describe(key)
         try:
@@ -79,21 +91,32 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
             raise InputError(f"frame {where}: not a readable parquet file ({exc})") from exc
         for fld in schema:
             if not (pa.types.is_floating(fld.type) or pa.types.is_integer(fld.type)):
-                raise InputError(f"frame {where}: column {fld.name!r} has type {fld.type}; "
-                                 "expected numbers (float or integer)")
+                raise InputError(
+                    f"frame {where}: column {fld.name!r} has type {fld.type}; "
+                    "expected numbers (float or integer)"
+                )
         if meta.num_rows < dim:
-            raise InputError(f"frame {where} has {meta.num_rows} rows; a cube of dimension "
-                             f"{dim} needs at least {dim}")
+            raise InputError(
+                f"frame {where} has {meta.num_rows} rows; a cube of dimension "
+                f"{dim} needs at least {dim}"
+            )
         if len(schema) - 1 < dim:
-            raise InputError(f"frame {where} has {len(schema)} columns; a cube of dimension "
-                             f"{dim} draws {dim} columns from columns 1..ncols-1, so it needs "
-                             f"at least {dim + 1}")
+            raise InputError(
+                f"frame {where} has {len(schema)} columns; a cube of dimension "
+                f"{dim} draws {dim} columns from columns 1..ncols-1, so it needs "
+                f"at least {dim + 1}"
+            )
         if n_cols is not None and len(schema) != n_cols:
-            raise InputError(f"frame {where} has {len(schema)} columns; expected {n_cols} "
-                             f"like {store.describe(used[0])}")
+            raise InputError(
+                f"frame {where} has {len(schema)} columns; expected {n_cols} "
+                f"like {store.describe(used[0])}"
+            )
         n_cols = len(schema)
         n_rows = meta.num_rows if n_rows is None else min(n_rows, meta.num_rows)
-    return FrameSet(url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows)
+        versions.append(store.version(key))
+    return FrameSet(
+        url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows, versions=tuple(versions)
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -102,8 +125,39 @@ def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
 
     Column-major over (row, frame) means the d x d block of one column is
     contiguous, so a cube with columns ``cols`` is ``T[cols - 1]``: d block copies.
-    Cached per process: each worker reads the frames once.
+
+    Each worker process holds it once (this cache). Across the processes of a
+    host it is built once and memory-mapped from a cache file, so a host of 96
+    workers reads the frames once and keeps one copy in memory, not 96.
     """
+    cache_dir = layout_cache_dir()
+    if cache_dir is None:
+        return _read_layout(frames, dim, dtype)
+    ident = repr((frames.url, frames.keys, frames.versions, frames.n_cols, dim, dtype))
+    path = cache_dir / f"layout-{xxhash.xxh3_64_hexdigest(ident.encode())}.npy"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
+            if not path.exists():
+                layout = _read_layout(frames, dim, dtype)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                with open(tmp, "wb") as f:
+                    np.save(f, layout)
+                os.replace(tmp, path)
+                return layout
+    return np.load(path, mmap_mode="r")
+
+
+def layout_cache_dir() -> Path | None:
+    """``PIPELINE_CACHE_DIR`` (``off`` disables), default ``~/.cache/pipeline``."""
+    value = os.environ.get("PIPELINE_CACHE_DIR", "")
+    if value.lower() in {"off", "none", "0"}:
+        return None
+    return Path(value or Path.home() / ".cache" / "pipeline") / "layouts"
+
+
+def _read_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
     store = open_store(frames.url)
     # Read frame by frame into (frame, column, row), then transpose once: writing
     # each frame straight into the final layout is a cache-hostile strided scatter.

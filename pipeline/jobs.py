@@ -21,6 +21,7 @@ from .config import (
 )
 from .cubes import CubeJob, CubeWorkload
 from .runner import RunSummary, run_job
+from .storage import open_store
 from .workload import Workload
 
 __all__ = ["WORKLOADS", "Job", "load_jobs", "run_jobs"]
@@ -52,13 +53,17 @@ class Job:
         return WORKLOADS[self.workload].build(self.settings, self.job_id, self.options)
 
 
-def load_jobs(paths: Sequence[str], cli: Mapping[str, Any], *, workload: str | None = None,
-              environ: Mapping[str, str] | None = None) -> list[Job]:
+def load_jobs(
+    paths: Sequence[str],
+    cli: Mapping[str, Any],
+    *,
+    workload: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Job]:
     """Resolve each job file (or, with none, one job from flags alone) into a :class:`Job`."""
     environ = os.environ if environ is None else environ
     kinds = tuple(WORKLOADS)
-    files = [load_job_file(p, kinds) for p in paths] or [
-        JobFile(None, workload or kinds[0], {})]
+    files = [load_job_file(p, kinds) for p in paths] or [JobFile(None, workload or kinds[0], {})]
     jobs = []
     for jf in files:
         kind = jf.workload
@@ -81,8 +86,10 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     """
     first = jobs[0].options
     workloads = [job.build() for job in jobs]
-    for workload in workloads:
+    for job, workload in zip(jobs, workloads, strict=True):
         workload.preflight()
+        if workload.writes_output:
+            open_store(job.options.output).preflight()
     summaries = []
     with _profiled(first.profile), connect(first) as client:
         for job, workload in zip(jobs, workloads, strict=True):

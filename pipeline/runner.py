@@ -68,16 +68,21 @@ def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskR
         out = workload.run_task(task, store)
         if not out.failures and store is not None and out.manifest is not None:
             # Last, so that an entry exists only for a task whose data is all written.
-            out.bytes_written += write_parquet(store, manifest_key(workload.job_id, task.index),
-                                               out.manifest)
+            out.bytes_written += write_parquet(
+                store, manifest_key(workload.job_id, task.index), out.manifest
+            )
     except Exception as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
     return TaskReceipt(
-        index=task.index, units=len(task.units), failures=tuple(out.failures),
-        bytes_written=out.bytes_written, seconds=seconds,
+        index=task.index,
+        units=len(task.units),
+        failures=tuple(out.failures),
+        bytes_written=out.bytes_written,
+        seconds=seconds,
         busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
-        worker=socket.gethostname(), fingerprint=out.fingerprint,
+        worker=socket.gethostname(),
+        fingerprint=out.fingerprint,
     )
 
 
@@ -95,8 +100,7 @@ def _calibrate(workload: Workload, store_url: str | None) -> float:
         n = min(workload.n_units, n * 4)
 
 
-def size_tasks(seconds_per_unit: float, n_units: int, n_workers: int,
-               task_seconds: float) -> int:
+def size_tasks(seconds_per_unit: float, n_units: int, n_workers: int, task_seconds: float) -> int:
     """Units per task so a task lasts about ``task_seconds``, but with enough tasks
     to keep every worker busy until the end."""
     by_time = max(1, round(task_seconds / max(seconds_per_unit, 1e-9)))
@@ -112,27 +116,32 @@ def _n_workers(client) -> int:
     return max(1, sum(client.ncores().values()))
 
 
-def _resolve_plan(workload: Workload, options: RunOptions, store: Store | None,
-                  client) -> int:
+def _resolve_plan(workload: Workload, options: RunOptions, store: Store | None, client) -> int:
     """Units per task: the recorded plan when resuming, else the flag or a calibration."""
     record = None
     if store is not None and store.exists(job_record_key(workload.job_id)):
         record = json.loads(store.read_bytes(job_record_key(workload.job_id)))
         if record.get("fingerprint") != workload.fingerprint():
-            changed = sorted(k for k in set(record.get("fingerprint", {})) | set(
-                workload.fingerprint()) if record.get("fingerprint", {}).get(k)
-                != workload.fingerprint().get(k))
+            changed = sorted(
+                k
+                for k in set(record.get("fingerprint", {})) | set(workload.fingerprint())
+                if record.get("fingerprint", {}).get(k) != workload.fingerprint().get(k)
+            )
             raise ConfigError(
                 f"{store.describe(workload.job_id)} holds job {workload.job_id!r} with other "
                 f"settings ({', '.join(changed)}); use --overwrite to replace it, or another "
-                "--output or name")
+                "--output or name"
+            )
         recorded = record["units_per_task"]
-        if options.units_per_task and _round_up(options.units_per_task,
-                                                workload.granularity) != recorded:
+        if (
+            options.units_per_task
+            and _round_up(options.units_per_task, workload.granularity) != recorded
+        ):
             raise ConfigError(
                 f"--units-per-task {options.units_per_task}: the output at "
                 f"{store.describe(workload.job_id)} was planned with {recorded} units per "
-                "task; resume with that, or use --overwrite")
+                "task; resume with that, or use --overwrite"
+            )
         return recorded
     if options.units_per_task:
         units_per_task = _round_up(options.units_per_task, workload.granularity)
@@ -141,15 +150,20 @@ def _resolve_plan(workload: Workload, options: RunOptions, store: Store | None,
         spu = client.submit(_calibrate, workload, store_url, pure=False).result()
         units_per_task = _round_up(
             size_tasks(spu, workload.n_units, _n_workers(client), options.task_seconds),
-            workload.granularity)
-        log.info("calibration: %.3g s per %s, %d per task", spu, workload.unit_name,
-                 units_per_task)
+            workload.granularity,
+        )
+        log.info("calibration: %.3g s per %s, %d per task", spu, workload.unit_name, units_per_task)
     if store is not None:
-        record = {"workload": workload.kind, "job_id": workload.job_id,
-                  "fingerprint": workload.fingerprint(), "units_per_task": units_per_task,
-                  "units": workload.n_units}
-        store.write_bytes(job_record_key(workload.job_id),
-                          json.dumps(record, indent=2, sort_keys=True).encode())
+        record = {
+            "workload": workload.kind,
+            "job_id": workload.job_id,
+            "fingerprint": workload.fingerprint(),
+            "units_per_task": units_per_task,
+            "units": workload.n_units,
+        }
+        store.write_bytes(
+            job_record_key(workload.job_id), json.dumps(record, indent=2, sort_keys=True).encode()
+        )
     return units_per_task
 
 
@@ -164,8 +178,7 @@ def _completed(store: Store | None, job_id: str) -> set[int]:
     return done
 
 
-def run_job(workload: Workload, options: RunOptions, client, *,
-            echo=print) -> RunSummary:
+def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
     """Run (or resume) one job on ``client``'s cluster and return its summary."""
     workload.preflight()
     store = None
@@ -182,14 +195,17 @@ def run_job(workload: Workload, options: RunOptions, client, *,
     done = _completed(store, workload.job_id)
     pending = [t for t in tasks if t.index not in done]
     summary = RunSummary(
-        job_id=workload.job_id, workload=workload.kind,
+        job_id=workload.job_id,
+        workload=workload.kind,
         output=store.describe(workload.job_id) if store else None,
-        units=workload.n_units, tasks=len(tasks), units_per_task=units_per_task,
-        tasks_skipped=len(tasks) - len(pending), workers=_n_workers(client),
+        units=workload.n_units,
+        tasks=len(tasks),
+        units_per_task=units_per_task,
+        tasks_skipped=len(tasks) - len(pending),
+        workers=_n_workers(client),
     )
     if summary.tasks_skipped:
-        echo(f"resuming: {summary.tasks_skipped} of {len(tasks)} tasks already complete, "
-             "skipped")
+        echo(f"resuming: {summary.tasks_skipped} of {len(tasks)} tasks already complete, skipped")
 
     receipts = _run_tasks(workload, store, pending, options, client)
     summary.wall_seconds = time.perf_counter() - t_start
@@ -203,9 +219,9 @@ def run_job(workload: Workload, options: RunOptions, client, *,
     summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
     if summary.wall_seconds and receipts:
         summary.parallel_efficiency = summary.busy_seconds / (
-            summary.wall_seconds * summary.workers)
-    fingerprints = [r.fingerprint for r in sorted(receipts, key=lambda r: r.index)
-                    if r.fingerprint]
+            summary.wall_seconds * summary.workers
+        )
+    fingerprints = [r.fingerprint for r in sorted(receipts, key=lambda r: r.index) if r.fingerprint]
     if fingerprints:
         summary.details["fingerprint"] = _combine(fingerprints)
     if not failures and len(receipts) == len(pending):
@@ -221,8 +237,9 @@ def _combine(fingerprints: list[str]) -> str:
     return xxhash.xxh3_64_hexdigest("".join(fingerprints).encode())
 
 
-def _run_tasks(workload: Workload, store: Store | None, pending: list[Task],
-               options: RunOptions, client) -> list[TaskReceipt]:
+def _run_tasks(
+    workload: Workload, store: Store | None, pending: list[Task], options: RunOptions, client
+) -> list[TaskReceipt]:
     from joblib import Parallel, delayed, parallel_config
 
     from ._joblib_dask import DaskBackend
@@ -233,15 +250,21 @@ def _run_tasks(workload: Workload, store: Store | None, pending: list[Task],
     show = options.progress if options.progress is not None else sys.stderr.isatty()
     from tqdm import tqdm
 
-    bar = tqdm(total=sum(len(t.units) for t in pending), unit=workload.unit_name,
-               unit_scale=True, disable=not show, file=sys.stderr, smoothing=0.1)
+    bar = tqdm(
+        total=sum(len(t.units) for t in pending),
+        unit=workload.unit_name,
+        unit_scale=True,
+        disable=not show,
+        file=sys.stderr,
+        smoothing=0.1,
+    )
     store_url = store.url if store is not None else None
     try:
         backend = DaskBackend(client=client, wait_for_workers_timeout=60, pure=False)
         with parallel_config(backend=backend):
-            results = Parallel(n_jobs=-1, return_as="generator_unordered", batch_size=1,
-                               pre_dispatch="3*n_jobs")(
-                delayed(execute_task)(workload, store_url, t) for t in pending)
+            results = Parallel(
+                n_jobs=-1, return_as="generator_unordered", batch_size=1, pre_dispatch="3*n_jobs"
+            )(delayed(execute_task)(workload, store_url, t) for t in pending)
             for receipt in results:
                 receipts.append(receipt)
                 bar.update(receipt.units)
@@ -250,9 +273,18 @@ def _run_tasks(workload: Workload, store: Store | None, pending: list[Task],
         # killed too often, the scheduler gone). Every task not heard from is failed.
         seen = {r.index for r in receipts}
         receipts.extend(
-            TaskReceipt(t.index, len(t.units),
-                        tuple(UnitFailure.from_exception(u, exc) for u in t.units),
-                        0, 0.0, 0.0, "") for t in pending if t.index not in seen)
+            TaskReceipt(
+                t.index,
+                len(t.units),
+                tuple(UnitFailure.from_exception(u, exc) for u in t.units),
+                0,
+                0.0,
+                0.0,
+                "",
+            )
+            for t in pending
+            if t.index not in seen
+        )
     finally:
         bar.close()
     return receipts

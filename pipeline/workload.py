@@ -27,8 +27,9 @@ class Task:
 
 def plan_tasks(n_units: int, units_per_task: int) -> list[Task]:
     n_tasks = math.ceil(n_units / units_per_task)
-    return [Task(i, i * units_per_task, min(n_units, (i + 1) * units_per_task))
-            for i in range(n_tasks)]
+    return [
+        Task(i, i * units_per_task, min(n_units, (i + 1) * units_per_task)) for i in range(n_tasks)
+    ]
 
 
 @dataclass(frozen=True)

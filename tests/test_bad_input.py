@@ -17,8 +17,15 @@ from pipeline.storage import LocalStore
 
 def run_cubes(tmp_path, frames, **settings):
     out = tmp_path / "out"
-    cli = {"output": str(out), "frames": str(frames), "cubes": 5, "dim": 4, "progress": False,
-           "workers": 1, **settings}
+    cli = {
+        "output": str(out),
+        "frames": str(frames),
+        "cubes": 5,
+        "dim": 4,
+        "progress": False,
+        "workers": 1,
+        **settings,
+    }
     try:
         run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
     finally:
@@ -68,7 +75,8 @@ def test_fewer_columns_than_dim(tmp_path):
 def test_frames_with_different_column_counts(tmp_path):
     path = frames_in(tmp_path)
     pd.DataFrame(np.zeros((6, 9)), columns=[str(i) for i in range(9)]).to_parquet(
-        path / "frame-00002.parquet")
+        path / "frame-00002.parquet"
+    )
     with pytest.raises(InputError, match=r"frame-00002\.parquet has 9 columns; expected 8"):
         run_cubes(tmp_path, path)
 
@@ -78,8 +86,11 @@ def test_non_numeric_column(tmp_path):
     df = pd.read_parquet(path / "frame-00001.parquet")
     df["5"] = "text"
     df.to_parquet(path / "frame-00001.parquet")
-    with pytest.raises(InputError, match=r"frame-00001\.parquet: column '5' has type (large_)?string; "
-                                         r"expected numbers"):
+    with pytest.raises(
+        InputError,
+        match=r"frame-00001\.parquet: column '5' has type (large_)?string; "
+        r"expected numbers",
+    ):
         run_cubes(tmp_path, path)
 
 
@@ -94,26 +105,35 @@ def test_corrupt_parquet(tmp_path):
 def test_job_file_with_unknown_key(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('workload = "cubes"\ncubes = 10\ncube_count = 5\n')
-    with pytest.raises(ConfigError, match=r"job\.toml: unknown key\(s\) 'cube_count' for "
-                                          r"workload 'cubes'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job\.toml: unknown key\(s\) 'cube_count' for "
+        r"workload 'cubes'",
+    ):
         load_jobs([str(job)], {}, environ={})
 
 
 def test_job_file_with_wrong_type(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('cubes = "many"\n')
-    with pytest.raises(ConfigError, match=r"job\.toml: key 'cubes': expected an integer, "
-                                          r"got 'many' \(str\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job\.toml: key 'cubes': expected an integer, "
+        r"got 'many' \(str\)",
+    ):
         load_jobs([str(job)], {}, environ={})
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("dim = 0\n", r"key 'dim': 0 must be at least 1"),
-    ('sink = "s3"\n', r"key 'sink': 's3' is not one of store, none"),
-    ('workload = "fractals"\n', r"workload = 'fractals' is not known, expected one of cubes"),
-    ("cubes = \n", r"not valid TOML"),
-    ("overwrite = 1\n", r"key 'overwrite': expected true or false, got 1 \(int\)"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("dim = 0\n", r"key 'dim': 0 must be at least 1"),
+        ('sink = "s3"\n', r"key 'sink': 's3' is not one of store, none"),
+        ('workload = "fractals"\n', r"workload = 'fractals' is not known, expected one of cubes"),
+        ("cubes = \n", r"not valid TOML"),
+        ("overwrite = 1\n", r"key 'overwrite': expected true or false, got 1 \(int\)"),
+    ],
+)
 def test_job_file_values_are_checked(tmp_path, text, message):
     job = tmp_path / "job.toml"
     job.write_text(text)
@@ -129,8 +149,12 @@ def test_missing_job_file(tmp_path):
 def test_cli_reports_bad_input_in_one_line_and_exits_non_zero(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(f'frames = "{tmp_path / "nope"}"\ndim = 4\ncubes = 3\n')
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", str(job), "--output",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", str(job), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "Error: frames folder" in proc.stderr and "nope is missing or empty" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -13,8 +13,10 @@ def _thread_facts():
     from threadpoolctl import threadpool_info
 
     return {
-        "env": {k: os.environ.get(k) for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS",
-                                               "OPENBLAS_NUM_THREADS")},
+        "env": {
+            k: os.environ.get(k)
+            for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        },
         "pools": [(p["internal_api"], p["num_threads"]) for p in threadpool_info()],
         "pid": os.getpid(),
     }
@@ -27,8 +29,11 @@ def test_workers_are_processes_with_one_thread_and_pinned_blas(client):
     facts = client.run(_thread_facts)
     assert len({f["pid"] for f in facts.values()} | {os.getpid()}) == 3  # real processes
     for f in facts.values():
-        assert f["env"] == {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                            "OPENBLAS_NUM_THREADS": "1"}
+        assert f["env"] == {
+            "MKL_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
         assert f["pools"], "threadpoolctl found no BLAS/OpenMP pool to check"
         assert all(n == 1 for _api, n in f["pools"]), f["pools"]
 

@@ -17,16 +17,23 @@ def test_precedence_flag_over_file_over_env_over_default(tmp_path):
     path = write(tmp_path, "cubes = 20\ndim = 7\n")
     env = {"PIPELINE_CUBES": "30", "PIPELINE_DIM": "8", "PIPELINE_SEED": "5"}
     (job,) = load_jobs([path], {"cubes": 10}, environ=env)
-    assert job.settings.cubes == 10          # flag
-    assert job.settings.dim == 7             # job file
-    assert job.settings.seed == 5            # env var
+    assert job.settings.cubes == 10  # flag
+    assert job.settings.dim == 7  # job file
+    assert job.settings.seed == 5  # env var
     assert job.settings.cubes_per_shard == 16  # default
-    assert job.job_id == "job"               # from the file name
+    assert job.job_id == "job"  # from the file name
 
 
 def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
-    (job,) = load_jobs([], {}, environ={"PIPELINE_OVERWRITE": "yes", "PIPELINE_WORKERS": "3",
-                                        "PIPELINE_TASK_SECONDS": "0.5"})
+    (job,) = load_jobs(
+        [],
+        {},
+        environ={
+            "PIPELINE_OVERWRITE": "yes",
+            "PIPELINE_WORKERS": "3",
+            "PIPELINE_TASK_SECONDS": "0.5",
+        },
+    )
     assert job.options.overwrite is True and job.options.workers == 3
     assert job.options.task_seconds == 0.5
     with pytest.raises(ConfigError, match="environment PIPELINE_WORKERS: 'many' is not an integer"):
@@ -45,9 +52,8 @@ def test_several_job_files_share_flags(tmp_path):
 
 
 def test_flags_for_another_workload_are_refused():
-    from pipeline.config import check_flags_apply
+    from pipeline.config import RunOptions, check_flags_apply
     from pipeline.cubes import CubeJob
-    from pipeline.config import RunOptions
 
     with pytest.raises(ConfigError, match="--formula do"):
         check_flags_apply({"formula": "y ~ x"}, "cubes", RunOptions, CubeJob)

@@ -13,8 +13,16 @@ from pipeline.cubes import cube_columns
 
 
 def cube_job(out, frames_dir, **settings):
-    cli = {"output": str(out), "frames": str(frames_dir), "cubes": 40, "dim": 10, "seed": 3,
-           "cubes_per_shard": 4, "progress": False, **settings}
+    cli = {
+        "output": str(out),
+        "frames": str(frames_dir),
+        "cubes": 40,
+        "dim": 10,
+        "seed": 3,
+        "cubes_per_shard": 4,
+        "progress": False,
+        **settings,
+    }
     (job,) = load_jobs([], cli, environ={})
     return job
 
@@ -56,8 +64,7 @@ def test_cube_content_matches_the_definition(tmp_path, frames_dir, client, per_l
         np.testing.assert_array_equal(manifest["columns"][5], cube_columns(3, 5, 10, 30, False))
 
 
-def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, frames_dir,
-                                                                       client):
+def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, frames_dir, client):
     a, b = tmp_path / "a", tmp_path / "b"
     run(cube_job(a, frames_dir, units_per_task=4), client)
     run(cube_job(b, frames_dir, units_per_task=12), client)
@@ -66,7 +73,9 @@ def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, 
     assert files_a == files_b and len(files_a) == 10
     for rel in files_a:
         assert (a / rel).read_bytes() == (b / rel).read_bytes()
-    assert (a / "cubes/manifest.parquet").read_bytes() == (b / "cubes/manifest.parquet").read_bytes()
+    assert (a / "cubes/manifest.parquet").read_bytes() == (
+        b / "cubes/manifest.parquet"
+    ).read_bytes()
     # A different seed gives different cubes.
     c = tmp_path / "c"
     run(cube_job(c, frames_dir, seed=4), client)
@@ -113,13 +122,15 @@ def test_failed_units_are_recorded_and_the_rerun_resumes(tmp_path, frames_dir, c
     clean = tmp_path / "clean"
     run(cube_job(clean, frames_dir, units_per_task=8), client)
     assert (out / "cubes/manifest.parquet").read_bytes() == (
-        clean / "cubes/manifest.parquet").read_bytes()
+        clean / "cubes/manifest.parquet"
+    ).read_bytes()
     for shard in (clean / "cubes" / "shards").iterdir():
         assert (out / "cubes" / "shards" / shard.name).read_bytes() == shard.read_bytes()
 
 
-def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(tmp_path, frames_dir,
-                                                                            client):
+def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(
+    tmp_path, frames_dir, client
+):
     out = tmp_path / "out"
     job = cube_job(out, frames_dir, units_per_task=8)
     run(job, client)
@@ -137,7 +148,7 @@ def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, c
 
     out = tmp_path / "out"
     run(cube_job(out, frames_dir), client)
-    with pytest.raises(ConfigError, match="other settings.*dim.*--overwrite"):
+    with pytest.raises(ConfigError, match=r"other settings.*dim.*--overwrite"):
         run(cube_job(out, frames_dir, dim=8), client)
 
 
@@ -151,3 +162,24 @@ def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, cl
     assert a.bytes_written == 0
     # Per-task fingerprints depend on the task split, but each is a function of its cubes.
     assert b.details["fingerprint"]
+
+
+def test_changed_frames_are_reloaded_not_served_from_the_layout_cache(tmp_path, client):
+    import os
+
+    from pipeline.frames import write_frames
+    from pipeline.storage import LocalStore
+
+    frames_dir = tmp_path / "frames"
+    write_frames(LocalStore(frames_dir), "", count=10, rows=12, cols=15, seed=1)
+    first = run(cube_job(tmp_path / "a", frames_dir, cubes=4), client)
+    assert first.complete
+    cache = os.environ["PIPELINE_CACHE_DIR"]
+    before = set(os.listdir(os.path.join(cache, "layouts")))
+    write_frames(LocalStore(frames_dir), "", count=10, rows=12, cols=15, seed=2)
+    run(cube_job(tmp_path / "b", frames_dir, cubes=4), client)
+    assert len(set(os.listdir(os.path.join(cache, "layouts"))) - before) >= 1
+    row = load_manifest(tmp_path / "b").iloc[0]
+    cube = read_shard((tmp_path / "b" / row.shard).read_bytes())[row.offset]
+    cols = np.asarray(row["columns"])
+    np.testing.assert_array_equal(cube[3], frames(frames_dir)[3].iloc[:10, cols].to_numpy())

@@ -7,9 +7,9 @@ import signal
 import threading
 
 import pytest
+from test_cubes import cube_job, load_manifest, run
 
 from pipeline import RunOptions, connect, run_job
-from test_cubes import cube_job, load_manifest, run
 
 
 @pytest.mark.slow
@@ -42,4 +42,5 @@ def test_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, frames_dir
     assert len(list(manifest_dir.iterdir())) == summary.tasks == 300
     assert load_manifest(out).equals(load_manifest(clean))
     assert (out / "cubes/manifest.parquet").read_bytes() == (
-        clean / "cubes/manifest.parquet").read_bytes()
+        clean / "cubes/manifest.parquet"
+    ).read_bytes()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from workloads import SquaresWorkload
 
 from pipeline import RunOptions, connect, run_job
 from pipeline.runner import size_tasks
-from workloads import SquaresWorkload
 
 
 def options(out, **kw):
@@ -18,18 +18,27 @@ def test_unit_failures_are_data_and_the_run_finishes(tmp_path, client):
     s = run_job(w, options(tmp_path, units_per_task=3), client, echo=lambda m: None)
     assert s.units_run == 30 and not s.complete
     failed = sorted((f["unit"], f["error_type"]) for f in s.failures)
-    assert failed == [(4, "ValueError"), (15, "RuntimeError"), (16, "RuntimeError"),
-                      (17, "RuntimeError")]
+    assert failed == [
+        (4, "ValueError"),
+        (15, "RuntimeError"),
+        (16, "RuntimeError"),
+        (17, "RuntimeError"),
+    ]
     assert "task 5 cannot start" in next(f["message"] for f in s.failures if f["unit"] == 15)
     values = sorted(p.name for p in (tmp_path / "sq" / "values").iterdir())
     assert len(values) == 30 - 4  # every other unit ran and wrote its output
 
 
 def test_resume_runs_only_tasks_without_a_manifest_entry(tmp_path, client):
-    run_job(SquaresWorkload("sq", 30, fail={4}), options(tmp_path, units_per_task=3), client,
-            echo=lambda m: None)
-    s = run_job(SquaresWorkload("sq", 30), options(tmp_path, units_per_task=3), client,
-                echo=lambda m: None)
+    run_job(
+        SquaresWorkload("sq", 30, fail={4}),
+        options(tmp_path, units_per_task=3),
+        client,
+        echo=lambda m: None,
+    )
+    s = run_job(
+        SquaresWorkload("sq", 30), options(tmp_path, units_per_task=3), client, echo=lambda m: None
+    )
     assert s.complete and s.tasks_skipped == 9 and s.units_run == 3
 
 
@@ -39,12 +48,15 @@ def test_calibration_sizes_tasks_and_keeps_workers_busy(tmp_path, client):
     assert s.units_per_task == 125 and s.tasks == 8 and s.complete
 
 
-@pytest.mark.parametrize(("spu", "n", "workers", "expected"), [
-    (0.001, 1_000_000, 2, 1000),   # 1 s tasks
-    (0.5, 1000, 2, 2),             # slow units: 2 per task
-    (2.0, 1000, 2, 1),             # never fewer than 1
-    (0.0001, 1000, 2, 125),        # short job: 8 tasks for 2 workers
-])
+@pytest.mark.parametrize(
+    ("spu", "n", "workers", "expected"),
+    [
+        (0.001, 1_000_000, 2, 1000),  # 1 s tasks
+        (0.5, 1000, 2, 2),  # slow units: 2 per task
+        (2.0, 1000, 2, 1),  # never fewer than 1
+        (0.0001, 1000, 2, 125),  # short job: 8 tasks for 2 workers
+    ],
+)
 def test_size_tasks(spu, n, workers, expected):
     assert size_tasks(spu, n, workers, 1.0) == expected
 
@@ -55,10 +67,16 @@ def test_a_unit_that_kills_every_worker_fails_its_task_not_the_run(tmp_path):
     # scheduler gives up on it. The run records that and still returns a summary.
     import dask
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
-            connect(RunOptions(workers=2)) as c:
-        s = run_job(SquaresWorkload("sq", 12, exit_unit=4), options(tmp_path, units_per_task=3),
-                    c, echo=lambda m: None)
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        connect(RunOptions(workers=2)) as c,
+    ):
+        s = run_job(
+            SquaresWorkload("sq", 12, exit_unit=4),
+            options(tmp_path, units_per_task=3),
+            c,
+            echo=lambda m: None,
+        )
     assert not s.complete
     failed_units = {f["unit"] for f in s.failures}
     assert {3, 4, 5} <= failed_units

@@ -29,6 +29,8 @@ def _open_store(url: str) -> Store:
         return S3Store(url)
     if "://" in url and not url.startswith("file://"):
         scheme = url.split("://", 1)[0]
-        raise ConfigError(f"output/input URL {url!r}: unsupported scheme {scheme!r}, "
-                          "expected a local path, file:// or s3://")
+        raise ConfigError(
+            f"output/input URL {url!r}: unsupported scheme {scheme!r}, "
+            "expected a local path, file:// or s3://"
+        )
     return LocalStore(url.removeprefix("file://"))

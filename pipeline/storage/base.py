@@ -53,6 +53,10 @@ class Store(ABC):
     def size(self, key: str) -> int:
         return len(self.read_bytes(key))
 
+    def version(self, key: str) -> str:
+        """A token that changes when the object changes (for caches keyed on inputs)."""
+        return str(self.size(key))
+
     def write_bytes(self, key: str, data: Buffer) -> int:
         return self.write(key, [data])
 

@@ -62,6 +62,10 @@ class LocalStore(Store):
     def size(self, key: str) -> int:
         return self.path(key).stat().st_size
 
+    def version(self, key: str) -> str:
+        st = self.path(key).stat()
+        return f"{st.st_size}-{st.st_mtime_ns}"
+
     def list(self, prefix: str = "") -> list[str]:
         base = self.path(prefix) if prefix else self.root
         if base.is_file():

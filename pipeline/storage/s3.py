@@ -1,0 +1,735 @@
+"""A store in an S3 bucket, or on an S3-compatible server, through boto3.
+
+``S3Store("s3://bucket/prefix")`` keeps every key under ``prefix/`` in ``bucket``.
+
+Configuration (read when the store is constructed, so a pickled copy keeps it):
+
+``PIPELINE_S3_ENDPOINT_URL``
+    Endpoint of an S3-compatible server (MinIO, Ceph, moto...). Wins over
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, which boto3 honours itself.
+    Any custom endpoint switches to path-style addressing.
+``PIPELINE_S3_RETRY_MODE``
+    botocore retry mode, ``standard`` (default) or ``adaptive``.
+``PIPELINE_S3_MAX_ATTEMPTS``
+    Attempts per request including the first (default 10).
+
+Other botocore settings apply as usual, e.g. ``AWS_REQUEST_CHECKSUM_CALCULATION=
+when_required`` for servers that reject boto3's default CRC32 checksum headers.
+
+Credentials come only from the standard AWS chain (environment, ``AWS_PROFILE`` and
+``~/.aws``, SSO, container or instance role). They are never arguments and never
+appear in messages or reprs.
+
+Every botocore failure goes through one table, :data:`_ERRORS`, that turns an S3
+error code into the exception callers see: ``FileNotFoundError`` for a missing
+object, :class:`S3PermissionError` for a refusal, and :class:`StorageError`
+naming the bucket and the endpoint for everything else.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import io
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+import boto3.session
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+
+from ..errors import ConfigError, StorageError
+from .base import Buffer, Store, join
+
+__all__ = ["S3PermissionError", "S3Store"]
+
+ENV_ENDPOINT_URL = "PIPELINE_S3_ENDPOINT_URL"
+ENV_RETRY_MODE = "PIPELINE_S3_RETRY_MODE"
+ENV_MAX_ATTEMPTS = "PIPELINE_S3_MAX_ATTEMPTS"
+
+RETRY_MODES = ("standard", "adaptive")
+DEFAULT_MAX_ATTEMPTS = 10
+
+MiB = 1024 * 1024
+#: Payloads at least this big go up as multipart uploads, in parts of this size.
+MULTIPART_THRESHOLD = 16 * MiB
+MULTIPART_CHUNKSIZE = 16 * MiB
+#: Parts uploaded at once. Threads are fine even on a one-thread Dask worker: they
+#: wait on sockets with the GIL released. Each holds one part (a copy) in memory.
+MAX_CONCURRENCY = 4
+#: Several Dask threads may each run a transfer, plus ranged reads and listings.
+MAX_POOL_CONNECTIONS = 32
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 60
+#: preflight() checks the bucket with few attempts so that a wrong endpoint fails
+#: within seconds instead of after a minute of backoff.
+PREFLIGHT_ATTEMPTS = 3
+PREFLIGHT_CONNECT_TIMEOUT = 5
+#: Re-GETs when a response body breaks off mid-stream (botocore retries only the call).
+STREAM_ATTEMPTS = 3
+DELETE_BATCH = 1000
+#: Smallest ranged GET of open_input(); sequential reading grows the read-ahead.
+MIN_FETCH = 64 * 1024
+MAX_READAHEAD = 8 * MiB
+
+_BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_STREAM_ERRORS = (
+    ResponseStreamingError,
+    IncompleteReadError,
+    ReadTimeoutError,
+    ConnectionClosedError,
+)
+
+
+class S3PermissionError(StorageError, PermissionError):
+    """S3 refused the request (AccessDenied, AllAccessDisabled, HTTP 403)."""
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class _Rule:
+    exc: type[OSError]
+    errno: int
+    #: Formatted with target (s3:// URL), bucket, endpoint, code and detail.
+    message: str
+
+
+_NOT_FOUND = _Rule(FileNotFoundError, errno.ENOENT, "No such object")
+_NO_BUCKET = _Rule(
+    StorageError,
+    errno.ENOENT,
+    "S3 bucket {bucket!r} does not exist at endpoint {endpoint} (needed for {target})",
+)
+_DENIED = _Rule(
+    S3PermissionError,
+    errno.EACCES,
+    "{target}: access denied ({code}) at endpoint {endpoint}: the AWS "
+    "credentials in use lack permission on bucket {bucket!r}",
+)
+_REJECTED = _Rule(
+    StorageError,
+    errno.EACCES,
+    "the AWS credentials were rejected ({code}) by endpoint {endpoint} "
+    "for bucket {bucket!r} ({target}); check the standard AWS credential "
+    "chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN, "
+    "AWS_PROFILE and ~/.aws, SSO, container or instance role",
+)
+_NO_CREDENTIALS = _Rule(
+    StorageError,
+    errno.EACCES,
+    "no AWS credentials were found in the standard chain "
+    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and "
+    "~/.aws, SSO, container or instance role) to access bucket "
+    "{bucket!r} at endpoint {endpoint} ({target}){detail}",
+)
+_UNREACHABLE = _Rule(
+    StorageError,
+    errno.EHOSTUNREACH,
+    "S3 endpoint {endpoint} is unreachable for bucket {bucket!r} "
+    "({target}): {detail}; check PIPELINE_S3_ENDPOINT_URL or "
+    "AWS_ENDPOINT_URL and the network",
+)
+_OTHER = _Rule(
+    StorageError, errno.EIO, "{target}: S3 request to endpoint {endpoint} failed: {detail}"
+)
+
+#: The one table from S3 error codes (and pseudo-codes for botocore's own
+#: exceptions, see :func:`_error_code`) to the exceptions callers see.
+_ERRORS: dict[str, _Rule] = {
+    "NoSuchBucket": _NO_BUCKET,
+    "NoSuchKey": _NOT_FOUND,
+    "NotFound": _NOT_FOUND,
+    "404": _NOT_FOUND,  # HEAD responses carry no error body
+    "AccessDenied": _DENIED,
+    "AllAccessDisabled": _DENIED,
+    "403": _Rule(
+        S3PermissionError,
+        errno.EACCES,
+        "{target}: access denied (HTTP 403) at endpoint {endpoint}: the AWS "
+        "credentials were rejected or lack permission on bucket {bucket!r}",
+    ),
+    "InvalidAccessKeyId": _REJECTED,
+    "SignatureDoesNotMatch": _REJECTED,
+    "ExpiredToken": _REJECTED,
+    "InvalidToken": _REJECTED,
+    "TokenRefreshRequired": _REJECTED,
+    "PreconditionFailed": _Rule(
+        StorageError, errno.EIO, "{target} was replaced while it was being read"
+    ),
+    "InvalidBucketName": _Rule(
+        StorageError,
+        errno.EINVAL,
+        "{bucket!r} is not a valid bucket name at endpoint {endpoint} ({target})",
+    ),
+    # botocore exceptions without an S3 error code
+    "-unreachable": _UNREACHABLE,
+    "-no-credentials": _NO_CREDENTIALS,
+}
+
+# Codes whose S3 message is not repeated (an S3 message can quote the request).
+_QUIET_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+}
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return str(err.get("Code") or status or "")
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+        return "-unreachable"
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+        return "-no-credentials"
+    return ""
+
+
+def _detail(exc: BaseException, code: str) -> str:
+    if isinstance(exc, ClientError):
+        if code in _QUIET_CODES:
+            return code
+        message = exc.response.get("Error", {}).get("Message") or ""
+        return f"{code}: {message}" if message else code
+    if isinstance(exc, CredentialRetrievalError):
+        # Only the provider: its message may quote a credential_process's output.
+        return f"; retrieving them from {exc.kwargs.get('provider', 'a provider')} failed"
+    if isinstance(exc, PartialCredentialsError):
+        return f"; only part of them were set ({exc.kwargs.get('cred_var', '?')} missing)"
+    if isinstance(exc, NoCredentialsError):
+        return ""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without user info, query or fragment."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+# --------------------------------------------------------------------------- store
+
+
+class S3Store(Store):
+    """Objects under ``s3://bucket/prefix``; see the module docstring for settings."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None):
+        url = str(url)
+        if not url.startswith("s3://"):
+            raise ConfigError(f"{url!r} is not an s3:// URL (expected s3://bucket/prefix)")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise ConfigError(f"S3 URL {url!r} has no bucket (expected s3://bucket/prefix)")
+        if not _BUCKET_RE.fullmatch(bucket):
+            raise ConfigError(f"S3 URL {url!r}: {bucket!r} is not a valid bucket name")
+        parts = [p for p in prefix.split("/") if p]
+        if ".." in parts:
+            raise ConfigError(f"S3 URL {url!r}: the prefix must not contain '..'")
+        self.bucket = bucket
+        self.prefix = "/".join(parts)
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+
+        endpoint = (endpoint_url or os.environ.get(ENV_ENDPOINT_URL, "")).strip() or None
+        if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+            raise ConfigError(
+                f"S3 endpoint {_safe_url(endpoint)!r} (from endpoint_url or "
+                f"{ENV_ENDPOINT_URL}) must be an http:// or https:// URL"
+            )
+        self.endpoint_url = endpoint
+
+        mode = os.environ.get(ENV_RETRY_MODE, "").strip().lower() or "standard"
+        if mode not in RETRY_MODES:
+            raise ConfigError(
+                f"{ENV_RETRY_MODE}={mode!r}: expected one of {', '.join(RETRY_MODES)}"
+            )
+        raw_attempts = os.environ.get(ENV_MAX_ATTEMPTS, "").strip()
+        try:
+            attempts = int(raw_attempts) if raw_attempts else DEFAULT_MAX_ATTEMPTS
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise ConfigError(
+                f"{ENV_MAX_ATTEMPTS}={raw_attempts!r}: expected a whole "
+                "number of attempts, at least 1"
+            )
+        self.retry_mode = mode
+        self.max_attempts = attempts
+        self._reset_runtime()
+
+    # -- process-local state (not pickled)
+
+    def _reset_runtime(self) -> None:
+        self._client_obj: Any = None
+        self._client_pid: int | None = None
+        self._lock = threading.Lock()
+        self._bucket_checked = False
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_client_obj", "_client_pid", "_lock", "_bucket_checked"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_runtime()
+
+    def __repr__(self) -> str:
+        if self.endpoint_url:
+            return f"S3Store({self.url!r}, endpoint_url={_safe_url(self.endpoint_url)!r})"
+        return f"S3Store({self.url!r})"
+
+    def _uses_custom_endpoint(self) -> bool:
+        return bool(
+            self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+
+    def _make_client(self, *, attempts: int, connect_timeout: float) -> Any:
+        config = Config(
+            # total_max_attempts counts the first attempt; botocore's max_attempts
+            # key would count retries only (max_attempts=10 is 11 requests).
+            retries={"mode": self.retry_mode, "total_max_attempts": attempts},
+            max_pool_connections=MAX_POOL_CONNECTIONS,
+            connect_timeout=connect_timeout,
+            read_timeout=READ_TIMEOUT,
+            user_agent_extra="pipeline",
+            s3={"addressing_style": "path"} if self._uses_custom_endpoint() else None,
+        )
+        # A session of our own: boto3's default session is not thread-safe.
+        session = boto3.session.Session()
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+
+    def _client(self) -> Any:
+        """The S3 client of this process, created on first use."""
+        pid = os.getpid()
+        client = self._client_obj
+        if client is not None and self._client_pid == pid:
+            return client
+        if self._client_pid is not None and self._client_pid != pid:
+            self._lock = threading.Lock()  # forked: the parent's lock may be held
+        with self._lock:
+            if self._client_obj is None or self._client_pid != pid:
+                try:
+                    self._client_obj = self._make_client(
+                        attempts=self.max_attempts, connect_timeout=CONNECT_TIMEOUT
+                    )
+                except BotoCoreError as exc:
+                    raise self._error(exc) from exc
+                self._client_pid = pid
+            return self._client_obj
+
+    def _transfer_config(self) -> TransferConfig:
+        config = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD,
+            multipart_chunksize=MULTIPART_CHUNKSIZE,
+            max_concurrency=MAX_CONCURRENCY,
+            use_threads=True,
+            preferred_transfer_client="classic",  # CRT would bypass our retry config
+        )
+        # Parts read ahead of the uploading threads, each a copy: bound the memory.
+        config.max_in_memory_upload_chunks = MAX_CONCURRENCY
+        return config
+
+    # -- keys and errors
+
+    def endpoint_display(self) -> str:
+        """The endpoint for messages (never with credentials)."""
+        client = self._client_obj
+        if client is not None:
+            return _safe_url(client.meta.endpoint_url)
+        if self.endpoint_url:
+            return _safe_url(self.endpoint_url)
+        env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return _safe_url(env) if env else "the default AWS S3 endpoint"
+
+    def _key(self, key: str) -> str:
+        rel = str(key).strip("/")
+        if not rel:
+            raise StorageError(f"{self.url}: empty object key {key!r}")
+        if ".." in rel.split("/"):
+            raise StorageError(f"key {key!r} must not contain '..'")
+        return join(self.prefix, rel)
+
+    def _relative(self, full_key: str) -> str:
+        return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
+
+    def _error(self, exc: BaseException, key: str | None = None) -> OSError:
+        """The exception to raise (``from exc``) for a botocore failure on ``key``."""
+        code = _error_code(exc)
+        rule = _ERRORS.get(code, _OTHER)
+        target = self.describe(key) if key else self.url
+        if rule is _NOT_FOUND:
+            if key is None:
+                rule = _NO_BUCKET
+            else:
+                return FileNotFoundError(errno.ENOENT, "No such object", target)
+        message = rule.message.format(
+            target=target,
+            bucket=self.bucket,
+            code=code,
+            endpoint=self.endpoint_display(),
+            detail=_detail(exc, code),
+        )
+        err = rule.exc(message)
+        err.errno = rule.errno
+        return err
+
+    def _check_bucket(self) -> None:
+        """Raise when the bucket is missing: a HEAD 404 cannot tell key from bucket."""
+        if self._bucket_checked:
+            return
+        try:
+            self._client().head_bucket(Bucket=self.bucket)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc) from exc
+        self._bucket_checked = True
+
+    def _head(self, key: str) -> dict:
+        try:
+            return self._client().head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _ERRORS.get(_error_code(exc)) is _NOT_FOUND:
+                self._check_bucket()
+            raise self._error(exc, key) from exc
+        except BotoCoreError as exc:
+            raise self._error(exc, key) from exc
+
+    def _get(self, key: str, **kwargs: Any) -> bytes:
+        """The body of a GET (whole or ranged), re-requested if it breaks off."""
+        full = self._key(key)
+        for attempt in range(1, STREAM_ATTEMPTS + 1):
+            try:
+                response = self._client().get_object(Bucket=self.bucket, Key=full, **kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                raise self._error(exc, key) from exc
+            try:
+                return response["Body"].read()
+            except _STREAM_ERRORS as exc:
+                if attempt == STREAM_ATTEMPTS:
+                    raise self._error(exc, key) from exc
+            except BotoCoreError as exc:
+                raise self._error(exc, key) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- Store interface
+
+    def write(self, key: str, chunks: Iterable[Buffer]) -> int:
+        full = self._key(key)
+        views = [_byte_view(chunk) for chunk in chunks]
+        size = sum(v.nbytes for v in views)
+        client = self._client()
+        try:
+            if size < MULTIPART_THRESHOLD:
+                # One PUT of one copy (or none, for a single bytes chunk).
+                whole = (
+                    len(views) == 1
+                    and type(views[0].obj) is bytes
+                    and views[0].nbytes == len(views[0].obj)
+                )
+                body = views[0].obj if whole else b"".join(views)
+                client.put_object(Bucket=self.bucket, Key=full, Body=body)
+            else:
+                # Multipart: the object appears only when the upload completes, and
+                # the transfer manager aborts the upload if a part fails.
+                client.upload_fileobj(
+                    _ChunksReader(views), self.bucket, full, Config=self._transfer_config()
+                )
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, key) from exc
+        return size
+
+    def read_bytes(self, key: str) -> bytes:
+        return self._get(key)
+
+    def open_input(self, key: str) -> BinaryIO:
+        head = self._head(key)
+        return _S3InputFile(self, key, head["ContentLength"], head.get("ETag"))  # type: ignore[return-value]
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def version(self, key: str) -> str:
+        head = self._head(key)
+        return f"{head['ContentLength']}-{head.get('ETag', '').strip(chr(34))}"
+
+    def _list_full(self, full_prefix: str) -> Iterator[str]:
+        paginator = self._client().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            for obj in page.get("Contents", ()):
+                yield obj["Key"]
+
+    def _list_full_keys(self, prefix: str) -> list[str]:
+        rel = str(prefix).strip("/")
+        if ".." in rel.split("/"):
+            raise StorageError(f"prefix {prefix!r} must not contain '..'")
+        full = join(self.prefix, rel)
+        keys: list[str] = []
+        try:
+            if rel:
+                # Like a directory store, a prefix naming an object lists that object.
+                # It sorts before every longer key sharing the prefix.
+                first = (
+                    self._client()
+                    .list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1)
+                    .get("Contents", ())
+                )
+                if first and first[0]["Key"] == full:
+                    keys.append(full)
+            keys.extend(
+                k for k in self._list_full(f"{full}/" if full else "") if not k.endswith("/")
+            )  # skip console "folder" markers
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, rel or None) from exc
+        return keys
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self._relative(k) for k in self._list_full_keys(prefix))
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self._list_full_keys(prefix)
+        deleted = 0
+        client = self._client()
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start : start + DELETE_BATCH]
+            try:
+                response = client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            except (ClientError, BotoCoreError) as exc:
+                raise self._error(exc, str(prefix).strip("/") or None) from exc
+            errors = response.get("Errors") or []
+            deleted += len(batch) - len(errors)
+            if errors:
+                first = errors[0]
+                exc = ClientError(
+                    {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+                    "DeleteObjects",
+                )
+                err = self._error(exc, self._relative(first.get("Key", "")) or None)
+                err.args = (
+                    f"{err} ({len(errors)} of {len(batch)} deletions failed, "
+                    f"{deleted} objects deleted)",
+                )
+                raise err from exc
+        return deleted
+
+    def preflight(self) -> None:
+        """Check the bucket quickly (a wrong endpoint fails in seconds), then probe."""
+        try:
+            client = self._make_client(
+                attempts=PREFLIGHT_ATTEMPTS, connect_timeout=PREFLIGHT_CONNECT_TIMEOUT
+            )
+            client.list_objects_v2(
+                Bucket=self.bucket, MaxKeys=1, Prefix=f"{self.prefix}/" if self.prefix else ""
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc) from exc
+        super().preflight()
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+def _byte_view(chunk: Buffer) -> memoryview:
+    """A flat unsigned-byte view of ``chunk``, without copying when contiguous."""
+    view = memoryview(chunk)
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    if view.c_contiguous:
+        return view.cast("B")
+    return memoryview(view.tobytes())
+
+
+class _ChunksReader(io.RawIOBase):
+    """A seekable read-only file over a list of byte views (no up-front copy)."""
+
+    def __init__(self, views: list[memoryview]):
+        self._views = [v for v in views if v.nbytes]
+        self._starts: list[int] = []
+        total = 0
+        for view in self._views:
+            self._starts.append(total)
+            total += view.nbytes
+        self._size = total
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def _slices(self, n: int) -> list[memoryview]:
+        end = min(self._size, self._pos + n)
+        out = []
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        pos = self._pos
+        while pos < end and i < len(self._views):
+            start = self._starts[i]
+            view = self._views[i]
+            take = min(view.nbytes - (pos - start), end - pos)
+            out.append(view[pos - start : pos - start + take])
+            pos += take
+            i += 1
+        self._pos = pos
+        return out
+
+    def read(self, size: int | None = -1) -> bytes:
+        n = self._size - self._pos if size is None or size < 0 else size
+        parts = self._slices(n)
+        return parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        done = 0
+        for part in self._slices(target.nbytes):
+            target[done : done + part.nbytes] = part
+            done += part.nbytes
+        return done
+
+
+class _S3InputFile(io.RawIOBase):
+    """A seekable read-only file over one object, read with ranged GETs.
+
+    Each read fetches what it needs (at least :data:`MIN_FETCH`), so a parquet
+    reader pays for the footer and the column chunks it reads, not the object.
+    Reads that continue where the previous fetch ended grow a read-ahead up to
+    :data:`MAX_READAHEAD`. Ranged GETs carry ``If-Match`` with the ETag seen at
+    open, so an object replaced meanwhile fails instead of mixing versions.
+    """
+
+    def __init__(self, store: S3Store, key: str, size: int, etag: str | None):
+        self._store = store
+        self._key = key
+        self._size = int(size)
+        self._etag = etag
+        self.name = store.describe(key)
+        self._pos = 0
+        self._cache = b""
+        self._cache_start = 0
+        self._readahead = 0
+        self._lock = threading.Lock()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.closed:
+            raise ValueError("seek on closed file")
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        kwargs: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
+        if self._etag:
+            kwargs["IfMatch"] = self._etag
+        data = self._store._get(self._key, **kwargs)
+        if len(data) != end - start:
+            raise StorageError(
+                f"{self.name}: asked for bytes {start}-{end - 1}, got {len(data)} bytes"
+            )
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.closed:
+            raise ValueError("read of closed file")
+        with self._lock:
+            pos = self._pos
+            end = self._size if size is None or size < 0 else min(self._size, pos + size)
+            if end <= pos:
+                return b""
+            pieces: list[bytes | memoryview] = []
+            cache_end = self._cache_start + len(self._cache)
+            if self._cache_start <= pos < cache_end:
+                take = min(end, cache_end) - pos
+                off = pos - self._cache_start
+                pieces.append(memoryview(self._cache)[off : off + take])
+                pos += take
+            if pos < end:
+                if pos == cache_end and self._cache:
+                    self._readahead = min(MAX_READAHEAD, max(MIN_FETCH, 2 * self._readahead))
+                else:
+                    self._readahead = 0
+                fetch_end = min(self._size, max(end, pos + MIN_FETCH) + self._readahead)
+                data = self._fetch(pos, fetch_end)
+                self._cache, self._cache_start = data, pos
+                pieces.append(memoryview(data)[: end - pos])
+                pos = end
+            self._pos = pos
+            if (
+                len(pieces) == 1
+                and isinstance(pieces[0], memoryview)
+                and pieces[0].nbytes == len(pieces[0].obj)
+            ):
+                return pieces[0].obj  # the whole fetch: no copy
+            return b"".join(pieces)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        data = self.read(target.nbytes)
+        target[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._cache = b""
+        super().close()

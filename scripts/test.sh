@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs, then run all of it.
+#   bash scripts/test.sh [pytest args]
+# Installs: the Debian package haproxy (when missing; needs root or sudo), a
+# virtualenv .venv with the project and its dev extra, and (through
+# scripts/check-terraform.sh, called by the tests) checkov in .venv-tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v haproxy >/dev/null 2>&1; then
+  echo "test.sh: installing haproxy" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq haproxy >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[dev]'
+
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests; that is a failure here" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,269 @@
+"""The production topology with real processes: a driver reaching a TLS `dask scheduler`
+through HAProxy, two `dask worker --nthreads 1` processes, S3 on moto's server mode.
+
+Certificates come from `pipeline certs`, frames from `pipeline data frames --out s3://`,
+and results are checked with `pipeline verify`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from cluster_procs import tls_cluster
+from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, moto_endpoint, reset_moto
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+FRAMES = f"s3://{BUCKET}/frames"
+
+
+def aws_env(endpoint: str, cache: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": DUMMY_ACCESS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": "/nonexistent/config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "PIPELINE_S3_ENDPOINT_URL": endpoint,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "PIPELINE_CACHE_DIR": cache,
+    }
+
+
+def pipeline_cli(args, env, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Remote:
+    def __init__(self, cluster, env, tmp):
+        self.cluster, self.env, self.tmp = cluster, env, tmp
+        certs = cluster.certs
+        self.driver_flags = [
+            "--scheduler",
+            cluster.address,
+            "--tls-ca-file",
+            certs["ca"],
+            "--tls-cert",
+            certs["client"],
+            "--tls-key",
+            certs["client-key"],
+        ]
+
+    def s3(self):
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.env["PIPELINE_S3_ENDPOINT_URL"],
+            region_name=REGION,
+            aws_access_key_id=DUMMY_ACCESS_KEY_ID,
+            aws_secret_access_key=DUMMY_SECRET,
+        )
+
+    def keys(self, prefix):
+        pages = self.s3().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", ())]
+
+    def cube_args(self, output, cubes=60, **extra):
+        args = [
+            "run",
+            "--frames",
+            FRAMES,
+            "--cubes",
+            cubes,
+            "--dim",
+            10,
+            "--seed",
+            5,
+            "--cubes-per-shard",
+            4,
+            "--name",
+            "cubes",
+            "--output",
+            output,
+            "--no-progress",
+            *self.driver_flags,
+        ]
+        for k, v in extra.items():
+            args += [f"--{k.replace('_', '-')}", v]
+        return args
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("remote")
+    endpoint = moto_endpoint()
+    reset_moto(endpoint)
+    env = aws_env(endpoint, str(tmp / "cache"))
+    made = pipeline_cli(["certs", "--out", tmp / "certs", "--days", 2], env)
+    assert made.returncode == 0, made.stderr
+    from pipeline.tls import expected_files
+
+    certs = expected_files(tmp / "certs")
+    assert oct(certs["client-key"].stat().st_mode & 0o777) == "0o600"
+    with tls_cluster(tmp, n_workers=2, certs=certs, worker_env=env) as cluster:
+        r = Remote(cluster, env, tmp)
+        r.s3().create_bucket(Bucket=BUCKET)
+        made = pipeline_cli(
+            [
+                "data",
+                "frames",
+                "--count",
+                12,
+                "--rows",
+                30,
+                "--cols",
+                25,
+                "--out",
+                FRAMES,
+                "--seed",
+                1,
+            ],
+            env,
+        )
+        assert made.returncode == 0, made.stderr
+        yield r
+
+
+def test_cube_job_through_the_load_balancer_into_s3_verifies(remote):
+    out = f"s3://{BUCKET}/run1"
+    proc = pipeline_cli(remote.cube_args(out), remote.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "60 of 60 cubes" in proc.stdout
+    assert remote.cluster.address in proc.stderr  # the job ran through the load balancer
+    ok = pipeline_cli(["verify", out], remote.env)
+    assert ok.returncode == 0, ok.stdout
+    assert (
+        "cubes (cubes): OK: 60 of 60 units verified in 15 objects; 0 missing, 0 extra, "
+        "0 corrupt" in ok.stdout
+    )
+    # Credentials never reach what the run writes.
+    for key in remote.keys("run1/"):
+        if key.endswith((".json", ".parquet")):
+            body = remote.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            assert DUMMY_SECRET.encode() not in body and DUMMY_ACCESS_KEY_ID.encode() not in body
+
+    # Damage the output three ways; verify names each and fails.
+    s3 = remote.s3()
+    shard = "run1/cubes/shards/000002.npy"
+    data = bytearray(s3.get_object(Bucket=BUCKET, Key=shard)["Body"].read())
+    data[-1] ^= 0xFF
+    s3.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
+    s3.delete_object(Bucket=BUCKET, Key="run1/cubes/shards/000005.npy")
+    s3.put_object(Bucket=BUCKET, Key="run1/cubes/shards/stray.npy", Body=b"x")
+    bad = pipeline_cli(["verify", out], remote.env)
+    assert bad.returncode == 1
+    assert "FAILED" in bad.stdout and "1 missing, 1 extra, 1 corrupt" in bad.stdout
+    assert f"missing: {out}/cubes/shards/000005.npy" in bad.stdout
+    assert f"extra: {out}/cubes/shards/stray.npy" in bad.stdout
+    assert f"corrupt: {out}/cubes/shards/000002.npy[3] (cube 11)" in bad.stdout
+
+
+def test_killed_driver_resumes_writing_only_what_is_missing(remote):
+    out = f"s3://{BUCKET}/run2"
+    args = remote.cube_args(out, cubes=600, units_per_task=4)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        env={**os.environ, **remote.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while len(remote.keys("run2/cubes/manifest/")) < 5:
+        assert driver.poll() is None, "the driver finished before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(1.0)  # tasks already running on workers may still finish
+    done_before = len(remote.keys("run2/cubes/manifest/"))
+    assert 5 <= done_before < 150
+    again = pipeline_cli(args, remote.env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resuming: {done_before} of 150 tasks already complete, skipped" in again.stderr
+    ran = 600 - 4 * done_before
+    assert f"{ran} of {ran} cubes" in again.stdout
+    ok = pipeline_cli(["verify", out], remote.env)
+    assert ok.returncode == 0 and "600 of 600 units verified" in ok.stdout, ok.stdout
+
+
+def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch):
+    from pipeline import RunOptions, connect, load_jobs, run_job
+
+    for k, v in remote.env.items():
+        monkeypatch.setenv(k, v)
+    from pipeline.storage import _open_store
+
+    _open_store.cache_clear()
+    certs = remote.cluster.certs
+    opts = {
+        "scheduler": remote.cluster.address,
+        "tls_ca_file": str(certs["ca"]),
+        "tls_cert": str(certs["client"]),
+        "tls_key": str(certs["client-key"]),
+    }
+
+    def job(output):
+        cli = {
+            "frames": FRAMES,
+            "cubes": 600,
+            "dim": 10,
+            "seed": 5,
+            "cubes_per_shard": 4,
+            "units_per_task": 4,
+            "output": output,
+            "progress": False,
+            **opts,
+        }
+        (j,) = load_jobs([], cli, environ={})
+        return j
+
+    with connect(RunOptions(**opts)) as client:
+        clean = job(f"s3://{BUCKET}/clean")
+        assert run_job(clean.build(), clean.options, client, echo=lambda m: None).complete
+        faulted = job(f"s3://{BUCKET}/faulted")
+        parts_at_kill = []
+
+        def kill_mid_run():
+            while len(remote.keys("faulted/cubes/manifest/")) < 5:
+                time.sleep(0.02)
+            remote.cluster.kill_worker(0)
+            parts_at_kill.append(len(remote.keys("faulted/cubes/manifest/")))
+
+        killer = threading.Thread(target=kill_mid_run, daemon=True)
+        killer.start()
+        summary = run_job(faulted.build(), faulted.options, client, echo=lambda m: None)
+        killer.join(10)
+        assert parts_at_kill and parts_at_kill[0] < 150, "the worker was not killed mid-run"
+        assert not remote.cluster.workers[0].alive()
+        assert len(client.scheduler_info()["workers"]) == 1
+    assert summary.complete and summary.units_failed == 0
+    s3 = remote.s3()
+    manifests = [
+        s3.get_object(Bucket=BUCKET, Key=f"{p}/cubes/manifest.parquet")["Body"].read()
+        for p in ("clean", "faulted")
+    ]
+    assert manifests[0] == manifests[1]
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(io.BytesIO(manifests[1]))["cube_id"].to_pylist()
+    assert ids == list(range(600))
+    assert sorted(remote.keys("faulted/cubes/shards/")) == sorted(
+        k.replace("clean/", "faulted/") for k in remote.keys("clean/cubes/shards/")
+    )
+    remote.cluster.add_worker("w2", env=remote.env)
+    remote.cluster.wait_for_workers(2)

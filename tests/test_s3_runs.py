@@ -1,0 +1,111 @@
+"""Cube jobs into S3 (moto's server mode) on the embedded cluster: preflight errors
+and S3 answering 500/503/SlowDown through a fault-injecting proxy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fault_proxy import FaultProxy
+from s3_server import BUCKET, DUMMY_SECRET, clear_store_cache
+
+from pipeline import RunOptions, StorageError, connect, load_jobs, run_job, run_jobs
+from pipeline.verify import verify_output
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def cube_job(frames, output, **kw):
+    cli = {
+        "frames": str(frames),
+        "output": output,
+        "cubes": 48,
+        "dim": 10,
+        "seed": 2,
+        "cubes_per_shard": 4,
+        "units_per_task": 8,
+        "progress": False,
+        "workers": 2,
+        **kw,
+    }
+    (job,) = load_jobs([], cli, environ={})
+    return job
+
+
+def test_preflight_missing_bucket_names_it_and_runs_nothing(s3, frames_dir):
+    with pytest.raises(StorageError, match="no-such-bucket") as info:
+        run_jobs([cube_job(frames_dir, "s3://no-such-bucket/out")], echo=lambda m: None)
+    assert s3.endpoint in str(info.value)
+
+
+def test_preflight_unreachable_endpoint_names_it(s3, frames_dir, monkeypatch):
+    monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    clear_store_cache()
+    with pytest.raises(StorageError, match=r"127\.0\.0\.1:9"):
+        run_jobs([cube_job(frames_dir, f"s3://{BUCKET}/out")], echo=lambda m: None)
+
+
+def test_preflight_rejected_credentials_via_cli(s3, s3_bucket, frames_dir, monkeypatch):
+    from s3_server import set_moto_auth
+
+    set_moto_auth(s3.endpoint, 0)  # moto checks credentials from now on
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "--frames",
+                str(frames_dir),
+                "--dim",
+                "10",
+                "--cubes",
+                "4",
+                "--output",
+                s3_bucket.split("/root")[0] + "/x",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        set_moto_auth(s3.endpoint, None)
+    assert proc.returncode == 1
+    assert BUCKET in proc.stderr and "Traceback" not in proc.stderr
+    assert DUMMY_SECRET not in proc.stderr + proc.stdout
+    assert "cubes in" not in proc.stdout  # no task ran
+
+
+def test_missing_input_on_s3_is_named(s3, s3_bucket):
+    from pipeline import InputError
+
+    with pytest.raises(InputError, match=rf"s3://{BUCKET}/nothing-here is missing or empty"):
+        run_jobs([cube_job(f"s3://{BUCKET}/nothing-here", s3_bucket)], echo=lambda m: None)
+
+
+def test_s3_errors_and_slowdowns_lose_nothing(s3, s3_bucket, frames_dir, monkeypatch):
+    with connect(RunOptions(workers=2)) as client:
+        clean = cube_job(frames_dir, f"s3://{BUCKET}/clean")
+        assert run_job(clean.build(), clean.options, client, echo=lambda m: None).complete
+    with FaultProxy(s3.endpoint, fail_every=4) as proxy:
+        # Workers inherit the endpoint when the cluster starts: every S3 request they
+        # and the driver make goes through the proxy, and one in four fails.
+        monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", proxy.url)
+        clear_store_cache()
+        with connect(RunOptions(workers=2)) as client:
+            job = cube_job(frames_dir, f"s3://{BUCKET}/faulted")
+            summary = run_job(job.build(), job.options, client, echo=lambda m: None)
+        injected = proxy.failures_injected
+    assert injected > 10
+    assert summary.complete and summary.units_failed == 0
+    monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", s3.endpoint)
+    clear_store_cache()
+    (check,) = verify_output(f"s3://{BUCKET}/faulted")
+    assert check.ok and check.units_ok == 48
+    body = {
+        p: s3.client().get_object(Bucket=BUCKET, Key=f"{p}/cubes/manifest.parquet")["Body"].read()
+        for p in ("clean", "faulted")
+    }
+    assert body["clean"] == body["faulted"]

@@ -1,0 +1,573 @@
+"""Store conformance (LocalStore and S3Store on moto) and S3Store's own behaviour."""
+
+from __future__ import annotations
+
+import errno
+import io
+import pickle
+import socket
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+# Helper modules beside the tests (tests/conftest.py puts tests/ on sys.path and
+# loads s3_server's fixtures: moto_server, s3, s3_bucket).
+from fault_proxy import FaultProxy
+from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, isolate_aws_env, set_moto_auth
+
+from pipeline.errors import ConfigError, StorageError
+from pipeline.storage import LocalStore, open_store, read_parquet_file, write_parquet
+from pipeline.storage.s3 import S3PermissionError, S3Store
+
+pytestmark = pytest.mark.timeout(60)
+integration = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=integration)])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return S3Store(request.getfixturevalue("s3_bucket"))
+
+
+def _all_messages(exc: BaseException) -> str:
+    """Everything a user could see of ``exc``: str, repr and the chained traceback."""
+    return "\n".join([str(exc), repr(exc), *traceback.format_exception(exc)])
+
+
+def _assert_no_credentials(text: str) -> None:
+    assert DUMMY_ACCESS_KEY_ID not in text
+    assert DUMMY_SECRET not in text
+
+
+# --------------------------------------------------------------------------- conformance
+
+
+def test_round_trip(store):
+    assert store.write("a/x.bin", [b"abc", bytearray(b"de"), memoryview(b"fgh")]) == 8
+    assert store.read_bytes("a/x.bin") == b"abcdefgh"
+    assert store.write_bytes("empty", b"") == 0
+    assert store.read_bytes("empty") == b""
+    # a slice of a bytes object is written as the slice
+    assert store.write("slice", [memoryview(b"0123456789")[2:5]]) == 3
+    assert store.read_bytes("slice") == b"234"
+
+
+def test_overwrite_replaces(store):
+    store.write_bytes("k", b"first version, long")
+    store.write_bytes("k", b"second")
+    assert store.read_bytes("k") == b"second"
+    assert store.size("k") == 6
+
+
+def test_failed_write_leaves_old_object_and_no_temp(store):
+    store.write_bytes("d/k", b"old")
+
+    def chunks():
+        yield b"new data "
+        raise RuntimeError("producer failed")
+
+    with pytest.raises(RuntimeError, match="producer failed"):
+        store.write("d/k", chunks())
+    with pytest.raises(RuntimeError):
+        store.write("d/other", chunks())
+    assert store.read_bytes("d/k") == b"old"
+    assert store.list() == ["d/k"]
+    assert not store.exists("d/other")
+
+
+def test_list_sorted_and_prefix_scoped(store):
+    for key in ["a/b1/y/z", "a/b10/w", "a/b1/x", "a/b1.txt", "z", "a/c"]:
+        store.write_bytes(key, key.encode())
+    assert store.list() == ["a/b1.txt", "a/b1/x", "a/b1/y/z", "a/b10/w", "a/c", "z"]
+    assert store.list("a/b1") == ["a/b1/x", "a/b1/y/z"]
+    assert store.list("a/b1/") == ["a/b1/x", "a/b1/y/z"]
+    assert store.list("a/b1/x") == ["a/b1/x"]  # a prefix naming an object
+    assert store.list("a") == ["a/b1.txt", "a/b1/x", "a/b1/y/z", "a/b10/w", "a/c"]
+    assert store.list("nothing") == []
+
+
+def test_delete_prefix_counts(store):
+    for key in ["p/1", "p/2", "p/sub/3", "p10/4", "q"]:
+        store.write_bytes(key, b"x")
+    assert store.delete_prefix("p") == 3
+    assert store.list() == ["p10/4", "q"]
+    assert store.delete_prefix("p") == 0
+    assert store.delete_prefix("missing") == 0
+    assert store.delete_prefix("q") == 1
+    assert store.list() == ["p10/4"]
+
+
+def test_exists_and_size(store):
+    assert not store.exists("s/k")
+    store.write_bytes("s/k", b"12345")
+    assert store.exists("s/k")
+    assert store.size("s/k") == 5
+    assert not store.exists("s")  # a "directory" is not an object
+    with pytest.raises(FileNotFoundError):
+        store.size("s/missing")
+
+
+def test_open_input_seek_read(store):
+    data = bytes(range(256)) * 1000
+    store.write_bytes("f.bin", data)
+    with store.open_input("f.bin") as f:
+        assert f.seekable() and f.readable()
+        assert f.read(10) == data[:10]
+        assert f.seek(100) == 100
+        assert f.read(5) == data[100:105]
+        assert f.tell() == 105
+        f.seek(-7, io.SEEK_END)
+        assert f.read() == data[-7:]
+        assert f.read(3) == b""
+        f.seek(200_000)
+        assert f.read(1000) == data[200_000:201_000]
+        f.seek(10, io.SEEK_CUR)
+        assert f.read(5) == data[201_010:201_015]
+        buf = bytearray(20)
+        f.seek(3)
+        assert f.readinto(buf) == 20 and bytes(buf) == data[3:23]
+        f.seek(0)
+        assert f.read() == data
+
+
+def test_read_missing_is_file_not_found(store):
+    with pytest.raises(FileNotFoundError) as info:
+        store.read_bytes("no/such/key")
+    assert store.describe("no/such/key") in str(info.value)  # the path or s3:// URL
+    with pytest.raises(FileNotFoundError):
+        store.open_input("no/such/key")
+
+
+def test_multipart_payload_round_trip(store):
+    arr = np.random.default_rng(0).integers(0, 2**62, size=5 * MiB, dtype=np.int64)
+    assert arr.nbytes == 40 * MiB
+    header = b"\x93NUMPY-ish header\n"
+    size = store.write("shards/0.npy", [header, memoryview(arr)])
+    assert size == len(header) + arr.nbytes
+    assert store.size("shards/0.npy") == size
+    back = store.read_bytes("shards/0.npy")
+    assert back[: len(header)] == header
+    assert np.array_equal(np.frombuffer(back, dtype=np.int64, offset=len(header)), arr)
+    # a 2-D array's buffer is written in C order, without the caller flattening it
+    grid = arr[: 3 * MiB].reshape(3 * 1024, 1024)
+    assert store.write("shards/1.npy", [grid]) == grid.nbytes
+    assert store.read_bytes("shards/1.npy") == grid.tobytes()
+
+
+def test_pickled_store_still_works(store):
+    store.write_bytes("before", b"1")
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.url == store.url
+    copy.write_bytes("after", b"2")
+    assert copy.list() == ["after", "before"]
+    assert store.read_bytes("after") == b"2"
+
+
+def test_parquet_through_open_input(store):
+    table = pa.table({"a": np.arange(1000), "b": [f"s{i}" for i in range(1000)]})
+    write_parquet(store, "t.parquet", table)
+    pf = read_parquet_file(store, "t.parquet")
+    assert pf.metadata.num_rows == 1000
+    assert pf.read(columns=["b"]).column("b").to_pylist() == table.column("b").to_pylist()
+
+
+def test_preflight_passes(store):
+    store.preflight()
+    assert store.list() == []
+
+
+# --------------------------------------------------------------------------- S3 only
+
+
+@integration
+def test_s3_multipart_is_used_and_small_objects_are_not(s3, s3_bucket):
+    store = S3Store(s3_bucket)
+    store.write("big", [np.zeros(40 * MiB, dtype=np.uint8)])
+    store.write("small", [b"x" * 1000])
+    client = s3.client()
+    assert client.head_object(Bucket=BUCKET, Key="root/big")["ETag"].endswith('-3"')
+    assert "-" not in client.head_object(Bucket=BUCKET, Key="root/small")["ETag"]
+    assert client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    # a non-contiguous buffer is copied, not rejected
+    grid = np.arange(64, dtype=np.int16).reshape(8, 8)
+    assert store.write("strided", [grid[:, :2]]) == 32
+    assert store.read_bytes("strided") == grid[:, :2].tobytes()
+
+
+@integration
+def test_s3_keys_live_under_the_prefix(s3, s3_bucket):
+    store = S3Store(s3_bucket + "/")
+    assert store.url == "s3://pipeline-test/root"
+    store.write_bytes("x/y", b"1")
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="rootless", Body=b"outside the prefix")
+    client.put_object(Bucket=BUCKET, Key="root/folder/", Body=b"")  # console marker
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert "root/x/y" in keys
+    assert store.list() == ["x/y"]
+    whole = S3Store(f"s3://{BUCKET}")
+    assert whole.list() == ["root/x/y", "rootless"]
+    assert whole.read_bytes("root/x/y") == b"1"
+
+
+@integration
+def test_s3_list_and_delete_more_than_one_batch(s3, s3_bucket):
+    store = S3Store(s3_bucket)
+    client = s3.client()
+    keys = [f"many/{i:05d}" for i in range(1005)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: client.put_object(Bucket=BUCKET, Key=f"root/{k}", Body=b"."), keys))
+    store.write_bytes("many.txt", b"not under many/")
+    assert store.list("many") == keys  # more than one page of list_objects_v2
+    calls = []
+    store._client().meta.events.register(
+        "before-call.s3.DeleteObjects", lambda **_: calls.append(1)
+    )
+    assert store.delete_prefix("many") == 1005
+    assert len(calls) == 2  # 1000 + 5
+    assert store.list() == ["many.txt"]
+
+
+@integration
+def test_s3_partial_parquet_read_fetches_little(s3, s3_bucket, record_property):
+    rows = 2_000_000
+    rng = np.random.default_rng(1)
+    table = pa.table(
+        {"small": np.arange(rows, dtype=np.int32) % 7, "big": rng.random(rows)}
+    )  # random doubles do not compress
+    with FaultProxy(s3.endpoint) as proxy:  # no faults: it just counts the bytes
+        store = S3Store(s3_bucket, endpoint_url=proxy.url)
+        size = write_parquet(store, "wide.parquet", table)
+        proxy.reset_counters()
+        pf = pq.ParquetFile(store.open_input("wide.parquet"))
+        small = pf.read(columns=["small"])
+        fetched = proxy.response_bytes
+        gets = [r for r in proxy.requests if r.method == "GET"]
+    assert small.column("small").equals(table.column("small"))
+    assert size > 15 * MiB
+    record_property("parquet_object_bytes", size)
+    record_property("parquet_bytes_fetched", fetched)
+    print(
+        f"partial parquet read: fetched {fetched} of {size} bytes "
+        f"({100 * fetched / size:.2f}%) in {len(gets)} ranged GETs"
+    )
+    assert fetched < size / 20
+    assert all(r.response_bytes < size / 10 for r in gets)
+
+
+@integration
+def test_s3_open_input_sequential_reads_use_read_ahead(s3, s3_bucket):
+    data = np.random.default_rng(2).bytes(4 * MiB)
+    with FaultProxy(s3.endpoint) as proxy:
+        store = S3Store(s3_bucket, endpoint_url=proxy.url)
+        store.write_bytes("seq", data)
+        proxy.reset_counters()
+        with store.open_input("seq") as f:
+            chunks = iter(lambda: f.read(8192), b"")
+            assert b"".join(chunks) == data
+        gets = [r for r in proxy.requests if r.method == "GET"]
+    assert len(gets) < 20  # 512 reads of 8 KiB
+    assert proxy.response_bytes == len(data)
+
+
+@integration
+def test_s3_object_replaced_while_reading(s3, s3_bucket):
+    store = S3Store(s3_bucket)
+    store.write_bytes("v", b"a" * 300_000)
+    f = store.open_input("v")
+    assert f.read(10) == b"a" * 10
+    store.write_bytes("v", b"b" * 300_000)
+    f.seek(200_000)
+    with pytest.raises(StorageError, match="replaced while it was being read"):
+        f.read(10)
+
+
+@integration
+def test_open_store_dispatches_and_caches(s3, s3_bucket):
+    a = open_store(s3_bucket)
+    assert isinstance(a, S3Store)
+    assert open_store(s3_bucket) is a
+    a.write_bytes("k", b"v")
+    assert a.read_bytes("k") == b"v"
+
+
+@integration
+def test_s3_no_credentials_in_repr_pickle_or_state(s3, s3_bucket):
+    store = S3Store(s3_bucket)
+    store.write_bytes("k", b"v")  # the client exists now
+    dumped = pickle.dumps(store)
+    for secret in (DUMMY_ACCESS_KEY_ID, DUMMY_SECRET):
+        assert secret.encode() not in dumped
+        assert secret not in repr(store)
+        assert secret not in repr(vars(pickle.loads(dumped)))
+
+
+@integration
+def test_endpoint_precedence(s3, s3_bucket, monkeypatch):
+    # PIPELINE_S3_ENDPOINT_URL wins over AWS_ENDPOINT_URL ...
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    S3Store(s3_bucket).write_bytes("k", b"v")
+    # ... the constructor argument wins over both ...
+    with FaultProxy(s3.endpoint) as proxy:
+        S3Store(s3_bucket, endpoint_url=proxy.url).read_bytes("k")
+        assert len(proxy.requests) == 1
+    # ... and AWS_ENDPOINT_URL alone is honoured (by boto3 itself).
+    monkeypatch.delenv("PIPELINE_S3_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    assert S3Store(s3_bucket).read_bytes("k") == b"v"
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://", "s3:///prefix", "s3://bad bucket/x", "s3://bucket/../x", "gs://bucket/x"]
+)
+def test_malformed_url_is_config_error(url):
+    with pytest.raises(ConfigError):
+        S3Store(url)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PIPELINE_S3_RETRY_MODE", "aggressive"),
+        ("PIPELINE_S3_MAX_ATTEMPTS", "0"),
+        ("PIPELINE_S3_MAX_ATTEMPTS", "many"),
+        ("PIPELINE_S3_ENDPOINT_URL", "127.0.0.1:9000"),
+    ],
+)
+def test_bad_settings_are_config_errors(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        S3Store("s3://bucket/x")
+
+
+def test_settings_from_env(monkeypatch):
+    monkeypatch.setenv("PIPELINE_S3_RETRY_MODE", "Adaptive")
+    monkeypatch.setenv("PIPELINE_S3_MAX_ATTEMPTS", "4")
+    monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", "http://user:pw@127.0.0.1:9000")
+    store = S3Store("s3://bucket/x")
+    assert (store.retry_mode, store.max_attempts) == ("adaptive", 4)
+    assert "pw" not in repr(store) and "127.0.0.1:9000" in repr(store)
+    assert "pw" not in store.endpoint_display()
+
+
+# --------------------------------------------------------------------------- S3 errors
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@integration
+def test_missing_bucket_names_bucket_and_endpoint(s3):
+    store = S3Store("s3://no-such-bucket/x")
+    for action in (
+        lambda: store.read_bytes("k"),
+        lambda: store.exists("k"),
+        lambda: store.size("k"),
+        lambda: store.list(),
+        lambda: store.write_bytes("k", b"v"),
+        store.preflight,
+    ):
+        with pytest.raises(StorageError) as info:
+            action()
+        assert not isinstance(info.value, FileNotFoundError)
+        assert "no-such-bucket" in str(info.value)
+        assert s3.endpoint in str(info.value)
+        assert "does not exist" in str(info.value)
+
+
+@integration
+def test_wrong_endpoint_fails_fast_and_names_it(s3, monkeypatch):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    store = S3Store(f"s3://{BUCKET}/x", endpoint_url=endpoint)
+    start = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        store.preflight()
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert endpoint in message and "unreachable" in message
+    _assert_no_credentials(_all_messages(info.value))
+    # ordinary operations retry PIPELINE_S3_MAX_ATTEMPTS times, then say the same
+    monkeypatch.setenv("PIPELINE_S3_MAX_ATTEMPTS", "2")
+    with pytest.raises(StorageError, match="unreachable") as info:
+        S3Store(f"s3://{BUCKET}/x", endpoint_url=endpoint).read_bytes("k")
+    assert endpoint in str(info.value)
+
+
+@integration
+def test_no_credentials_in_the_chain(s3, s3_bucket, monkeypatch):
+    isolate_aws_env(monkeypatch, s3.endpoint, credentials=False)
+    store = S3Store(s3_bucket)
+    for action in (
+        store.preflight,
+        lambda: store.read_bytes("k"),
+        lambda: store.write_bytes("k", b"v"),
+    ):
+        with pytest.raises(StorageError, match="no AWS credentials were found") as info:
+            action()
+        assert BUCKET in str(info.value) and s3.endpoint in str(info.value)
+
+
+@pytest.fixture
+def iam_user(s3, s3_bucket):
+    """A moto IAM user allowed only to list and read the bucket; IAM then enforced."""
+    iam = s3.iam()
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(
+        UserName="reader",
+        PolicyName="read-only",
+        PolicyDocument="""{
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"],
+                       "Resource": ["arn:aws:s3:::*"]}]}""",
+    )
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    S3Store(s3_bucket).write_bytes("readable", b"data")
+    set_moto_auth(s3.endpoint, 0)  # every request from now on is authenticated
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+# With IAM enforced, moto 5.2 computes SigV4 over list_objects_v2's prefix query
+# without its encoded "/" and answers SignatureDoesNotMatch, so these tests use a
+# store at the bucket root (whose listings send an empty prefix).
+ROOT = f"s3://{BUCKET}"
+
+
+@integration
+def test_access_denied_is_permission_error(s3, s3_bucket, iam_user, monkeypatch):
+    key_id, secret = iam_user
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    store = S3Store(ROOT)
+    assert store.read_bytes("root/readable") == b"data"
+    assert store.list() == ["root/readable"]
+    for action in (lambda: store.write_bytes("k", b"v"), store.preflight):
+        with pytest.raises(PermissionError) as info:
+            action()
+        assert isinstance(info.value, StorageError) and isinstance(info.value, S3PermissionError)
+        assert info.value.errno == errno.EACCES
+        assert "access denied" in str(info.value) and BUCKET in str(info.value)
+        text = _all_messages(info.value)
+        assert key_id not in text and secret not in text
+
+
+@integration
+@pytest.mark.parametrize("which", ["unknown key id", "wrong secret"])
+def test_rejected_credentials(s3, s3_bucket, iam_user, monkeypatch, which):
+    key_id, secret = iam_user
+    if which == "wrong secret":
+        bad_id, bad_secret = key_id, "not-the-secret-0123456789"
+    else:
+        bad_id, bad_secret = "AKIAUNKNOWNKEY000000", secret
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", bad_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", bad_secret)
+    store = S3Store(ROOT)
+    for action in (
+        store.preflight,
+        lambda: store.read_bytes("root/readable"),
+        lambda: store.list(),
+    ):
+        with pytest.raises(StorageError, match="credentials were rejected") as info:
+            action()
+        assert BUCKET in str(info.value) and s3.endpoint in str(info.value)
+        text = _all_messages(info.value)
+        for value in (bad_id, bad_secret, key_id, secret):
+            assert value not in text
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@integration
+def test_retries_ride_over_injected_faults(s3, s3_bucket):
+    arr = np.random.default_rng(3).random(5 * MiB)  # 40 MiB: multipart
+    table = pa.table({"a": np.arange(50_000), "b": np.random.default_rng(4).random(50_000)})
+    with FaultProxy(s3.endpoint, fail_every=4) as proxy:
+        store = S3Store(s3_bucket, endpoint_url=proxy.url)
+        store.preflight()
+        assert store.write("big.npy", [memoryview(arr)]) == arr.nbytes
+        for i in range(8):
+            store.write_bytes(f"small/{i}", f"payload {i}".encode())
+        write_parquet(store, "t.parquet", table)
+        assert np.array_equal(np.frombuffer(store.read_bytes("big.npy")), arr)
+        assert [store.read_bytes(f"small/{i}") for i in range(8)] == [
+            f"payload {i}".encode() for i in range(8)
+        ]
+        assert read_parquet_file(store, "t.parquet").read().equals(table)
+        assert store.list("small") == [f"small/{i}" for i in range(8)]
+        assert store.exists("big.npy") and not store.exists("nope")
+        assert store.delete_prefix("small") == 8
+        injected = {r.injected for r in proxy.requests if r.injected}
+        assert proxy.failures_injected >= 5
+        assert injected == {"InternalError", "SlowDown"}
+        assert any(r.injected and "partNumber" in r.path for r in proxy.requests)
+    assert S3Store(s3_bucket).list() == ["big.npy", "t.parquet"]
+
+
+@integration
+def test_failed_multipart_upload_is_aborted_and_invisible(s3, s3_bucket, monkeypatch):
+    monkeypatch.setenv("PIPELINE_S3_MAX_ATTEMPTS", "2")
+    with FaultProxy(s3.endpoint, fail_every=1, fail_if=lambda r: "partNumber=2" in r.path) as proxy:
+        store = S3Store(s3_bucket, endpoint_url=proxy.url)
+        with pytest.raises(StorageError, match=r"InternalError|SlowDown") as info:
+            store.write("big", [np.ones(40 * MiB, dtype=np.uint8)])
+        assert info.value.errno == errno.EIO
+        assert proxy.failures_injected == 2
+    assert S3Store(s3_bucket).list() == []
+    assert s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+@integration
+def test_fault_proxy_is_deterministic(s3):
+    s3.make_bucket()
+    client = s3.client()
+    with FaultProxy(s3.endpoint, fail_every=3, errors=["SlowDown"]) as proxy:
+        raw = s3.client(endpoint=proxy.url, max_attempts=1)
+        statuses = []
+        for i in range(6):
+            try:
+                raw.put_object(Bucket=BUCKET, Key=f"k{i}", Body=b"v")
+                statuses.append("ok")
+            except Exception as exc:
+                statuses.append(exc.response["Error"]["Code"])
+        assert proxy.failures_injected == 2
+    assert statuses[2] == statuses[5] == "SlowDown"
+    assert statuses.count("ok") == 4
+    assert len(client.list_objects_v2(Bucket=BUCKET)["Contents"]) == 4
+
+
+@integration
+def test_fault_proxy_concurrent_clients(s3):
+    s3.make_bucket()
+    with FaultProxy(s3.endpoint, fail_rate=0.2, seed=7) as proxy:
+        client = s3.client(endpoint=proxy.url)
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                client.put_object(Bucket=BUCKET, Key=f"c/{i}", Body=bytes([i]) * 1000)
+                assert (
+                    client.get_object(Bucket=BUCKET, Key=f"c/{i}")["Body"].read()
+                    == bytes([i]) * 1000
+                )
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert proxy.failures_injected > 0
