@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .cluster import connect
 from .config import RunOptions
-from .cubes import CubeJob, CubeWorkload, read_shard
+from .cubes import CubeJob, CubeWorkload, iter_cubes, read_shard
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import RunSummary, run_job
@@ -27,6 +27,7 @@ __all__ = [
     "TaskOutput",
     "UnitFailure",
     "Workload",
+    "iter_cubes",
     "read_shard",
     # storage
     "LocalStore",

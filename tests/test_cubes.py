@@ -183,3 +183,36 @@ def test_changed_frames_are_reloaded_not_served_from_the_layout_cache(tmp_path, 
     cube = read_shard((tmp_path / "b" / row.shard).read_bytes())[row.offset]
     cols = np.asarray(row["columns"])
     np.testing.assert_array_equal(cube[3], frames(frames_dir)[3].iloc[:10, cols].to_numpy())
+
+
+def test_iter_cubes_yields_every_cube_once_in_memory(tmp_path, frames_dir, client):
+    from pipeline import CubeJob, iter_cubes
+
+    job = CubeJob(frames=str(frames_dir), cubes=30, dim=10, seed=3)
+    got = dict(iter_cubes(job, client=client, cubes_per_task=4))
+    assert sorted(got) == list(range(30))
+    out = tmp_path / "out"
+    run(cube_job(out, frames_dir, cubes=30), client)  # the same job written to the store
+    for row in load_manifest(out).itertuples():
+        stored = read_shard((out / row.shard).read_bytes())[row.offset]
+        np.testing.assert_array_equal(got[row.cube_id], stored)
+    assert not (tmp_path / "results").exists()
+
+
+def test_report_and_profile_files(tmp_path, frames_dir):
+    import json
+    import pstats
+
+    from pipeline import run_jobs
+
+    cli = {"output": str(tmp_path / "out"), "frames": str(frames_dir), "cubes": 12, "dim": 10,
+           "workers": 1, "progress": False, "report": str(tmp_path / "report"),
+           "profile": str(tmp_path / "driver.prof")}
+    (summary,) = run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
+    data = json.loads((tmp_path / "report" / "cubes-summary.json").read_text())
+    assert data["units"] == 12 and data["complete"] and data["units_failed"] == 0
+    assert data["units_per_second"] > 0 and data["bytes_written"] == summary.bytes_written > 0
+    html = (tmp_path / "report" / "cubes-dask-report.html").read_text()
+    assert "Dask Performance Report" in html
+    stats = pstats.Stats(str(tmp_path / "driver.prof"))
+    assert any("run_job" in fn for (_file, _line, fn) in stats.stats)
