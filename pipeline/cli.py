@@ -144,6 +144,52 @@ def frames_command(count, rows, cols, out, seed) -> None:
     click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")
 
 
+@data_group.command("regressions")
+@click.option("--chunks", type=int, default=1000, show_default=True, help="Number of chunks.")
+@click.option("--rows", type=int, default=250, show_default=True, help="Rows per chunk.")
+@click.option("--features", type=int, default=5, show_default=True, help="Features x1..xK.")
+@click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+def regressions_data_command(chunks, rows, features, out, seed) -> None:
+    """Write a panel for per-chunk regressions: a `chunk` column, a response `y`,
+    features x1..xK and a categorical `sector`, with known coefficients per chunk."""
+    from .regress import write_regression_data
+    from .storage import open_store
+
+    try:
+        facts = write_regression_data(
+            open_store(out), "", chunks=chunks, rows=rows, features=features, seed=seed
+        )
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {chunks} chunks of {rows} rows to {out}; model: {facts['formula']}")
+
+
+@main.command("results")
+@click.argument("output")
+@click.option(
+    "--table",
+    type=click.Choice(["coefficients", "models"]),
+    default="models",
+    show_default=True,
+    help="Which table.",
+)
+@click.option("--out", help="Write the whole table here (.parquet, local or s3://).")
+@click.option("--job", help="The regression job's id, when OUTPUT holds several.")
+def results_command(output, table, out, job) -> None:
+    """Concatenate a regression job's per-task tables into one (or summarize them)."""
+    from .regress import summarize, write_results
+
+    try:
+        if out:
+            rows = write_results(output, table, out, job)
+            click.echo(f"wrote {rows} rows of the {table} table to {out}")
+        else:
+            click.echo(summarize(output, table, job))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @main.command("certs")
 @click.option(
     "--out",

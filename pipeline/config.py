@@ -40,9 +40,21 @@ def setting(
     *,
     choices: tuple | None = None,
     minimum: float | None = None,
+    sequence: bool = False,
 ):
-    """A dataclass field that is also a CLI flag, a job-file key and an env var."""
-    meta = {"kind": kind, "help": help, "choices": choices, "minimum": minimum}
+    """A dataclass field that is also a CLI flag, a job-file key and an env var.
+
+    A ``sequence`` setting is a comma-separated string on the command line and in
+    the environment; a job file may give it as a TOML list (or, for ``k=v``
+    options, a table), which becomes that same string.
+    """
+    meta = {
+        "kind": kind,
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "sequence": sequence,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -146,6 +158,8 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     Only environment variables are text to parse: a job file has types of its own.
     """
     kind, choices, minimum = f.metadata["kind"], f.metadata["choices"], f.metadata["minimum"]
+    if f.metadata.get("sequence") and isinstance(value, list | dict):
+        value = _sequence_text(value)
     expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
     if from_text and kind is not str:
         text = value.strip().lower()
@@ -167,6 +181,12 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     if minimum is not None and value < minimum:
         raise ConfigError(f"{origin}: {value!r} must be at least {minimum}")
     return value
+
+
+def _sequence_text(value: list | dict) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return ",".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in value.items())
 
 
 def resolve(

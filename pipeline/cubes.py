@@ -323,9 +323,9 @@ def iter_cubes(job: CubeJob, *, client=None, cubes_per_task: int = 8, output: st
             client = stack.enter_context(connect(RunOptions()))
         backend = DaskBackend(client=client, wait_for_workers_timeout=60, pure=False)
         stack.enter_context(parallel_config(backend=backend))
-        batches = Parallel(n_jobs=-1, return_as="generator_unordered", batch_size=1,
-                           pre_dispatch="2*n_jobs")(
-            delayed(_cube_batch)(workload, t) for t in tasks)
+        batches = Parallel(
+            n_jobs=-1, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs"
+        )(delayed(_cube_batch)(workload, t) for t in tasks)
         for ids, batch in batches:
             for i, cube_id in enumerate(ids):
                 yield cube_id, batch[..., i]

@@ -20,6 +20,8 @@ from .config import (
     resolve,
 )
 from .cubes import CubeJob, CubeWorkload
+from .regress import RegressionJob
+from .regress import build_workload as build_regressions
 from .runner import RunSummary, run_job
 from .storage import open_store
 from .workload import Workload
@@ -36,6 +38,7 @@ class WorkloadType:
 #: Workload name (``workload = "..."`` in a job file) to its settings and builder.
 WORKLOADS: dict[str, WorkloadType] = {
     "cubes": WorkloadType(CubeJob, lambda s, job_id, o: CubeWorkload.from_job(s, job_id, o.output)),
+    "regressions": WorkloadType(RegressionJob, build_regressions),
 }
 
 

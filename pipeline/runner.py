@@ -227,7 +227,14 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     if not failures and len(receipts) == len(pending):
         summary.complete = True
         if store is not None:
-            summary.details.update(workload.finalize(store, tasks))
+            details = workload.finalize(store, tasks)
+            # Units that failed as data (a chunk whose fit failed is a row in the
+            # models table, and its task is complete) count against --max-failures too,
+            # including those of tasks skipped on resume.
+            recorded = details.pop("recorded_failures", [])
+            summary.units_failed += len(recorded)
+            summary.failures.extend(asdict(f) for f in recorded)
+            summary.details.update(details)
     return summary
 
 

@@ -126,4 +126,13 @@ def _check_cubes(store: Store, job_id: str, record: dict) -> JobCheck:
     return check
 
 
-_CHECKERS: dict[str, Callable[[Store, str, dict], JobCheck]] = {"cubes": _check_cubes}
+def _check_regressions(store: Store, job_id: str, record: dict) -> JobCheck:
+    from .regress.verify import check_regressions
+
+    return check_regressions(store, job_id, record)
+
+
+_CHECKERS: dict[str, Callable[[Store, str, dict], JobCheck]] = {
+    "cubes": _check_cubes,
+    "regressions": _check_regressions,
+}

@@ -56,10 +56,15 @@ def test_plaintext_scheduler_beyond_loopback_is_refused_before_connecting():
     from pipeline import ClusterError
 
     # Refused by the driver itself: no packet is sent to the address.
-    with pytest.raises(ClusterError, match=r"tcp://192\.0\.2\.1:8786: plaintext connections "
-                                           r"beyond loopback are refused; use tls://"):
-        with connect(RunOptions(scheduler="tcp://192.0.2.1:8786")):
-            pass
+    with (
+        pytest.raises(
+            ClusterError,
+            match=r"tcp://192\.0\.2\.1:8786: plaintext connections "
+            r"beyond loopback are refused; use tls://",
+        ),
+        connect(RunOptions(scheduler="tcp://192.0.2.1:8786")),
+    ):
+        pass
 
 
 def test_partial_tls_settings_name_what_is_missing(tmp_path):
@@ -67,10 +72,19 @@ def test_partial_tls_settings_name_what_is_missing(tmp_path):
 
     from pipeline import ClusterError
 
-    with pytest.raises(ClusterError, match=r"TLS needs --tls-cert, --tls-key too"):
-        with connect(RunOptions(scheduler="tls://127.0.0.1:1", tls_ca_file="ca.pem")):
-            pass
-    with pytest.raises(ClusterError, match=r"tls_cert points at a missing file"):
-        with connect(RunOptions(scheduler="tls://127.0.0.1:1", tls_ca_file=__file__,
-                                tls_cert=str(tmp_path / "none.pem"), tls_key=__file__)):
-            pass
+    partial = RunOptions(scheduler="tls://127.0.0.1:1", tls_ca_file="ca.pem")
+    needs = r"TLS needs --tls-cert, --tls-key too"
+    with pytest.raises(ClusterError, match=needs), connect(partial):
+        pass
+    with (
+        pytest.raises(ClusterError, match=r"tls_cert points at a missing file"),
+        connect(
+            RunOptions(
+                scheduler="tls://127.0.0.1:1",
+                tls_ca_file=__file__,
+                tls_cert=str(tmp_path / "none.pem"),
+                tls_key=__file__,
+            )
+        ),
+    ):
+        pass

@@ -1,0 +1,24 @@
+"""Per-chunk regression engines."""
+
+from .generate import regression_formula, true_coefficients, write_regression_data
+from .results import results_table, summarize, write_results
+from .spec import ModelSpec, RegressionJob
+from .workload import RegressionWorkload
+
+__all__ = [
+    "ModelSpec",
+    "RegressionJob",
+    "RegressionWorkload",
+    "build_workload",
+    "regression_formula",
+    "results_table",
+    "summarize",
+    "true_coefficients",
+    "write_regression_data",
+    "write_results",
+]
+
+
+def build_workload(settings: RegressionJob, job_id: str, options) -> RegressionWorkload:
+    """``WORKLOADS["regressions"].build``: the workload of one resolved job."""
+    return RegressionWorkload.from_job(settings, job_id, options.output)

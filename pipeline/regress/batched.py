@@ -1,0 +1,367 @@
+"""Batched OLS: many small ``sm.OLS(y, X).fit(cov_type=...)`` fits at once with numpy.
+
+Chunks are grouped by shape (n, k) and solved as stacked (batch, n, k) arrays, replicating
+statsmodels' algorithm step by step (``pinv_extended``: SVD of X, pinv, ``pinv @ pinv.T``,
+sandwich covariances from pinv) with the same LAPACK/BLAS calls, so params, bse and the rest are
+equal to statsmodels' to the last bit or two -- also at condition numbers 1e8-1e9, where
+statsmodels' own answers move by ~1e-6 under a 1e-12 perturbation (a QR or normal-equations
+solve could not match them to 1e-8 there).
+
+Chunks whose statsmodels result is an exception, a warning or rounding noise come back as
+:class:`Unsupported` (with a reason) so the caller fits them with statsmodels, which gives its own
+answer by construction: NaN/inf in X (statsmodels: MissingDataError) or y (NaN params); n <= k
+(inf bse); rank deficiency by statsmodels' rank rule (it warns and fits the minimum-norm solution
+with a lower df_model) or cond > ``MAX_CONDITION``; a constant response with an intercept
+(r-squared -inf/NaN) or a perfect fit; h_ii ~ 1 under HC2/HC3; ``has_constant`` disagreeing with
+statsmodels' constant detection, implicit constants; odd dtypes/shapes; cov types other than
+nonrobust and HC0-HC3 (an unknown name raises ValueError).
+
+One documented difference: with a robust covariance and cond(X) above ~3e7 statsmodels' Wald F
+is rounding noise (it warns that the constraint covariance is not of full rank, lowers the df, and
+f_pvalue depends on attribute access order); the engine then reports ``fvalue = f_pvalue = None``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["BatchedOLSResult", "Unsupported", "fit_ols_batch", "COV_TYPES"]
+
+COV_TYPES = ("nonrobust", "HC0", "HC1", "HC2", "HC3")
+# statsmodels OLS covariance types this engine knows but does not implement (they need keywords
+# or are rarely used): every chunk is returned as Unsupported so the caller falls back.
+_STATSMODELS_ONLY = {
+    "fixed scale",
+    "fixed_scale",
+    "hac",
+    "cluster",
+    "cluster-crv3",
+    "cluster-jk",
+    "hac-panel",
+    "hac-groupsum",
+    "nw-panel",
+    "nw-groupsum",
+}
+MAX_CONDITION = 1e10  # beyond this, agreement with statsmodels to 1e-8 is not guaranteed
+MIN_RESID_RATIO = 1e-12  # ssr / y'y below this: residuals are at rounding level (perfect fit)
+MAX_LEVERAGE = 1.0 - 1e-6  # HC2/HC3 divide by 1 - h_ii
+BATCH_CELLS = 96_000  # chunks per stacked solve ~ this / (n * k): arrays of ~768 kB stay in L2
+_EPS = np.finfo(np.float64).eps
+
+
+@dataclass(slots=True)
+class BatchedOLSResult:
+    """The statistics of one chunk, as the same-named attributes of statsmodels' OLS results."""
+
+    params: np.ndarray
+    bse: np.ndarray
+    tvalues: np.ndarray
+    pvalues: np.ndarray
+    conf_int: np.ndarray  # (k, 2), alpha=0.05
+    nobs: int
+    df_model: float
+    df_resid: float
+    rsquared: float
+    rsquared_adj: float
+    llf: float
+    aic: float
+    bic: float
+    condition_number: float
+    fvalue: float | None  # NaN where statsmodels gives NaN (e.g. intercept-only model)
+    f_pvalue: float | None
+
+
+class Unsupported(Exception):
+    """This chunk must be fitted by statsmodels instead; ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _canonical_cov_type(cov_type: str) -> str | None:
+    """The engine's name for cov_type, None if statsmodels-only; ValueError if unknown."""
+    if cov_type == "nonrobust":
+        return cov_type
+    if isinstance(cov_type, str) and cov_type.upper() in COV_TYPES[1:]:
+        return cov_type.upper()  # statsmodels accepts "hc1" as well
+    if isinstance(cov_type, str) and cov_type.lower() in _STATSMODELS_ONLY:
+        return None
+    raise ValueError(f"unknown cov_type {cov_type!r}; expected one of {COV_TYPES}")
+
+
+def _constant_columns(X: np.ndarray) -> np.ndarray:
+    """(B, k) mask of columns with max == min, as statsmodels' constant detection."""
+    const = X[:, 0, :] == X[:, -1, :]  # cheap prefilter: first row equals last row
+    b, j = np.nonzero(const)
+    const[b, j] = (X[b, :, j] == X[b, :1, j]).all(axis=1)
+    return const
+
+
+def _check_chunk(X, y) -> tuple[np.ndarray, np.ndarray] | Unsupported:
+    if (
+        type(X) is np.ndarray
+        and type(y) is np.ndarray
+        and X.dtype == y.dtype == np.float64
+        and X.ndim == 2
+        and y.ndim == 1
+        and X.shape[0] == y.shape[0]
+        and X.shape[1] > 0
+    ):
+        return X, y  # the common case, quickly
+    X, y = np.asarray(X), np.asarray(y)
+    for name, a in (("X", X), ("y", y)):
+        if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype != np.float64):
+            return Unsupported(f"{name} has dtype {a.dtype}; only float64 and integers are batched")
+    if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[1] == 0:
+        return Unsupported(f"shapes X {X.shape}, y {y.shape}: need X (n, k >= 1) and y (n,)")
+    return X.astype(np.float64, copy=False), y.astype(np.float64, copy=False)
+
+
+def fit_ols_batch(
+    Xs: list[np.ndarray],
+    ys: list[np.ndarray],
+    *,
+    cov_type: str = "nonrobust",
+    has_constant: bool = True,
+) -> list[BatchedOLSResult | Unsupported]:
+    """Fit each (X_i, y_i) like sm.OLS(y_i, X_i).fit(cov_type=cov_type).
+
+    ``has_constant`` is the caller's claim that every X has an intercept column; a chunk where
+    statsmodels' constant detection disagrees comes back Unsupported.  One result per chunk, in
+    order; a bad chunk never changes the others' results.
+    """
+    canonical = _canonical_cov_type(cov_type)
+    if len(Xs) != len(ys):
+        raise ValueError(f"{len(Xs)} design matrices but {len(ys)} responses")
+    out: list[BatchedOLSResult | Unsupported | None] = [None] * len(Xs)
+    if canonical is None:
+        return [
+            Unsupported(f"cov_type {cov_type!r} is not implemented by the batched engine")
+            for _ in Xs
+        ]
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    checked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, (X, y) in enumerate(zip(Xs, ys, strict=True)):
+        c = _check_chunk(X, y)
+        if isinstance(c, Unsupported):
+            out[i] = c
+        else:
+            checked[i] = c
+            groups[c[0].shape].append(i)
+    for idx in groups.values():
+        n, k = checked[idx[0]][0].shape
+        size = min(1024, max(8, BATCH_CELLS // max(n * k, 1)))
+        for start in range(0, len(idx), size):
+            part = idx[start : start + size]
+            X = np.stack([checked[i][0] for i in part])
+            y = np.stack([checked[i][1] for i in part])
+            for i, res in zip(part, _fit_stack(X, y, canonical, has_constant), strict=True):
+                out[i] = res
+    return out  # type: ignore[return-value]
+
+
+def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) -> list:
+    """Fit a (B, n, k) stack; chunks failing a check become Unsupported, the rest are solved."""
+    B, n, k = X.shape
+    out: list = [None] * B
+    live = np.ones(B, dtype=bool)  # over the stack; later checks only look at live chunks
+
+    def reject(mask, reason):
+        for b in np.flatnonzero(mask & live):
+            out[b] = Unsupported(reason(b) if callable(reason) else reason)
+        live[mask] = False
+
+    reject(~np.isfinite(X).all(axis=(1, 2)), "non-finite values (NaN/inf) in X")
+    reject(~np.isfinite(y).all(axis=1), "non-finite values (NaN/inf) in y")
+    if n <= k:
+        reject(live, f"n = {n} <= k = {k}: no residual degrees of freedom")
+    # statsmodels' constant detection (data._handle_constant with hasconst=None)
+    const_col = _constant_columns(X)
+    if has_constant:
+        reject(~const_col.any(axis=1), "has_constant=True but X has no constant column")
+    else:
+        reject(
+            const_col.any(axis=1),
+            lambda b: (
+                "has_constant=False but column "
+                f"{int(np.argmax(const_col[b]))} of X is constant (statsmodels: intercept)"
+            ),
+        )
+    if has_constant:  # centered total sum of squares 0: statsmodels' r-squared is -inf/NaN
+        reject(y.max(axis=1) == y.min(axis=1), "constant response y")
+    if not live.any():
+        return out
+    sel = np.flatnonzero(live)  # linear algebra only on clean chunks (NaN breaks the SVD)
+    try:
+        u, s, vt = np.linalg.svd(X[sel] if len(sel) < B else X, full_matrices=False)
+    except np.linalg.LinAlgError:
+        if len(sel) == 1:
+            out[sel[0]] = Unsupported("SVD did not converge")
+        else:  # isolate the chunk that does not converge
+            for b in sel:
+                out[b] = _fit_stack(X[b : b + 1], y[b : b + 1], cov_type, has_constant)[0]
+        return out
+
+    def reject_sel(mask_sel, reason):
+        full = np.zeros(B, dtype=bool)
+        full[sel] = mask_sel
+        reject(full, (lambda b: reason(np.searchsorted(sel, b))) if callable(reason) else reason)
+
+    # statsmodels: rank = matrix_rank(diag(s)), i.e. tolerance max(s) * k * eps
+    rank = (s > s.max(axis=1, keepdims=True) * k * _EPS).sum(axis=1)
+    reject_sel(rank < k, lambda j: f"rank-deficient design (rank {rank[j]} < k = {k})")
+    eig = s**2  # results.condition_number = sqrt(max/min eigenvalue of X'X)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cond = np.where(eig[:, -1] > 0, np.sqrt(eig[:, 0] / eig[:, -1]), np.inf)
+    reject_sel(
+        cond > MAX_CONDITION,
+        lambda j: f"ill-conditioned design (condition number {cond[j]:.3g} > {MAX_CONDITION:g})",
+    )
+    if not has_constant and live.any():
+        # implicit constant: rank([1, X]) == rank(X), both with tolerance max(s) * max(n, k) * eps
+        aug = np.concatenate([np.ones((len(sel), n, 1)), X[sel]], axis=2)
+        s_aug = np.linalg.svd(aug, compute_uv=False)
+        r_aug = (s_aug > s_aug.max(axis=1, keepdims=True) * max(n, k + 1) * _EPS).sum(axis=1)
+        r_orig = (s > s.max(axis=1, keepdims=True) * max(n, k) * _EPS).sum(axis=1)
+        reject_sel(r_aug == r_orig, "X has an implicit constant (its columns span the intercept)")
+    if not live.any():
+        return out
+
+    Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
+    k_const = 1 if has_constant else 0
+    df_resid, df_model = float(n - k), float(k - k_const)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # pinv_extended: cutoff 1e-15 * max(s); normalized_cov_params = pinv @ pinv.T
+        s_inv = np.where(s > 1e-15 * s.max(axis=1, keepdims=True), 1.0 / s, 0.0)
+        # (same products and BLAS calls as statsmodels, so bitwise-equal pinv and params)
+        u *= s_inv[:, None, :]
+        pinv = np.matmul(vt.transpose(0, 2, 1), u.transpose(0, 2, 1))
+        params = np.matmul(pinv, ys[:, :, None])[:, :, 0]
+        resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
+        ssr = np.einsum("bi,bi->b", resid, resid)
+        uncentered_tss = np.einsum("bi,bi->b", ys, ys)
+        yc = ys - ys.mean(axis=1, keepdims=True)
+        tss = np.einsum("bi,bi->b", yc, yc) if has_constant else uncentered_tss
+        reject_sel(
+            ~(ssr > MIN_RESID_RATIO * uncentered_tss),
+            "perfect fit: residuals are at rounding level",
+        )
+
+        if cov_type == "nonrobust":  # only the F-test would need the off-diagonal elements
+            cov = np.einsum("bij,bij->bi", pinv, pinv) * (ssr / df_resid)[:, None]
+        else:  # RegressionResults.cov_HCx: pinv @ diag(het) @ pinv.T
+            if cov_type == "HC0":
+                het = resid**2
+            elif cov_type == "HC1":
+                het = n / df_resid * resid**2
+            else:
+                ncov = np.matmul(pinv, pinv.transpose(0, 2, 1))
+                h = np.einsum("bij,bik,bkj->bi", Xs, Xs, ncov)  # leverages, as statsmodels
+                reject_sel(
+                    ~(h.max(axis=1) <= MAX_LEVERAGE),
+                    "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
+                )
+                het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
+            cov = np.matmul(pinv, het[:, :, None] * pinv.transpose(0, 2, 1))
+        bse = np.sqrt(cov if cov.ndim == 2 else np.diagonal(cov, axis1=1, axis2=2))
+        reject_sel(
+            ~(bse > 0).all(axis=1) | ~np.isfinite(bse).all(axis=1),
+            "non-finite or zero standard errors",
+        )
+        tvalues = params / bse
+        if cov_type == "nonrobust":  # statsmodels' use_t: True for nonrobust, else False
+            pvalues = stats.t.sf(np.abs(tvalues), df_resid) * 2
+            q = stats.t.ppf(1 - 0.05 / 2, df_resid)
+        else:
+            pvalues = stats.norm.sf(np.abs(tvalues)) * 2
+            q = stats.norm.ppf(1 - 0.05 / 2)
+        conf_int = np.stack([params - q * bse, params + q * bse], axis=2)
+
+        rsquared = 1 - ssr / tss
+        rsquared_adj = 1 - (n - k_const) / df_resid * (1 - rsquared)
+        ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
+        llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
+        aic = -2 * llf + 2 * (df_model + k_const)
+        bic = -2 * llf + np.log(n) * (df_model + k_const)
+        alive = live[sel]
+        const_idx = np.argmax(const_col[sel], axis=1) if has_constant else None
+        fvalue, f_pvalue, no_f = _fvalue(
+            cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive
+        )
+
+    scalars = zip(
+        rsquared.tolist(),
+        rsquared_adj.tolist(),
+        llf.tolist(),
+        aic.tolist(),
+        bic.tolist(),
+        cond.tolist(),
+        fvalue.tolist(),
+        f_pvalue.tolist(),
+        no_f.tolist(),
+        alive.tolist(),
+        strict=True,
+    )
+    for j, (r2, r2a, ll, ai, bi, cn, fv, fp, nf, al) in enumerate(scalars):
+        if al:
+            out[sel[j]] = BatchedOLSResult(
+                params=params[j],
+                bse=bse[j],
+                tvalues=tvalues[j],
+                pvalues=pvalues[j],
+                conf_int=conf_int[j],
+                nobs=n,
+                df_model=df_model,
+                df_resid=df_resid,
+                rsquared=r2,
+                rsquared_adj=r2a,
+                llf=ll,
+                aic=ai,
+                bic=bi,
+                condition_number=cn,
+                fvalue=None if nf else fv,
+                f_pvalue=None if nf else fp,
+            )
+    return out
+
+
+def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive):
+    """statsmodels' fvalue and f_pvalue, and a mask of chunks where they are left undefined
+    (robust F whose constraint covariance statsmodels finds rank-deficient: see the module doc)."""
+    nan, none = np.full(len(ssr), np.nan), np.zeros(len(ssr), dtype=bool)
+    if df_model == 0:  # intercept-only model: statsmodels gives NaN for both
+        return nan, nan, none
+    if cov_type == "nonrobust":
+        fvalue = ((tss - ssr) / df_model) / (ssr / df_resid)
+        return fvalue, stats.f.sf(fvalue, df_model, df_resid), none
+    # Wald test that all non-constant coefficients are zero, with the robust covariance:
+    # F = b_R' pinv(V_RR) b_R / J, J = rank(V_RR), F(J, df_resid) p-value.
+    k = params.shape[1]
+    if const_idx is None:
+        rows = np.broadcast_to(np.arange(k), params.shape)
+    else:
+        rows = np.arange(k - 1) + (np.arange(k - 1) >= const_idx[:, None])  # skip const_idx
+    b_r = np.take_along_axis(params, rows, axis=1)
+    v_rr = np.take_along_axis(
+        np.take_along_axis(cov, rows[:, :, None], axis=1), rows[:, None, :], axis=2
+    )
+    J = rows.shape[1]
+    fvalue = nan.copy()
+    live = alive & np.isfinite(v_rr).all(axis=(1, 2))  # rejected chunks may hold inf/NaN
+    v_rr, b_r = v_rr[live], b_r[live]
+    undefined = none.copy()
+    # np.linalg.matrix_rank and np.linalg.pinv (rcond 1e-15) from one SVD
+    u, s, vt = np.linalg.svd(v_rr, full_matrices=False)
+    undefined[live] = (s > s.max(axis=1, keepdims=True) * J * _EPS).sum(axis=1) < J
+    s_inv = np.where(s > 1e-15 * s.max(axis=1, keepdims=True), 1.0 / s, 0.0)
+    inv = np.matmul(vt.transpose(0, 2, 1), s_inv[:, :, None] * u.transpose(0, 2, 1))
+    # same operation order as statsmodels' wald_test: (b' pinv(V)) b / J
+    quad = np.matmul(np.matmul(b_r[:, None, :], inv), b_r[:, :, None])
+    fvalue[live] = quad[:, 0, 0] / J
+    fvalue[undefined] = np.nan
+    return fvalue, stats.f.sf(fvalue, J, df_resid), undefined

@@ -1,0 +1,296 @@
+"""The input dataset: discovery, chunk planning on the driver, and reading a task's rows.
+
+The driver lists the parquet files and reads their footers, then, for
+``chunk_by``, only the chunk-by column(s) (or, where a row group's statistics
+say it holds one key, not even those) to build a :class:`ChunkIndex`: the chunks
+in key order and, per chunk, the global ids of the row groups holding its rows
+(CSR arrays: a few bytes per chunk). For ``chunk_rows`` the footers suffice.
+
+A worker reads only the row groups of its task's chunks, only the columns the
+model needs, then keeps the rows of its chunks, sorted by chunk (rows keep
+their file order within a chunk, which HAC covariances rely on).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import InputError
+from ..storage import Store, open_store
+
+__all__ = ["ChunkIndex", "Dataset", "TaskRows", "discover", "plan_chunks", "read_task_rows"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    url: str  # the store root the keys are relative to
+    keys: tuple[str, ...]
+    versions: tuple[str, ...]
+    schema: pa.Schema
+    rg_rows: np.ndarray  # rows of each row group, all files, in order (global row group ids)
+    rg_file: np.ndarray  # file index of each global row group
+    rg_local: np.ndarray  # row-group index within its file
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rg_rows.sum())
+
+    def describe(self) -> str:
+        return open_store(self.url).describe(self.keys[0] if len(self.keys) == 1 else "")
+
+
+def _is_data_key(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
+
+
+def discover(url: str) -> Dataset:
+    """One parquet file, a folder of them, or an s3:// prefix; footers only."""
+    if not url:
+        raise InputError("no dataset given: set data (--data PATH or s3://bucket/prefix)")
+    store = open_store(url)
+    try:
+        keys = [k for k in store.list() if k and _is_data_key(k)]
+        if not keys:
+            parent, _, base = url.rstrip("/").rpartition("/")
+            if parent and base:
+                pstore = open_store(parent)
+                listed = pstore.list(base) if base.endswith(".parquet") else []
+                keys = [k for k in listed if k == base] or [
+                    k
+                    for k in pstore.list()
+                    if k.startswith(base) and "/" not in k[len(base) :] and _is_data_key(k)
+                ]
+                if keys:
+                    store = pstore
+    except OSError as exc:
+        raise InputError(f"dataset {url}: cannot list it: {exc}") from exc
+    if not keys:
+        raise InputError(
+            f"dataset {url}: no .parquet files there (make a demo dataset with "
+            "`pipeline data regressions`)"
+        )
+    schema = None
+    rg_rows, rg_file, rg_local, versions = [], [], [], []
+    for i, key in enumerate(keys):
+        where = store.describe(key)
+        try:
+            with store.open_input(key) as f:
+                meta = pq.ParquetFile(f).metadata
+            file_schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
+        if schema is None:
+            schema = file_schema
+        else:
+            for fld in schema:
+                other = file_schema.field(fld.name) if fld.name in file_schema.names else None
+                if other is None or other.type != fld.type:
+                    raise InputError(
+                        f"dataset file {where}: column {fld.name!r} is "
+                        f"{'missing' if other is None else other.type}; expected {fld.type} "
+                        f"like {store.describe(keys[0])}"
+                    )
+        for g in range(meta.num_row_groups):
+            rg_rows.append(meta.row_group(g).num_rows)
+            rg_file.append(i)
+            rg_local.append(g)
+        versions.append(store.version(key))
+    return Dataset(
+        url=store.url,
+        keys=tuple(keys),
+        versions=tuple(versions),
+        schema=schema,
+        rg_rows=np.asarray(rg_rows, dtype=np.int64),
+        rg_file=np.asarray(rg_file, dtype=np.int32),
+        rg_local=np.asarray(rg_local, dtype=np.int32),
+    )
+
+
+@dataclass(frozen=True)
+class ChunkIndex:
+    """Chunks in order: their keys and the row groups holding their rows."""
+
+    by: tuple[str, ...]  # chunk_by columns; () for chunk_rows
+    chunk_rows: int | None
+    keys: pa.Table | None  # one row per chunk (chunk_by columns)
+    rg_offsets: np.ndarray | None  # CSR: chunk c's row groups are rg_ids[off[c]:off[c+1]]
+    rg_ids: np.ndarray | None
+    total_rows: int = 0
+
+    @property
+    def n_chunks(self) -> int:
+        if self.keys is not None:
+            return self.keys.num_rows
+        return -(-self.total_rows // self.chunk_rows)
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 64
+        return self.keys.nbytes + self.rg_offsets.nbytes + self.rg_ids.nbytes
+
+    def row_groups(self, start: int, stop: int, ds: Dataset) -> np.ndarray:
+        """Global row-group ids holding chunks ``start..stop-1``, sorted."""
+        if self.keys is not None:
+            ids = self.rg_ids[self.rg_offsets[start] : self.rg_offsets[stop]]
+            return np.unique(ids)
+        bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
+        first_row = start * self.chunk_rows
+        last_row = min(stop * self.chunk_rows, self.total_rows) - 1
+        lo = np.searchsorted(bounds, first_row, side="right") - 1
+        hi = np.searchsorted(bounds, last_row, side="right") - 1
+        return np.arange(lo, hi + 1)
+
+    def key_values(self, start: int, stop: int) -> dict[str, list]:
+        if self.keys is None:
+            return {}
+        part = self.keys.slice(start, stop - start)
+        return {name: part.column(name).to_pylist() for name in self.by}
+
+
+def _stats_keys(meta, g: int, cols: list[int]):
+    """The single key of row group ``g`` from its statistics, or None."""
+    rg = meta.row_group(g)
+    values = []
+    for c in cols:
+        st = rg.column(c).statistics
+        if st is None or not st.has_min_max or st.null_count or st.min != st.max:
+            return None
+        values.append(st.min)
+    return values
+
+
+def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> ChunkIndex:
+    """Driver: the chunk index, from the chunk-by columns (or footers for chunk_rows)."""
+    if not by:
+        return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
+    store = open_store(ds.url)
+    parts = []
+    gid = 0
+    for _i, key in enumerate(ds.keys):
+        with store.open_input(key) as f:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata
+            names = [meta.schema.column(j).name for j in range(meta.num_columns)]
+            cols = [names.index(b) if b in names else -1 for b in by]
+            stats = (
+                [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
+                if -1 not in cols
+                else [None]
+            )
+            if all(s is not None for s in stats) and meta.num_row_groups:
+                arrays = [
+                    pa.array([s[j] for s in stats], type=ds.schema.field(b).type)
+                    for j, b in enumerate(by)
+                ]
+                rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
+                parts.append(pa.table([*arrays, rgs], names=[*by, "__rg"]))
+            else:
+                table = pf.read(columns=list(by), use_threads=False)
+                rg_of_row = np.repeat(
+                    np.arange(gid, gid + meta.num_row_groups, dtype=np.int32),
+                    [meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
+                )
+                table = table.append_column("__rg", pa.array(rg_of_row))
+                parts.append(table.group_by([*by, "__rg"], use_threads=False).aggregate([]))
+        gid += meta.num_row_groups
+    pairs = pa.concat_tables(parts)
+    for b in by:
+        if pairs.column(b).null_count:
+            raise InputError(
+                f"dataset {ds.describe()}: chunk_by column {b!r} has null values; "
+                "every row must belong to a chunk"
+            )
+    grouped = pairs.group_by(list(by), use_threads=False).aggregate([("__rg", "list")])
+    grouped = grouped.sort_by([(b, "ascending") for b in by])
+    lists = grouped.column("__rg_list").combine_chunks()
+    offsets = np.asarray(lists.offsets, dtype=np.int64)
+    ids = np.asarray(lists.values, dtype=np.int32)
+    keys = grouped.select(list(by)).combine_chunks()
+    return ChunkIndex(tuple(by), None, keys, offsets, ids, total_rows=ds.num_rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _footer(url: str, key: str, version: str):
+    with open_store(url).open_input(key) as f:
+        return pq.ParquetFile(f).metadata
+
+
+@dataclass
+class TaskRows:
+    """The rows of a task's chunks: ``table`` sorted by chunk, chunk i at rows
+    ``offsets[i]:offsets[i+1]`` (local chunk i is job chunk ``start + i``)."""
+
+    table: pa.Table
+    offsets: np.ndarray
+    start: int
+
+
+def read_task_rows(
+    ds: Dataset, index: ChunkIndex, start: int, stop: int, columns: list[str]
+) -> TaskRows:
+    """Worker: read the row groups and columns chunks ``start..stop-1`` need."""
+    store = open_store(ds.url)
+    rgs = index.row_groups(start, stop, ds)
+    wanted = list(dict.fromkeys([*columns, *index.by]))
+    tables = []
+    for f in np.unique(ds.rg_file[rgs]):
+        key = ds.keys[f]
+        local = ds.rg_local[rgs[ds.rg_file[rgs] == f]].tolist()
+        meta = _footer(ds.url, key, ds.versions[f])
+        with store.open_input(key) as fh:
+            pf = pq.ParquetFile(fh, metadata=meta)
+            tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    n = stop - start
+    if not index.by:
+        bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
+        first = start * index.chunk_rows - bounds[rgs[0]]
+        last = min(stop * index.chunk_rows, index.total_rows) - bounds[rgs[0]]
+        table = table.slice(first, last - first)
+        offsets = np.minimum(np.arange(n + 1) * index.chunk_rows, last - first)
+        return TaskRows(table.select(columns), offsets.astype(np.int64), start)
+    pos = _chunk_positions(table, index, start, stop)
+    keep = np.flatnonzero(pos >= 0)
+    order = keep[np.argsort(pos[keep], kind="stable")]
+    table = table.select(columns).take(pa.array(order))
+    offsets = np.searchsorted(pos[order], np.arange(n + 1), side="left").astype(np.int64)
+    return TaskRows(table, offsets, start)
+
+
+def _chunk_positions(table: pa.Table, index: ChunkIndex, start: int, stop: int) -> np.ndarray:
+    """Each row's chunk number within the task, -1 for rows of other chunks."""
+    keys = index.keys.slice(start, stop - start)
+    if len(index.by) == 1:
+        b = index.by[0]
+        idx = pc.index_in(table.column(b), value_set=keys.column(b).combine_chunks())
+        return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    left = table.select(list(index.by)).append_column(
+        "__row", pa.array(np.arange(table.num_rows, dtype=np.int64))
+    )
+    right = keys.append_column("__pos", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    joined = left.join(right, keys=list(index.by), join_type="inner", use_threads=False)
+    pos = np.full(table.num_rows, -1, dtype=np.int64)
+    pos[np.asarray(joined.column("__row"))] = np.asarray(joined.column("__pos"))
+    return pos
+
+
+def check_columns(ds: Dataset, needed: dict[str, str]) -> None:
+    """``needed`` maps column -> what needs it; raise naming the missing ones."""
+    missing = [(c, why) for c, why in needed.items() if c not in ds.schema.names]
+    if missing:
+        listed = "; ".join(f"{c!r} (needed by {why})" for c, why in missing)
+        raise InputError(
+            f"dataset {ds.describe()} has no column {listed}; it has: {', '.join(ds.schema.names)}"
+        )
+
+
+def open_dataset_store(ds: Dataset) -> Store:
+    return open_store(ds.url)

@@ -1,0 +1,364 @@
+"""The per-chunk regression workload: one model fit per chunk of a parquet dataset.
+
+Task ``i`` writes ``<job>/coefficients/part-NNNNNN.parquet`` (one row per chunk and
+term), ``<job>/models/part-NNNNNN.parquet`` (one row per chunk, failed ones
+included) and, with ``plots``, ``<job>/plots/<chunk>.pdf``; its manifest entry lists
+those objects with the xxh3_64 of their bytes. A chunk whose fit fails is a row of
+the models table (``error_type``, ``error_message``): its task still completes, so a
+resumed run does not refit it; :meth:`RegressionWorkload.finalize` reports those
+failures (``recorded_failures``) for ``--max-failures``.
+
+The tables are deterministic (same job, same bytes) except ``fit_seconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from ..errors import ConfigError, InputError
+from ..storage import Store, join, write_parquet
+from ..workload import Task, TaskOutput, UnitFailure, Workload
+from .data import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
+from .fit import ChunkError, ChunkFit, TaskDesign, check_chunk, finish_inference, fit_chunk
+from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
+
+__all__ = ["RegressionWorkload", "models_schema", "part_key"]
+
+_FLOATS = (
+    "df_model",
+    "df_resid",
+    "rsquared",
+    "rsquared_adj",
+    "llf",
+    "aic",
+    "bic",
+    "condition_number",
+)
+COEF_COLUMNS = ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high")
+_COEF_FIELDS = ("params", "bse", "statistic", "p_value", "ci_low", "ci_high")
+
+
+def part_key(job_id: str, table: str, index: int) -> str:
+    return join(job_id, table, f"part-{index:06d}.parquet")
+
+
+def models_schema() -> list[tuple[str, pa.DataType]]:
+    return [
+        ("nobs", pa.int64()), ("nobs_dropped", pa.int64()),
+        *[(n, pa.float64()) for n in _FLOATS[:4]], ("rsquared_kind", pa.string()),
+        *[(n, pa.float64()) for n in _FLOATS[4:]],
+        ("converged", pa.bool_()), ("warnings", pa.string()), ("fit_seconds", pa.float64()),
+        ("error_type", pa.string()), ("error_message", pa.string()),
+    ]  # fmt: skip
+
+
+class RegressionWorkload(Workload):
+    kind = "regressions"
+    unit_name = "chunk"
+
+    def __init__(self, job: RegressionJob, job_id: str):
+        self.job = job
+        self.job_id = job_id
+        self.n_units = 0
+        self.spec: ModelSpec | None = None
+        self.info: FormulaInfo | None = None
+        self.dataset: Dataset | None = None
+        self.index: ChunkIndex | None = None
+        self.columns: tuple[str, ...] = ()
+
+    @classmethod
+    def from_job(cls, job: RegressionJob, job_id: str, output: str | None = None):
+        return cls(job, job_id)
+
+    def __sizeof__(self) -> int:
+        # joblib's Dask backend scatters arguments larger than 1 kB once instead of
+        # shipping them with every task: report the chunk index so that it does.
+        return object.__sizeof__(self) + (self.index.nbytes if self.index is not None else 0)
+
+    # -- driver ---------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        if self.index is not None:
+            return
+        job = self.job
+        spec = ModelSpec.from_job(job)
+        by = split_list(job.chunk_by)
+        if by and job.chunk_rows:
+            raise ConfigError("give chunk_by or chunk_rows, not both")
+        if not by and not job.chunk_rows:
+            raise ConfigError("no chunks: give chunk_by (a column) or chunk_rows (a row count)")
+        ds = discover(job.data)
+        needed: dict[str, str] = {}
+        info = None
+        if spec.formula:
+            info = analyze_formula(spec.formula)
+            needed.update({c: "formula" for c in info.columns})
+        else:
+            needed[spec.endog] = "endog"
+            needed.update({c: "exog" for c in spec.exog})
+        for col, why in ((spec.weights, "weights"), (spec.cluster, "cluster")):
+            if col:
+                needed[col] = why
+        for b in by:
+            needed.setdefault(b, "chunk_by")
+        check_columns(ds, needed)
+        numeric = [c for c in (spec.endog, *spec.exog, spec.weights) if c]
+        for c in numeric:
+            t = ds.schema.field(c).type
+            if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
+                raise InputError(
+                    f"dataset {ds.describe()}: column {c!r} is {t}, not numeric"
+                    + (f"; use a formula with C({c})" if c in spec.exog else "")
+                )
+        index = plan_chunks(ds, by, job.chunk_rows)
+        if index.n_chunks == 0:
+            raise InputError(f"dataset {ds.describe()} has no rows")
+        self.spec, self.info, self.dataset, self.index = spec, info, ds, index
+        self.columns = tuple(c for c in needed if c not in by or needed[c] != "chunk_by")
+        self.n_units = index.n_chunks
+        self._check_design()
+
+    def _check_design(self) -> None:
+        """Evaluate the formula on the first chunk: a bad formula fails the job here."""
+        rows = read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
+        if self.spec.formula is None:
+            return
+        import patsy
+
+        from .fit import _keep_all_na
+        from .spec import eval_env, model_desc
+
+        try:
+            y, _ = patsy.dmatrices(
+                model_desc(self.spec.formula),
+                rows.table.to_pandas(),
+                eval_env=eval_env(),
+                NA_action=_keep_all_na(),
+                return_type="matrix",
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"formula {self.spec.formula!r} cannot be evaluated on the data: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if y.shape[1] != 1:
+            raise ConfigError(
+                f"formula {self.spec.formula!r}: the response must be numeric (it gives "
+                f"{y.shape[1]} columns: {', '.join(y.design_info.column_names)})"
+            )
+
+    def fingerprint(self) -> dict:
+        settings = dataclasses.asdict(self.job)
+        settings.pop("name")
+        return {
+            "data": self.dataset.url,
+            "files": list(self.dataset.keys),
+            "versions": list(self.dataset.versions),
+            **settings,
+        }
+
+    def describe(self) -> str:
+        by = ",".join(self.index.by) if self.index and self.index.by else None
+        how = f"by {by}" if by else f"of {self.job.chunk_rows} rows"
+        return f"regressions job {self.job_id!r}: {self.job.model} on {self.n_units} chunks {how}"
+
+    # -- worker ---------------------------------------------------------------------------
+
+    def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> list[ChunkFit]:
+        """Fit chunks ``start..stop-1`` (reads their rows); one ChunkFit per chunk."""
+        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
+        design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
+        if self.spec.engine == "batched":
+            fits = self._fit_batched(design)
+        else:
+            fits = []
+            for i in range(design.n):
+                t0 = time.perf_counter()
+                try:
+                    p = design.prepare(i)
+                except ChunkError as exc:
+                    fits.append(
+                        ChunkFit.failed(
+                            exc.error_type, exc.message, fit_seconds=time.perf_counter() - t0
+                        )
+                    )
+                    continue
+                fit = fit_chunk(self.spec, p, keep_resid=keep_resid)
+                fit.fit_seconds = time.perf_counter() - t0
+                fits.append(fit)
+        finish_inference(fits, self.spec.alpha)
+        return fits
+
+    def _fit_batched(self, design: TaskDesign) -> list[ChunkFit]:
+        from .batched import fit_ols_batch
+        from .fit import from_batched
+
+        spec = self.spec
+        fits: list[ChunkFit | None] = [None] * design.n
+        todo, Xs, ys, preps = [], [], [], {}
+        t0 = time.perf_counter()
+        for i in range(design.n):
+            try:
+                p = design.prepare(i)
+                check_chunk(p, spec, svd=False)  # the engine flags rank deficiency itself
+            except ChunkError as exc:
+                fits[i] = ChunkFit.failed(exc.error_type, exc.message)
+                continue
+            preps[i] = p
+            todo.append(i)
+            Xs.append(p.X)
+            ys.append(p.y)
+        has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
+        results = fit_ols_batch(Xs, ys, cov_type=spec.cov_type, has_constant=has_constant)
+        per_chunk = (time.perf_counter() - t0) / max(1, len(todo))
+        use_t = spec.cov_type == "nonrobust"
+        for i, r in zip(todo, results, strict=True):
+            if isinstance(r, Exception):
+                fits[i] = fit_chunk(spec, preps[i])
+            else:
+                fits[i] = from_batched(r, preps[i], spec.alpha, use_t, per_chunk)
+        return fits
+
+    def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        t0 = time.perf_counter()
+        objects = self._task_objects(task)
+        out = TaskOutput()
+        rows = {"object": [], "kind": [], "chunk_start": [], "chunk_stop": [], "size": [],
+                "checksum": []}  # fmt: skip
+        for key, kind, data in objects:
+            if store is not None:
+                out.bytes_written += store.write_bytes(key, data)
+            rows["object"].append(key)
+            rows["kind"].append(kind)
+            rows["chunk_start"].append(task.start)
+            rows["chunk_stop"].append(task.stop)
+            rows["size"].append(len(data))
+            rows["checksum"].append(xxhash.xxh3_64_hexdigest(data))
+        out.manifest = pa.table(
+            {
+                "object": pa.array(rows["object"], pa.string()),
+                "kind": pa.array(rows["kind"], pa.string()),
+                "chunk_start": pa.array(rows["chunk_start"], pa.int64()),
+                "chunk_stop": pa.array(rows["chunk_stop"], pa.int64()),
+                "size": pa.array(rows["size"], pa.int64()),
+                "checksum": pa.array(rows["checksum"], pa.string()),
+            }
+        )
+        out.busy_seconds = time.perf_counter() - t0
+        return out
+
+    def _task_objects(self, task: Task) -> list[tuple[str, str, bytes]]:
+        plots = self.job.plots
+        fits = self.fit_range(task.start, task.stop, keep_resid=plots)
+        coefs, models = self.tables(task.start, fits)
+        objects = [
+            (part_key(self.job_id, "coefficients", task.index), "coefficients", _parquet(coefs)),
+            (part_key(self.job_id, "models", task.index), "models", _parquet(models)),
+        ]
+        if plots:
+            from .plots import chunk_figure
+
+            for i, fit in enumerate(fits):
+                if fit.ok and fit.resid is not None:
+                    label = self.chunk_label(task.start + i)
+                    key = join(self.job_id, "plots", f"{plot_name(task.start + i, label)}.pdf")
+                    objects.append((key, "plot", chunk_figure(fit, label)))
+        return objects
+
+    def trial(self, n_units: int, store: Store | None) -> None:
+        self._task_objects(Task(0, 0, min(n_units, self.n_units)))
+
+    # -- tables ---------------------------------------------------------------------------
+
+    def chunk_label(self, chunk: int) -> str:
+        if self.index.by:
+            values = self.index.key_values(chunk, chunk + 1)
+            return ",".join(f"{b}={values[b][0]}" for b in self.index.by)
+        first = chunk * self.index.chunk_rows
+        return f"rows {first}-{min(first + self.index.chunk_rows, self.index.total_rows) - 1}"
+
+    def _key_columns(self, start: int, positions: np.ndarray) -> dict[str, pa.Array]:
+        cols = {"chunk_id": pa.array(start + positions, pa.int64())}
+        if self.index.by:
+            keys = self.index.keys.take(pa.array(start + positions))
+            for b in self.index.by:
+                cols[b] = keys.column(b).combine_chunks()
+        else:
+            first = (start + positions) * self.index.chunk_rows
+            cols["row_start"] = pa.array(first, pa.int64())
+            cols["row_stop"] = pa.array(
+                np.minimum(first + self.index.chunk_rows, self.index.total_rows), pa.int64()
+            )
+        return cols
+
+    def tables(self, start: int, fits: list[ChunkFit]) -> tuple[pa.Table, pa.Table]:
+        n = len(fits)
+        models = self._key_columns(start, np.arange(n))
+        for name, typ in models_schema():
+            models[name] = pa.array([getattr(f, name) for f in fits], typ)
+        sizes = np.array([len(f.terms) if f.ok else 0 for f in fits], dtype=np.int64)
+        ok = [f for f in fits if f.ok and len(f.terms)]
+        coefs = self._key_columns(start, np.repeat(np.arange(n), sizes))
+        coefs["term"] = pa.array([t for f in ok for t in f.terms], pa.string())
+        for col, attr in zip(COEF_COLUMNS, _COEF_FIELDS, strict=True):
+            values = np.concatenate([getattr(f, attr) for f in ok]) if ok else np.empty(0)
+            coefs[col] = pa.array(values, pa.float64())
+        return pa.table(coefs), pa.table(models)
+
+    # -- after the run --------------------------------------------------------------------
+
+    def finalize(self, store: Store, tasks: list[Task]) -> dict:
+        from ..runner import manifest_key
+
+        parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
+        manifest = pa.concat_tables(parts).sort_by([("chunk_start", "ascending")])
+        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        failed = []
+        for t in tasks:
+            models = pq.read_table(
+                store.open_input(part_key(self.job_id, "models", t.index)),
+                columns=["chunk_id", "error_type", "error_message"],
+            )
+            errors = models.column("error_type").to_pylist()
+            for cid, et, msg in zip(
+                models.column("chunk_id").to_pylist(),
+                errors,
+                models.column("error_message").to_pylist(),
+                strict=True,
+            ):
+                if et is not None:
+                    failed.append(UnitFailure(self.chunk_label(cid), et, msg))
+        details = {
+            "coefficients": store.describe(join(self.job_id, "coefficients")),
+            "models": store.describe(join(self.job_id, "models")),
+            "chunks_failed": len(failed),
+        }
+        if failed:
+            counts: dict[str, int] = {}
+            for f in failed:
+                counts[f.error_type] = counts.get(f.error_type, 0) + 1
+            details["chunk_errors"] = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+        if self.job.plots:
+            from .plots import write_summary_figure
+
+            details["summary_figure"] = write_summary_figure(store, self.job_id)
+        details["recorded_failures"] = failed
+        return details
+
+
+def plot_name(chunk: int, label: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)[:80]
+    return f"{chunk:07d}-{safe}"
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Benchmark per-chunk regressions, in one run on the same data:
+
+(a) reference: a serial loop of ``smf.ols(formula, chunk_df).fit()``;
+(b) a serial loop of ``sm.OLS(y, X).fit()`` on arrays;
+(c) the runner (statsmodels engine) on the embedded cluster;
+(d) the batched engine: ``fit_ols_batch`` serially (against (b)), and in the runner.
+
+Prints fits/s, the ratios, and the runner's parallel efficiency (sum of task
+busy time / (wall time x workers)). Serial loops may be timed on a sample of
+chunks (``--reference-chunks``); their rates are per fit, so that is fair.
+
+    python scripts/bench_regressions.py                 # default and heavy cases
+    python scripts/bench_regressions.py --case default --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+CASES = {
+    # chunks, rows, features, cov_type, maxlags, reference sample
+    "default": (10_000, 250, 5, "nonrobust", None, 1000),
+    "heavy": (200, 50_000, 20, "HAC", 10, 20),
+}
+
+
+def serial_smf(df: pd.DataFrame, formula: str, n: int, cov: dict) -> float:
+    import statsmodels.formula.api as smf
+
+    groups = [g for _, g in zip(range(n), df.groupby("chunk", sort=True), strict=False)]
+    t0 = time.perf_counter()
+    for _, chunk in groups:
+        smf.ols(formula, chunk).fit(**cov)
+    return len(groups) / (time.perf_counter() - t0)
+
+
+def arrays(df: pd.DataFrame, features: int, n: int):
+    cols = [f"x{j}" for j in range(1, features + 1)]
+    dummies = np.stack([(df["sector"] == s).to_numpy(float) for s in "BCD"], axis=1)
+    X = np.column_stack([np.ones(len(df)), dummies, df[cols].to_numpy()])
+    y = df["y"].to_numpy()
+    bounds = np.flatnonzero(np.diff(df["chunk"].to_numpy())) + 1
+    starts = np.concatenate([[0], bounds])[:n]
+    stops = np.concatenate([bounds, [len(df)]])[:n]
+    return [X[a:b] for a, b in zip(starts, stops, strict=True)], [
+        y[a:b] for a, b in zip(starts, stops, strict=True)
+    ]
+
+
+def serial_sm(Xs, ys, cov: dict) -> float:
+    import statsmodels.api as sm
+
+    t0 = time.perf_counter()
+    for X, y in zip(Xs, ys, strict=True):
+        sm.OLS(y, X).fit(**cov)
+    return len(Xs) / (time.perf_counter() - t0)
+
+
+def serial_batched(Xs, ys, cov_type: str) -> float:
+    from pipeline.regress.batched import fit_ols_batch
+
+    t0 = time.perf_counter()
+    fit_ols_batch(Xs, ys, cov_type=cov_type, has_constant=True)
+    return len(Xs) / (time.perf_counter() - t0)
+
+
+def runner(client, data: str, out: str, formula: str, engine: str, cov_type, maxlags, upt):
+    from pipeline import RunOptions, run_job
+    from pipeline.regress import RegressionJob, RegressionWorkload
+
+    job = RegressionJob(
+        data=data,
+        formula=formula,
+        chunk_by="chunk",
+        cov_type=cov_type,
+        maxlags=maxlags,
+        engine=engine,
+    )
+    w = RegressionWorkload(job, f"bench-{engine}")
+    opts = RunOptions(output=out, overwrite=True, progress=False, units_per_task=upt)
+    t0 = time.perf_counter()
+    s = run_job(w, opts, client, echo=lambda m: None)
+    wall = time.perf_counter() - t0
+    assert s.complete, s.failures[:3]
+    return s, wall
+
+
+def _warm_up() -> None:
+    """Worker: import what a fit needs (seconds of imports the first task would pay)."""
+    import patsy  # noqa: F401
+    import scipy.stats  # noqa: F401
+    import statsmodels.api  # noqa: F401
+
+    import pipeline.regress.batched
+    import pipeline.regress.workload  # noqa: F401
+
+
+def bench(name: str, args, client, root: Path) -> None:
+    from pipeline.regress import write_regression_data
+    from pipeline.regress.generate import regression_formula
+    from pipeline.storage import LocalStore
+
+    chunks, rows, features, cov_type, maxlags, sample = CASES[name]
+    chunks = args.chunks or chunks
+    sample = min(chunks, args.reference_chunks or sample)
+    data = root / f"data-{name}"
+    t0 = time.perf_counter()
+    write_regression_data(LocalStore(data), chunks=chunks, rows=rows, features=features, seed=1)
+    print(f"\n== {name}: {chunks} chunks x {rows} rows x {features} features, cov_type "
+          f"{cov_type} (data written in {time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    formula = regression_formula(features)
+    cov = {"cov_type": "HAC", "cov_kwds": {"maxlags": maxlags}} if cov_type == "HAC" else {}
+    df = pd.read_parquet(
+        data, columns=["chunk", "sector", "y", *[f"x{j}" for j in range(1, features + 1)]]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = serial_smf(df, formula, sample, cov)
+        Xs, ys = arrays(df, features, sample)
+        b = serial_sm(Xs, ys, cov)
+        d = serial_batched(Xs, ys, cov_type)
+    del df, Xs, ys
+    s, wall = runner(client, str(data), str(root / "out"), formula, "statsmodels", cov_type,
+                     maxlags, args.units_per_task)  # fmt: skip
+    c = chunks / wall
+    s2, wall2 = runner(client, str(data), str(root / "out"), formula, "batched", cov_type,
+                       maxlags, args.units_per_task)  # fmt: skip
+    d2 = chunks / wall2
+    print(f"(a) serial smf.ols(formula)      {a:10.1f} fits/s  (on {sample} chunks)")
+    print(f"(b) serial sm.OLS(arrays)        {b:10.1f} fits/s  (on {sample} chunks)")
+    print(f"(c) runner, statsmodels engine   {c:10.1f} fits/s  ({wall:.2f} s, {s.tasks} tasks "
+          f"of {s.units_per_task}, efficiency {s.parallel_efficiency:.2f})")  # fmt: skip
+    print(f"(d) batched engine, serial       {d:10.1f} fits/s  (on {sample} chunks)")
+    print(f"(d') runner, batched engine      {d2:10.1f} fits/s  ({wall2:.2f} s, efficiency "
+          f"{s2.parallel_efficiency:.2f})")  # fmt: skip
+    print(f"ratios: (c)/(a) = {c / a:.1f}   (c)/(b) = {c / b:.1f}   (d)/(b) = {d / b:.1f}   "
+          f"(d')/(a) = {d2 / a:.1f}")  # fmt: skip
+    print(f"runner parallel efficiency (busy / (wall x {s.workers} workers)): "
+          f"{s.parallel_efficiency:.2f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", choices=[*CASES, "all"], default="all")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--chunks", type=int, default=None, help="Override the case's chunk count.")
+    p.add_argument(
+        "--reference-chunks",
+        type=int,
+        default=None,
+        help="Chunks timed in the serial loops (default: 1000 / 20 for heavy).",
+    )
+    p.add_argument(
+        "--units-per-task",
+        type=int,
+        default=None,
+        help="Chunks per task (default: the runner's calibration).",
+    )
+    p.add_argument("--dir", default=None, help="Scratch folder (default: a temporary one).")
+    args = p.parse_args()
+    from pipeline import RunOptions, connect
+
+    names = list(CASES) if args.case == "all" else [args.case]
+    with (
+        tempfile.TemporaryDirectory(dir=args.dir) as tmp,
+        connect(RunOptions(workers=args.workers)) as client,
+    ):
+        client.run(_warm_up)  # like the embedded cluster's start, not part of the timing
+        for name in names:
+            bench(name, args, client, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Per-chunk regressions: results equal to statsmodels on the same chunk, bad chunks and
+bad jobs, resume, results tables, verify, S3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import statsmodels.api as sm
+import statsmodels.formula.api as smf
+
+from pipeline import ConfigError, InputError, RunOptions, run_job
+from pipeline.regress import (
+    RegressionJob,
+    RegressionWorkload,
+    results_table,
+    summarize,
+    write_regression_data,
+)
+from pipeline.regress.data import discover, plan_chunks
+from pipeline.regress.generate import chunk_frame
+from pipeline.storage import LocalStore
+
+FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
+
+
+def panel(chunks=8, rows=120, seed=5) -> pd.DataFrame:
+    df = pd.concat(
+        [chunk_frame(seed, c, rows, 3).to_pandas() for c in range(chunks)], ignore_index=True
+    )
+    df["w"] = 1.0 + np.abs(df["x3"])
+    df["g"] = (df["t"] // 12).astype(np.int64)
+    df["x_pos"] = np.exp(df["x2"])
+    return df
+
+
+def write(df: pd.DataFrame, path, row_group_size=240):
+    path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path / "data.parquet",
+                   row_group_size=row_group_size)  # fmt: skip
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reg") / "data"
+    df = panel()
+    return write(df, path), df
+
+
+def workload(data, **settings) -> RegressionWorkload:
+    settings.setdefault("chunk_by", "chunk")
+    if "endog" not in settings:
+        settings.setdefault("formula", FORMULA)
+    w = RegressionWorkload(RegressionJob(data=data, **settings), "reg")
+    w.preflight()
+    return w
+
+
+def fit_all(w):
+    fits = w.fit_range(0, w.n_units)
+    coefs, models = w.tables(0, fits)
+    return coefs.to_pandas(), models.to_pandas()
+
+
+def assert_same(coefs, chunk_id, res, names=None):
+    got = coefs[coefs.chunk_id == chunk_id]
+    names = list(names if names is not None else res.params.index)
+    assert got.term.tolist() == names
+    np.testing.assert_allclose(got.estimate, np.asarray(res.params), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.std_error, np.asarray(res.bse), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.statistic, np.asarray(res.tvalues), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.p_value, np.asarray(res.pvalues), rtol=1e-8, atol=1e-14)
+    ci = np.asarray(res.conf_int())
+    np.testing.assert_allclose(got.ci_low, ci[:, 0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.ci_high, ci[:, 1], rtol=1e-9, atol=1e-12)
+
+
+CASES = {
+    "ols": ({}, lambda c: smf.ols(FORMULA, c).fit()),
+    "ols-hc1": ({"cov_type": "HC1"}, lambda c: smf.ols(FORMULA, c).fit(cov_type="HC1")),
+    "ols-hac": (
+        {"cov_type": "HAC", "maxlags": 3},
+        lambda c: smf.ols(FORMULA, c).fit(cov_type="HAC", cov_kwds={"maxlags": 3}),
+    ),
+    "ols-cluster": (
+        {"cov_type": "cluster", "cluster": "g"},
+        lambda c: smf.ols(FORMULA, c).fit(cov_type="cluster", cov_kwds={"groups": c["g"]}),
+    ),
+    "ols-log": (
+        {"formula": "y ~ x1 + np.log(x_pos) + C(sector)"},
+        lambda c: smf.ols("y ~ x1 + np.log(x_pos) + C(sector)", c).fit(),
+    ),
+    "wls": ({"model": "wls", "weights": "w"}, lambda c: smf.wls(FORMULA, c, weights=c["w"]).fit()),
+    "glm-binomial": (
+        {"model": "glm", "family": "binomial", "formula": "y_bin ~ x1 + x2 + C(sector)"},
+        lambda c: smf.glm("y_bin ~ x1 + x2 + C(sector)", c, family=sm.families.Binomial()).fit(),
+    ),
+    "glm-poisson-log": (
+        {"model": "glm", "family": "poisson", "link": "log", "formula": "y_count ~ x1 + x2"},
+        lambda c: smf.glm(
+            "y_count ~ x1 + x2", c, family=sm.families.Poisson(link=sm.families.links.Log())
+        ).fit(),
+    ),
+    "logit": (
+        {"model": "logit", "formula": "y_bin ~ x1 + x2 + C(sector)"},
+        lambda c: smf.logit("y_bin ~ x1 + x2 + C(sector)", c).fit(disp=0),
+    ),
+    "probit-hc0": (
+        {"model": "probit", "formula": "y_bin ~ x1 + x2", "cov_type": "HC0"},
+        lambda c: smf.probit("y_bin ~ x1 + x2", c).fit(disp=0, cov_type="HC0"),
+    ),
+    "poisson": (
+        {"model": "poisson", "formula": "y_count ~ x1 + x2 + x3", "fit_options": "maxiter=100"},
+        lambda c: smf.poisson("y_count ~ x1 + x2 + x3", c).fit(disp=0, maxiter=100),
+    ),
+    "quantreg": ({"model": "quantreg", "q": 0.3}, lambda c: smf.quantreg(FORMULA, c).fit(q=0.3)),
+    "rlm": (
+        {"model": "rlm", "norm": "TukeyBiweight"},
+        lambda c: smf.rlm(FORMULA, c, M=sm.robust.norms.TukeyBiweight()).fit(),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_model_equals_statsmodels_on_the_chunk(dataset, case):
+    data, df = dataset
+    settings, reference = CASES[case]
+    coefs, models = fit_all(workload(data, **settings))
+    assert models.error_type.isna().all(), models.error_message.dropna().tolist()
+    assert models.chunk_id.tolist() == list(range(8))
+    for c in (0, 3, 7):
+        res = reference(df[df.chunk == c].reset_index(drop=True))
+        assert_same(coefs, c, res)
+        row = models.iloc[c]
+        assert row.nobs == res.nobs
+        assert row.converged
+        if case not in ("quantreg", "rlm"):
+            assert row.llf == pytest.approx(res.llf, rel=1e-9)
+
+
+def test_endog_exog_arrays_equal_sm_ols(dataset):
+    data, df = dataset
+    coefs, _ = fit_all(workload(data, endog="y", exog="x1,x2"))
+    c = df[df.chunk == 2]
+    res = sm.OLS(c["y"], sm.add_constant(c[["x1", "x2"]])).fit()
+    assert_same(coefs, 2, res, ["const", "x1", "x2"])
+
+
+def test_batched_engine_equals_statsmodels(dataset):
+    data, _df = dataset
+    for cov in ("nonrobust", "HC3", "HAC"):
+        extra = {"maxlags": 2} if cov == "HAC" else {}
+        a, ma = fit_all(workload(data, engine="batched", cov_type=cov, **extra))
+        b, mb = fit_all(workload(data, cov_type=cov, **extra))
+        for col in ("estimate", "std_error", "p_value", "ci_low", "ci_high"):
+            np.testing.assert_allclose(a[col], b[col], rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(ma.rsquared, mb.rsquared, rtol=1e-10)
+
+
+def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
+    df = panel(chunks=4, rows=80)
+    # chunk 1 lacks A (the reference level elsewhere), chunk 2 has only B and C,
+    # chunk 3 has a level E that no other chunk has.
+    df.loc[(df.chunk == 1) & (df.sector == "A"), "sector"] = "B"
+    df.loc[(df.chunk == 2), "sector"] = np.where(df.loc[df.chunk == 2, "t"] % 2, "B", "C")
+    df.loc[(df.chunk == 3) & (df.t < 15), "sector"] = "E"
+    formula = "y ~ x1 + C(sector) + C(sector):x2"
+    data = write(df, tmp_path / "d")
+    coefs, models = fit_all(workload(data, formula=formula))
+    assert models.error_type.isna().all(), models.error_message.dropna().tolist()
+    for c in range(4):
+        assert_same(coefs, c, smf.ols(formula, df[df.chunk == c]).fit())
+    assert "C(sector)[T.B]" not in coefs[coefs.chunk_id == 1].term.tolist()
+    # A formula with a stateful transform is built per chunk, and still matches.
+    coefs, _ = fit_all(workload(data, formula="y ~ center(x1) + C(sector)"))
+    for c in range(4):
+        assert_same(coefs, c, smf.ols("y ~ center(x1) + C(sector)", df[df.chunk == c]).fit())
+
+
+def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):
+    df = panel(chunks=3, rows=60)
+    df.loc[5, "x1"] = np.nan
+    df.loc[7, "y"] = np.nan
+    data = write(df, tmp_path / "d")
+    coefs, models = fit_all(workload(data))
+    assert_same(coefs, 0, smf.ols(FORMULA, df[df.chunk == 0]).fit())
+    assert models.nobs[0] == 58 and models.nobs_dropped[0] == 2
+    assert "dropped 2 rows" in models.warnings[0]
+    _, models = fit_all(workload(data, missing="fail"))
+    assert models.error_type[0] == "NonFiniteValues"
+    assert "x1: 1 NaN" in models.error_message[0] and "response: 1 NaN" in models.error_message[0]
+    assert models.error_type[1:].isna().all()
+
+
+def bad_panel():
+    df = panel(chunks=7, rows=60)
+    c = df.chunk
+    df.loc[c == 1, "x3"] = df.loc[c == 1, "x1"] * 2 + df.loc[c == 1, "x2"]  # collinear
+    df.loc[c == 2, "y"] = 4.0  # constant response
+    df.loc[(c == 3) & (df.t == 10), "x2"] = np.inf
+    df = df[(c != 4) | (df.t < 5)]  # 5 rows for 7 parameters
+    df.loc[df.chunk == 5, "w"] = 0.0  # np.log(0) = -inf
+    return df.reset_index(drop=True)
+
+
+def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path):
+    data = write(bad_panel(), tmp_path / "d")
+    coefs, models = fit_all(workload(data, formula=FORMULA + " + np.log(w)"))
+    errors = {
+        c: e if isinstance(e, str) else None
+        for c, e in zip(models.chunk_id, models.error_type, strict=True)
+    }
+    assert errors == {
+        0: None, 1: "SingularDesign", 2: "ConstantResponse", 3: "NonFiniteValues",
+        4: "TooFewRows", 5: "NonFiniteValues", 6: None,
+    }  # fmt: skip
+    msg = dict(zip(models.chunk_id, models.error_message, strict=True))
+    assert "x1" in msg[1] and "x2" in msg[1] and "x3" in msg[1] and "rank" in msg[1]
+    assert "x2: 0 NaN, 1 inf" in msg[3]
+    assert "5 rows for 7 parameters" in msg[4]
+    assert "np.log(w): 0 NaN, 60 inf" in msg[5]
+    assert set(coefs.chunk_id) == {0, 6}  # failed chunks have no coefficients
+
+
+def test_non_convergence_and_perfect_separation(tmp_path):
+    df = panel(chunks=2, rows=80)
+    sep = df.chunk == 1
+    df.loc[sep, "y_bin"] = (df.loc[sep, "x1"] > 0).astype(np.int8)
+    data = write(df, tmp_path / "d")
+    _, models = fit_all(workload(data, model="logit", formula="y_bin ~ x1 + x2"))
+    assert pd.isna(models.error_type[0])
+    assert models.error_type[1] == "PerfectSeparation", models.warnings[1]
+    _, models = fit_all(
+        workload(data, model="logit", formula="y_bin ~ x1 + x2", fit_options="maxiter=1")
+    )
+    assert models.error_type[0] == "NotConverged"
+    assert not models.converged[0]
+    assert "ConvergenceWarning" in models.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "match"),
+    [
+        ({"formula": "y ~ x1 + nope"}, InputError, "no column 'nope'"),
+        ({"formula": "y ~ x1 +"}, ConfigError, "does not parse"),
+        ({"formula": "y ~ np.lgo(x1)"}, ConfigError, "cannot be evaluated"),
+        ({"model": "tobit"}, ConfigError, "model 'tobit'"),
+        ({"cov_type": "HC9"}, ConfigError, "cov_type 'HC9'"),
+        ({"cov_type": "HAC"}, ConfigError, "needs maxlags"),
+        ({"chunk_by": "ticker"}, InputError, "no column 'ticker'"),
+        ({"chunk_by": None}, ConfigError, "no chunks"),
+        ({"model": "wls"}, ConfigError, "needs weights"),
+        ({"endog": "y", "exog": "sector", "formula": None}, InputError, "not numeric"),
+        ({"fit_options": "maxiter"}, ConfigError, "key=value"),
+        ({"model": "rlm", "cov_type": "HC1"}, ConfigError, "own covariance"),
+        ({"data": "/no/such/place"}, InputError, "no .parquet files"),
+    ],
+)
+def test_bad_jobs_fail_before_any_task(dataset, tmp_path, client, settings, error, match):
+    data, _ = dataset
+    kw = {"data": data, "formula": FORMULA, "chunk_by": "chunk", **settings}
+    w = RegressionWorkload(RegressionJob(**kw), "bad")
+    out = tmp_path / "out"
+    with pytest.raises(error, match=match):
+        run_job(w, RunOptions(output=str(out), progress=False), client, echo=lambda m: None)
+    assert not out.exists()
+
+
+def run(client, out, data, units_per_task=3, **settings):
+    settings.setdefault("formula", FORMULA)
+    settings.setdefault("chunk_by", "chunk")
+    w = RegressionWorkload(RegressionJob(data=data, **settings), "reg")
+    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
+    return run_job(w, options, client, echo=lambda m: None)
+
+
+def test_run_resume_results_and_verify(tmp_path, client):
+    from pipeline.regress.verify import check_regressions
+    from pipeline.verify import _CHECKERS, verify_output
+
+    data = write(bad_panel(), tmp_path / "d")
+    out = tmp_path / "out"
+    s = run(client, out, data)
+    assert s.complete and s.tasks == 3 and s.units == 7
+    assert s.details["chunks_failed"] == 4
+    assert s.units_failed == 4
+    assert [f["unit"] for f in s.failures] == [
+        "chunk=1",
+        "chunk=2",
+        "chunk=3",
+        "chunk=4",
+    ]
+    models = results_table(str(out), "models").to_pandas()
+    assert models.chunk_id.tolist() == list(range(7))
+    coefs = results_table(str(out), "coefficients").to_pandas()
+    assert set(coefs.chunk_id) == {0, 5, 6}
+    assert "3 fitted, 4 failed" in summarize(str(out), "models")
+    assert "x1" in summarize(str(out), "coefficients")
+
+    _CHECKERS.setdefault("regressions", check_regressions)
+    (check,) = verify_output(str(out))
+    assert check.ok and check.units_ok == 7, check
+    # Resume: remove task 1's entry and tables; only it runs again, same bytes.
+    before = (out / "reg/coefficients/part-000001.parquet").read_bytes()
+    (out / "reg/manifest/part-000001.parquet").unlink()
+    (out / "reg/coefficients/part-000001.parquet").unlink()
+    (out / "reg/manifest.parquet").unlink()
+    s2 = run(client, out, data)
+    assert s2.tasks_skipped == 2 and s2.units_run == 3 and s2.complete
+    assert (out / "reg/coefficients/part-000001.parquet").read_bytes() == before
+    assert s2.details["chunks_failed"] == 4  # counted across skipped tasks too
+    (out / "reg/models/part-000002.parquet").write_bytes(b"garbage")
+    (check,) = verify_output(str(out))
+    assert not check.ok and check.corrupt
+
+
+def test_same_job_same_tables_whatever_the_task_sizes(dataset, tmp_path, client):
+    data, _ = dataset
+    run(client, tmp_path / "a", data, units_per_task=2)
+    run(client, tmp_path / "b", data, units_per_task=5)
+    for table in ("coefficients", "models"):
+        a = results_table(str(tmp_path / "a"), table).drop_columns(
+            ["fit_seconds"] if table == "models" else []
+        )
+        b = results_table(str(tmp_path / "b"), table).drop_columns(
+            ["fit_seconds"] if table == "models" else []
+        )
+        assert a.equals(b)
+
+
+def test_chunk_plan_reads_only_the_row_groups_of_a_task(tmp_path):
+    store = LocalStore(tmp_path / "gen")
+    facts = write_regression_data(store, chunks=40, rows=5000, features=2, seed=3)
+    assert facts["files"] == 1
+    ds = discover(str(tmp_path / "gen"))
+    assert len(ds.rg_rows) == 4  # 13 whole chunks of 5,000 rows per row group
+    index = plan_chunks(ds, ("chunk",), None)
+    assert index.n_chunks == 40
+    assert len(index.row_groups(0, 13, ds)) == 1
+    assert len(index.row_groups(12, 14, ds)) == 2
+    w = workload(str(tmp_path / "gen"), formula="y ~ x1 + x2 + C(sector)")
+    truth = pq.read_table(tmp_path / "gen" / "_truth.parquet").to_pandas()
+    coefs, _ = fit_all(w)
+    est = coefs.pivot(index="chunk_id", columns="term", values="estimate")
+    np.testing.assert_allclose(est["x1"], truth["x1"], atol=0.1)
+
+
+def test_multi_column_chunk_by_on_unsorted_data_and_chunk_rows(tmp_path):
+    df = panel(chunks=4, rows=90).sample(frac=1.0, random_state=1).reset_index(drop=True)
+    df["half"] = (df["t"] >= 45).astype(np.int64)
+    data = write(df, tmp_path / "d", row_group_size=100)
+    coefs, models = fit_all(workload(data, chunk_by="chunk,half"))
+    assert models.shape[0] == 8 and models[["chunk", "half"]].values.tolist()[:2] == [
+        [0, 0],
+        [0, 1],
+    ]
+    part = df[(df.chunk == 2) & (df.half == 1)]
+    assert_same(coefs, 5, smf.ols(FORMULA, part).fit())
+    coefs, models = fit_all(workload(data, chunk_by=None, chunk_rows=70))
+    assert models.shape[0] == 6 and models.row_start.tolist()[:2] == [0, 70]
+    assert_same(coefs, 2, smf.ols(FORMULA, df.iloc[140:210]).fit())
+
+
+def test_plots_are_written(dataset, tmp_path, client):
+    pytest.importorskip("matplotlib")
+    data, _ = dataset
+    s = run(client, tmp_path / "out", data, units_per_task=4, plots=True)
+    pdfs = sorted((tmp_path / "out/reg/plots").glob("*.pdf"))
+    assert len(pdfs) == 8 and pdfs[0].name == "0000000-chunk=0.pdf"
+    assert pdfs[0].read_bytes().startswith(b"%PDF")
+    assert (tmp_path / "out/reg/coefficients-summary.pdf").exists()
+    assert s.details["summary_figure"].endswith("coefficients-summary.pdf")
+
+
+@pytest.mark.integration
+def test_s3_input_and_output(s3, s3_bucket, tmp_path):
+    from pipeline import connect
+    from pipeline.storage import open_store
+
+    write_regression_data(open_store(f"{s3_bucket}/data"), chunks=6, rows=100, features=3, seed=2)
+    out = f"{s3_bucket}/out"
+    with connect(RunOptions(workers=2)) as client:  # workers that see the moto settings
+        s = run(client, out, f"{s3_bucket}/data", units_per_task=2)
+    assert s.complete and s.units == 6 and s.details["chunks_failed"] == 0, s.failures[:1]
+    coefs = results_table(out, "coefficients").to_pandas()
+    df = pd.concat([chunk_frame(2, c, 100, 3).to_pandas() for c in range(6)])
+    assert_same(coefs, 4, smf.ols(FORMULA, df[df.chunk == 4]).fit())
+
+
+def test_example_job_file_and_flags_resolve():
+    from pipeline.config import check_unknown_keys, load_job_file, resolve
+    from pipeline.regress import ModelSpec
+
+    jf = load_job_file("examples/regressions.toml", ("cubes", "regressions"))
+    check_unknown_keys(jf, RunOptions, RegressionJob)
+    job = resolve(RegressionJob, jf, {"cov_type": "HAC"}, {"PIPELINE_MAXLAGS": "4"})
+    spec = ModelSpec.from_job(job)
+    assert (spec.cov_type, spec.maxlags, spec.formula) == ("HAC", 4, jf.values["formula"])
+    job = resolve(
+        RegressionJob,
+        None,
+        {
+            "exog": "x1, x2",
+            "endog": "y",
+            "chunk_by": "a,b",
+            "fit_options": "maxiter=200,method=newton,disp=false",
+        },
+    )
+    spec = ModelSpec.from_job(job)
+    assert spec.exog == ("x1", "x2")
+    assert dict(spec.fit_options) == {"maxiter": 200, "method": "newton", "disp": False}
