@@ -205,9 +205,16 @@ def test_report_and_profile_files(tmp_path, frames_dir):
 
     from pipeline import run_jobs
 
-    cli = {"output": str(tmp_path / "out"), "frames": str(frames_dir), "cubes": 12, "dim": 10,
-           "workers": 1, "progress": False, "report": str(tmp_path / "report"),
-           "profile": str(tmp_path / "driver.prof")}
+    cli = {
+        "output": str(tmp_path / "out"),
+        "frames": str(frames_dir),
+        "cubes": 12,
+        "dim": 10,
+        "workers": 1,
+        "progress": False,
+        "report": str(tmp_path / "report"),
+        "profile": str(tmp_path / "driver.prof"),
+    }
     (summary,) = run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
     data = json.loads((tmp_path / "report" / "cubes-summary.json").read_text())
     assert data["units"] == 12 and data["complete"] and data["units_failed"] == 0
