@@ -1,0 +1,124 @@
+# One image for every role of the pipeline: driver (`pipeline run ...`), Dask
+# scheduler (`dask scheduler ...`) and Dask worker (`dask worker ...`). The
+# command picks the role; there is no entrypoint wrapper, so `docker run IMAGE
+# dask worker ...` (Terraform's user data) and `docker compose run driver
+# pipeline run ...` both run exactly what they say.
+#
+#   docker build -t pipeline:local .                      # the runtime image
+#   docker build --build-arg BASE_IMAGE=python:3.12-slim -t pipeline:py312 .
+#   docker build --target objectstore -t pipeline-objectstore:local .   # moto S3 for compose
+#
+# Stages: base (user, environment) -> deps (virtualenv /opt/venv with the
+# dependencies) and project (the project, installed for that virtualenv) ->
+# runtime (the last stage, the default); objectstore (Compose's S3 stand-in)
+# is a target of its own.
+#
+# Layers: the dependencies (~640 MB) are one layer, rebuilt only when
+# pyproject.toml changes; the project's code is a separate layer of under
+# 1 MB, so an edit rebuilds in seconds and pushes that much to the registry.
+# The project is pip-installed (with its metadata and console script) into
+# /opt/pipeline/lib, which a .pth file puts on the virtualenv's sys.path:
+# `pip show pipeline` and `importlib.metadata` see it as installed.
+#
+# No stage installs compilers: every dependency installs from a wheel
+# (--only-binary). Should one ever need compiling, install build-essential in
+# the deps stage only; the runtime stage copies the finished virtualenv.
+#
+# Few instructions per stage on purpose: with the classic builder every
+# instruction, even ENV or EXPOSE, commits a container, which costs seconds
+# each on slow storage drivers.
+
+ARG BASE_IMAGE=python:3.11-slim
+
+# ---------------------------------------------------------------------- base
+FROM ${BASE_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+# One fixed, unprivileged uid/gid, 10001, in every container of the stack
+# (and on the cloud hosts, which chown the TLS files to `id -u` of this
+# image): keys stay mode 0600 and are still readable where they are needed.
+RUN groupadd --system --gid 10001 pipeline \
+ && useradd --system --uid 10001 --gid pipeline --home-dir /home/pipeline \
+      --create-home --shell /usr/sbin/nologin pipeline \
+ && install -d -o pipeline -g pipeline -m 0700 /etc/pipeline/tls /etc/pipeline/ca \
+ && install -d -o pipeline -g pipeline -m 0700 /var/lib/dask
+
+# ---------------------------------------------------------------------- deps
+FROM base AS deps
+COPY pyproject.toml /src/
+# Only the dependency list of pyproject.toml, so that this slow layer is not
+# rebuilt on every source edit. Test suites shipped inside the wheels (~70 MB)
+# are never imported at run time: dropped.
+RUN python -m venv /opt/venv \
+ && python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /src/requirements.txt \
+ && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r /src/requirements.txt \
+ && find /opt/venv/lib -depth -type d -name tests -exec rm -rf {} + \
+ && /opt/venv/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/pipeline-app.pth', 'w').write('/opt/pipeline/lib\n')"
+
+# ------------------------------------------------------------------- project
+# Everything of the project, laid out under /rootfs as it goes into the image.
+FROM base AS project
+COPY pyproject.toml /src/
+COPY pipeline/ /src/pipeline/
+COPY examples/ /rootfs/opt/pipeline/examples/
+COPY deploy/compose/certs.sh deploy/compose/make_bucket.py deploy/compose/healthcheck.py /rootfs/opt/pipeline/compose/
+# A bare virtualenv at the same path, so that the console script's shebang is
+# /opt/venv/bin/python.
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps --target /rootfs/opt/pipeline/lib /src \
+ && mkdir -p /rootfs/opt/venv /rootfs/usr/local/bin \
+ && mv /rootfs/opt/pipeline/lib/bin /rootfs/opt/venv/bin \
+ && mv /rootfs/opt/pipeline/compose/healthcheck.py /rootfs/usr/local/bin/pipeline-healthcheck
+
+# --------------------------------------------------------------- objectstore
+# An S3-compatible store for the local Compose stack only: moto's server
+# mode, in memory, with the results bucket created at start (objectstore.py:
+# S3_PORT, default 9000; S3_BUCKETS, default results).
+FROM base AS objectstore
+RUN python -m venv /opt/moto \
+ && /opt/moto/bin/pip install --no-cache-dir --only-binary=:all: \
+      "moto[s3]==5.2.1" "flask==3.1.3" "flask-cors==6.0.2"
+COPY deploy/compose/objectstore.py /opt/objectstore/objectstore.py
+USER 10001:10001
+EXPOSE 9000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py", "--check"]
+CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py"]
+
+# ------------------------------------------------------------------- runtime
+FROM base AS runtime
+# Thread pinning: one task per single-threaded worker, and BLAS must not start
+# threads of its own on top. Dask settings the reference deployment needed at
+# scale: a deep listen backlog for thousands of workers connecting at once,
+# and a connect timeout that survives a busy scheduler's TLS handshakes.
+# MPLCONFIGDIR: matplotlib (if a task imports it) needs a writable directory;
+# /tmp is writable for any uid the container is run as.
+# HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
+ENV PATH=/opt/venv/bin:$PATH \
+    MKL_NUM_THREADS=1 \
+    OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 \
+    DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
+    DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    HEALTHCHECK_PORTS= \
+    HEALTHCHECK_MIN_LISTENING=
+# 8786: scheduler (TLS); 8787: scheduler HTTP (dashboard, /health).
+EXPOSE 8786 8787
+# Roles differ in what "healthy" means, so the check (deploy/compose/
+# healthcheck.py) reads the role's ports from HEALTHCHECK_PORTS (scheduler:
+# 8786,8787; workers: their port range) and looks for listening sockets in
+# /proc/net: no connection is opened, so no handshake-less TLS connection
+# lands in the Dask logs. Driver: unset, and the check passes while the
+# container runs.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "/usr/local/bin/pipeline-healthcheck"]
+CMD ["pipeline", "--help"]
+WORKDIR /opt/pipeline
+USER 10001:10001
+# Last, so that only these two layers are rebuilt: dependencies, then the
+# project (root-owned: the app cannot modify its own code).
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=project /rootfs/ /
