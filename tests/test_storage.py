@@ -551,7 +551,8 @@ def test_fault_proxy_is_deterministic(s3):
 def test_fault_proxy_concurrent_clients(s3):
     s3.make_bucket()
     with FaultProxy(s3.endpoint, fail_rate=0.2, seed=7) as proxy:
-        client = s3.client(endpoint=proxy.url)
+        # 10 attempts: ten injected failures in a row (p = 1e-7) would be needed to fail.
+        client = s3.client(endpoint=proxy.url, max_attempts=10)
         errors: list[BaseException] = []
 
         def work(i: int) -> None:
