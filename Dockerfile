@@ -13,8 +13,8 @@
 # runtime (the last stage, the default); objectstore (Compose's S3 stand-in)
 # is a target of its own.
 #
-# Layers: the dependencies (~640 MB) are one layer, rebuilt only when
-# pyproject.toml changes; the project's code is a separate layer of under
+# Layers: the dependencies (~640 MB) are one layer, rebuilt only when the
+# dependency list in pyproject.toml changes; the project's code is a separate layer of under
 # 1 MB, so an edit rebuilds in seconds and pushes that much to the registry.
 # The project is pip-installed (with its metadata and console script) into
 # /opt/pipeline/lib, which a .pth file puts on the virtualenv's sys.path:
@@ -46,13 +46,18 @@ RUN groupadd --system --gid 10001 pipeline \
  && install -d -o pipeline -g pipeline -m 0700 /var/lib/dask
 
 # ---------------------------------------------------------------------- deps
-FROM base AS deps
+# The dependency list of pyproject.toml, alone in a file: the deps layer below
+# is keyed on that file's content, so editing anything else in pyproject.toml
+# (tool settings, dev extras, the version) does not reinstall the dependencies.
+FROM base AS requirements
 COPY pyproject.toml /src/
-# Only the dependency list of pyproject.toml, so that this slow layer is not
-# rebuilt on every source edit. Test suites shipped inside the wheels (~70 MB)
-# are never imported at run time: dropped.
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /src/requirements.txt
+
+FROM base AS deps
+COPY --from=requirements /src/requirements.txt /src/
+# Test suites shipped inside the wheels (~70 MB) are never imported at run
+# time: dropped.
 RUN python -m venv /opt/venv \
- && python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /src/requirements.txt \
  && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r /src/requirements.txt \
  && find /opt/venv/lib -depth -type d -name tests -exec rm -rf {} + \
  && /opt/venv/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/pipeline-app.pth', 'w').write('/opt/pipeline/lib\n')"
