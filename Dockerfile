@@ -101,12 +101,15 @@ FROM base AS runtime
 # MPLCONFIGDIR: matplotlib (if a task imports it) needs a writable directory;
 # /tmp is writable for any uid the container is run as.
 # HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
+# DASK_DISTRIBUTED__WORKER__PRELOAD: workers import what tasks use at start
+# (pipeline/worker.py), not in every job's first task.
 ENV PATH=/opt/venv/bin:$PATH \
     MKL_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
+    DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.worker"]' \
     MPLCONFIGDIR=/tmp/matplotlib \
     HEALTHCHECK_PORTS= \
     HEALTHCHECK_MIN_LISTENING=

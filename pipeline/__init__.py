@@ -4,10 +4,11 @@ __version__ = "0.1.0"
 
 from .cluster import connect
 from .config import RunOptions
-from .cubes import CubeJob, CubeWorkload, iter_cubes, read_shard
+from .cubes import CubeJob, CubeWorkload, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import RunSummary, run_job
+from .shards import read_shard
 from .storage import LocalStore, Store, open_store
 from .workload import Task, TaskOutput, UnitFailure, Workload
 

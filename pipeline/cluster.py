@@ -93,8 +93,13 @@ def _embedded_cluster(n_workers: int, quiet: bool):
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV}
+    preload = [*dask.config.get("distributed.worker.preload", []), "pipeline.worker"]
     with dask.config.set(
-        {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.daemon": False}
+        {
+            "distributed.nanny.pre-spawn-environ": environ,
+            "distributed.worker.daemon": False,
+            "distributed.worker.preload": preload,
+        }
     ):
         try:
             cluster = LocalCluster(

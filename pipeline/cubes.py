@@ -14,8 +14,11 @@ is cube i with axes (frame, row, column), without a copy.
 from __future__ import annotations
 
 import contextlib
-import io
+import copy
+import os
+import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +26,9 @@ import pyarrow as pa
 import xxhash
 
 from .config import setting
-from .errors import StorageError
+from .errors import PipelineError, StorageError
 from .frames import FrameSet, inspect_frames, load_layout, write_frames
+from .shards import ShardSpec, read_shard, write_shards
 from .storage import Store, join, open_store, write_parquet
 from .workload import Task, TaskOutput, UnitFailure, Workload
 
@@ -82,36 +86,6 @@ def build_cube(layout: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
     else:
         for f in range(cols.shape[0]):
             out[:, :, f] = layout[cols[f] - 1, :, f]
-
-
-def read_shard(data: bytes | str) -> np.ndarray:
-    """A shard's cubes as an array of shape (n, d, d, d), axes (cube, frame, row, column)."""
-    src = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
-    return np.moveaxis(np.load(src), -1, 0)
-
-
-_buffers: dict = {}
-
-
-def _shard_buffer(shape: tuple, dtype: str) -> np.ndarray:
-    """A per-process shard buffer, reused because a shard is written before the next is
-    built: a fresh 128 MB array every shard costs more in page faults than the gather."""
-    key = (shape, dtype)
-    if key not in _buffers:
-        _buffers.clear()
-        _buffers[key] = np.empty(shape, dtype=dtype, order="F")
-    return _buffers[key]
-
-
-def _write_shard(store: Store, key: str, shard: np.ndarray) -> int:
-    """The shard as a Fortran-ordered .npy, its data written without a copy."""
-    return store.write(key, [_npy_header(shard), memoryview(shard.T).cast("B")])
-
-
-def _npy_header(shard: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(shard))
-    return buf.getvalue()
 
 
 class CubeWorkload(Workload):
@@ -176,18 +150,21 @@ class CubeWorkload(Workload):
         for first in range(units.start, units.stop, step):
             yield first // step, range(first, min(units.stop, first + step))
 
-    def _build_shard(self, layout, ids: range) -> tuple[np.ndarray, list]:
+    def _shard_specs(self, layout, units: range, key_of) -> Iterator[ShardSpec]:
         d = self.job.dim
-        shard = _shard_buffer((d, d, d, len(ids)), self.job.dtype)
-        rows = []
-        for i, cube_id in enumerate(ids):
-            cols = self.columns(cube_id)
-            out = shard[..., i].T  # C-contiguous (column, row, frame) view
-            build_cube(layout, cols, out)
-            rows.append(
-                (cube_id, i, cols.reshape(-1).astype(np.int32), xxhash.xxh3_64_hexdigest(out))
-            )
-        return shard, rows
+        for s, ids in self._shards(units):
+
+            def fill(array: np.ndarray, ids: range = ids) -> list:
+                rows = []
+                for i, cube_id in enumerate(ids):
+                    cols = self.columns(cube_id)
+                    out = array[..., i].T  # C-contiguous (column, row, frame) view
+                    build_cube(layout, cols, out)
+                    checksum = xxhash.xxh3_64_hexdigest(out)
+                    rows.append((cube_id, i, cols.reshape(-1).astype(np.int32), checksum))
+                return rows
+
+            yield key_of(s), (d, d, d, len(ids)), self.job.dtype, fill
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         layout = self._layout()
@@ -196,14 +173,13 @@ class CubeWorkload(Workload):
             return self._run_discarding(layout, task, t0)
         out = TaskOutput()
         manifest = {"cube_id": [], "shard": [], "offset": [], "columns": [], "checksum": []}
-        for s, ids in self._shards(task.units):
-            key = join(self.job_id, "shards", f"{s:06d}.npy")
-            try:
-                shard, rows = self._build_shard(layout, ids)
-                out.bytes_written += _write_shard(store, key, shard)
-            except Exception as exc:
-                out.failures.extend(UnitFailure.from_exception(c, exc) for c in ids)
+        ids_of = {self._shard_key(s): ids for s, ids in self._shards(task.units)}
+        specs = self._shard_specs(layout, task.units, self._shard_key)
+        for key, rows, nbytes, error in write_shards(store, specs):
+            if error is not None:
+                out.failures.extend(UnitFailure.from_exception(c, error) for c in ids_of[key])
                 continue
+            out.bytes_written += nbytes
             for cube_id, offset, cols, checksum in rows:
                 manifest["cube_id"].append(cube_id)
                 manifest["shard"].append(key)
@@ -221,6 +197,9 @@ class CubeWorkload(Workload):
         )
         out.busy_seconds = time.perf_counter() - t0
         return out
+
+    def _shard_key(self, s: int) -> str:
+        return join(self.job_id, "shards", f"{s:06d}.npy")
 
     def _run_discarding(self, layout, task: Task, t0: float) -> TaskOutput:
         d = self.job.dim
@@ -241,13 +220,20 @@ class CubeWorkload(Workload):
         if store is None:
             self._run_discarding(layout, task, time.perf_counter())
             return
-        scratch = join(self.job_id, "_calibration")
+        # The task's whole path, manifest included, into a scratch job of its own
+        # per process: workers calibrate side by side and each cleans up only its own.
+        trial = copy.copy(self)
+        trial.job_id = join(self.job_id, "_calibration", f"{socket.gethostname()}-{os.getpid()}")
         try:
-            for _s, ids in self._shards(task.units):
-                shard, _rows = self._build_shard(layout, ids)
-                _write_shard(store, join(scratch, "shard.npy"), shard)
+            out = trial.run_task(task, store)
+            if out.failures:
+                f = out.failures[0]
+                raise PipelineError(
+                    f"calibration trial: cube {f.unit}: {f.error_type}: {f.message}"
+                )
+            write_parquet(store, join(trial.job_id, "manifest.parquet"), out.manifest)
         finally:
-            store.delete_prefix(scratch)
+            store.delete_prefix(trial.job_id)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
         import pyarrow.parquet as pq

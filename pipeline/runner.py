@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import socket
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ __all__ = ["RunSummary", "run_job"]
 log = logging.getLogger(__name__)
 
 #: A calibration trial stops growing once it has run this long.
-_CALIBRATION_SECONDS = 0.25
+_CALIBRATION_SECONDS = 0.1
 #: At least this many tasks per worker, so the last tasks do not leave workers idle.
 _MIN_TASKS_PER_WORKER = 4
 
@@ -89,23 +90,62 @@ def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskR
 def _calibrate(workload: Workload, store_url: str | None) -> float:
     """Worker: seconds per unit, from trials of growing size after a warm-up."""
     store = open_store(store_url) if store_url else None
-    workload.trial(1, store)  # warm-up: loads inputs into this process
-    n = 1
+    # Whole multiples of the granularity, so trials use the buffers tasks will use.
+    step = workload.granularity
+    n = min(workload.n_units, step)
+    workload.trial(n, store)  # warm-up: loads inputs and libraries into this process
     while True:
         t0 = time.perf_counter()
         workload.trial(n, store)
         elapsed = time.perf_counter() - t0
         if elapsed >= _CALIBRATION_SECONDS or n >= workload.n_units:
             return elapsed / n
-        n = min(workload.n_units, n * 4)
+        # Aim the next trial just past the threshold: growing by a fixed factor would
+        # overshoot it by up to that factor, and calibration is time no task runs.
+        grow = min(100.0, 1.5 * _CALIBRATION_SECONDS / max(elapsed, 1e-6))
+        n = min(workload.n_units, _round_up(max(n + 1, math.ceil(n * grow)), step))
 
 
-def size_tasks(seconds_per_unit: float, n_units: int, n_workers: int, task_seconds: float) -> int:
-    """Units per task so a task lasts about ``task_seconds``, but with enough tasks
-    to keep every worker busy until the end."""
+def _seconds_per_unit(workload: Workload, store: Store | None, client) -> float:
+    """Calibrate on every worker at once, side by side as the tasks will run: each
+    worker's warm-up (loading inputs) then overlaps the others' instead of delaying
+    its first task, and the rate is measured under the same contention."""
+    store_url = store.url if store is not None else None
+    workers = list(client.scheduler_info(n_workers=-1)["workers"])
+    futures = [
+        client.submit(
+            _calibrate, workload, store_url, pure=False, workers=[w], allow_other_workers=True
+        )
+        for w in workers
+    ] or [client.submit(_calibrate, workload, store_url, pure=False)]
+    return statistics.median(client.gather(futures))
+
+
+def size_tasks(
+    seconds_per_unit: float,
+    n_units: int,
+    n_workers: int,
+    task_seconds: float,
+    granularity: int = 1,
+) -> int:
+    """Units per task (a multiple of ``granularity``) so a task lasts about
+    ``task_seconds``, with enough tasks to keep every worker busy, and the tasks
+    falling into whole rounds of ``n_workers`` so no worker idles at the end."""
     by_time = max(1, round(task_seconds / max(seconds_per_unit, 1e-9)))
     by_balance = max(1, math.ceil(n_units / (n_workers * _MIN_TASKS_PER_WORKER)))
-    return min(by_time, by_balance)
+    longest = _round_up(min(by_time, by_balance), granularity)
+
+    def finish(units_per_task: int) -> int:
+        # Units done by the busiest worker when tasks of equal speed are handed out in
+        # rounds: the run's wall time, in units.
+        rounds = math.ceil(math.ceil(n_units / units_per_task) / n_workers)
+        return rounds * units_per_task
+
+    # Shorter tasks cost scheduler overhead, so look no lower than half the longest.
+    candidates = range(longest, max(granularity, longest // 2) - 1, -granularity)
+    best = min(finish(u) for u in candidates)
+    # Of the near-best, the longest: fewer tasks for the same finish.
+    return next(u for u in candidates if finish(u) <= best * 1.01)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -146,11 +186,9 @@ def _resolve_plan(workload: Workload, options: RunOptions, store: Store | None, 
     if options.units_per_task:
         units_per_task = _round_up(options.units_per_task, workload.granularity)
     else:
-        store_url = store.url if store is not None else None
-        spu = client.submit(_calibrate, workload, store_url, pure=False).result()
-        units_per_task = _round_up(
-            size_tasks(spu, workload.n_units, _n_workers(client), options.task_seconds),
-            workload.granularity,
+        spu = _seconds_per_unit(workload, store, client)
+        units_per_task = size_tasks(
+            spu, workload.n_units, _n_workers(client), options.task_seconds, workload.granularity
         )
         log.info("calibration: %.3g s per %s, %d per task", spu, workload.unit_name, units_per_task)
     if store is not None:

@@ -49,16 +49,22 @@ def test_calibration_sizes_tasks_and_keeps_workers_busy(tmp_path, client):
 
 
 @pytest.mark.parametrize(
-    ("spu", "n", "workers", "expected"),
+    ("spu", "n", "workers", "granularity", "expected"),
     [
-        (0.001, 1_000_000, 2, 1000),  # 1 s tasks
-        (0.5, 1000, 2, 2),  # slow units: 2 per task
-        (2.0, 1000, 2, 1),  # never fewer than 1
-        (0.0001, 1000, 2, 125),  # short job: 8 tasks for 2 workers
+        (0.001, 1_000_000, 2, 1, 1000),  # 1 s tasks, 500 whole rounds
+        (0.5, 1000, 2, 1, 2),  # slow units: 2 per task
+        (2.0, 1000, 2, 1, 1),  # never fewer than 1
+        (0.0001, 1000, 2, 1, 125),  # short job: 8 tasks for 2 workers
+        # 1 s would be 96 cubes: 11 tasks, the last round half idle. 64 makes 16 tasks,
+        # 8 whole rounds: the busiest worker does 512 cubes, not 576.
+        (1 / 96, 1000, 2, 16, 64),
+        (1 / 96, 1024, 2, 16, 64),
+        (0.001, 10_000, 3, 1, 834),  # 12 tasks: 4 rounds of 3
     ],
 )
-def test_size_tasks(spu, n, workers, expected):
-    assert size_tasks(spu, n, workers, 1.0) == expected
+def test_size_tasks(spu, n, workers, granularity, expected):
+    assert size_tasks(spu, n, workers, 1.0, granularity) == expected
+    assert expected % granularity == 0
 
 
 @pytest.mark.slow

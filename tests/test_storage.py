@@ -106,6 +106,43 @@ def test_delete_prefix_counts(store):
     assert store.list() == ["p10/4"]
 
 
+def test_local_large_aligned_chunks_round_trip(tmp_path):
+    # Chunks big and page-aligned enough take the direct-I/O path, the rest the page
+    # cache; every mix must give back exactly the bytes written, tail included.
+    from pipeline.shards import ShardBuffer
+
+    store = LocalStore(tmp_path / "store")
+    image = ShardBuffer((1000, 1100), "float64")  # header + 8.8 MB: not whole pages
+    image.array[...] = np.random.default_rng(0).random((1000, 1100))
+    expected = bytes(image.file)
+    assert store.write("one", [image.file]) == len(expected)
+    assert store.read_bytes("one") == expected
+    np.testing.assert_array_equal(np.load(tmp_path / "store" / "one"), image.array)
+    # After an odd-sized chunk the file offset is not page-aligned: page cache.
+    assert store.write("after-odd", [b"abc", image.file, b"xyz"]) == len(expected) + 6
+    assert store.read_bytes("after-odd") == b"abc" + expected + b"xyz"
+    # After a page-sized chunk it is aligned again: direct I/O in the middle.
+    page = bytes(range(256)) * 16
+    assert store.write("after-page", [page, image.file, page]) == len(expected) + 2 * 4096
+    assert store.read_bytes("after-page") == page + expected + page
+    # A view that does not start on a page boundary in memory: page cache.
+    assert store.write("unaligned", [image.file[1:]]) == len(expected) - 1
+    assert store.read_bytes("unaligned") == expected[1:]
+    assert store.list() == ["after-odd", "after-page", "one", "unaligned"]
+
+
+def test_local_delete_prefix_leaves_no_empty_folders(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.write_bytes("job/_calibration/host-1/shards/0.npy", b"x")
+    store.write_bytes("job/keep", b"y")
+    assert store.delete_prefix("job/_calibration/host-1") == 1
+    assert not (tmp_path / "store" / "job" / "_calibration").exists()
+    assert store.read_bytes("job/keep") == b"y"
+    # and writing there again works
+    store.write_bytes("job/_calibration/host-2/0.npy", b"z")
+    assert store.list("job/_calibration") == ["job/_calibration/host-2/0.npy"]
+
+
 def test_exists_and_size(store):
     assert not store.exists("s/k")
     store.write_bytes("s/k", b"12345")

@@ -48,11 +48,27 @@ def find_job(output: str, job: str | None = None) -> str:
 
 
 def results_table(output: str, table: str, job: str | None = None) -> pa.Table:
-    """One table of every completed task's rows, sorted by chunk (and term order)."""
+    """One table of every completed task's rows, sorted by chunk (and term order).
+
+    ``models`` comes with each chunk's ``fit_seconds``, from the timings table that
+    is kept apart so that the models parts are the same bytes run after run."""
     if table not in TABLES:
         raise InputError(f"--table {table!r}: expected one of {', '.join(TABLES)}")
     store = open_store(output)
     job_id = find_job(output, job)
+    result = _concat(store, job_id, table)
+    if table == "models":
+        timings = _concat(store, job_id, "timings")
+        at = result.column_names.index("warnings") + 1
+        seconds = timings.column("fit_seconds")
+        if timings.column("chunk_id").equals(result.column("chunk_id")):
+            result = result.add_column(at, "fit_seconds", seconds)
+        else:
+            raise InputError(f"{store.describe(job_id)}: timings do not match the models table")
+    return result
+
+
+def _concat(store, job_id: str, table: str) -> pa.Table:
     entries = [k for k in store.list(join(job_id, "manifest")) if k.endswith(".parquet")]
     keys = []
     for entry in entries:

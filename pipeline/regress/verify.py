@@ -3,7 +3,7 @@
 
 Every object a manifest entry lists must exist with the recorded xxh3_64; every
 chunk must appear exactly once in the models tables; nothing unlisted may sit
-under ``coefficients/``, ``models/`` or ``plots/``.
+under ``coefficients/``, ``models/``, ``timings/`` or ``plots/``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def check_regressions(store: Store, job_id: str, record: dict):
     check.missing += [f"chunk {c}" for c in range(record["units"]) if c not in seen]
     check.units_ok = sum(1 for c in range(record["units"]) if seen.get(c) == 1)
     stored = set()
-    for folder in ("coefficients", "models", "plots"):
+    for folder in ("coefficients", "models", "timings", "plots"):
         stored.update(store.list(join(job_id, folder)))
     check.extra = [store.describe(k) for k in sorted(stored - listed)]
     return check

@@ -2,13 +2,16 @@
 
 Task ``i`` writes ``<job>/coefficients/part-NNNNNN.parquet`` (one row per chunk and
 term), ``<job>/models/part-NNNNNN.parquet`` (one row per chunk, failed ones
-included) and, with ``plots``, ``<job>/plots/<chunk>.pdf``; its manifest entry lists
+included), ``<job>/timings/part-NNNNNN.parquet`` (each chunk's ``fit_seconds``) and,
+with ``plots``, ``<job>/plots/<chunk>.pdf``; its manifest entry lists
 those objects with the xxh3_64 of their bytes. A chunk whose fit fails is a row of
 the models table (``error_type``, ``error_message``): its task still completes, so a
 resumed run does not refit it; :meth:`RegressionWorkload.finalize` reports those
 failures (``recorded_failures``) for ``--max-failures``.
 
-The tables are deterministic (same job, same bytes) except ``fit_seconds``.
+Coefficients and models are deterministic: same job, same bytes, whatever the task
+sizes or retries. Timings, which cannot be, are a table of their own, which
+``pipeline results --table models`` joins back in as the ``fit_seconds`` column.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from ..errors import ConfigError, InputError
 from ..storage import Store, join, write_parquet
 from ..workload import Task, TaskOutput, UnitFailure, Workload
 from .data import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
-from .fit import ChunkError, ChunkFit, TaskDesign, check_chunk, finish_inference, fit_chunk
+from .design import ChunkError, TaskDesign
+from .fit import ChunkFit, check_chunk, finish_inference, fit_chunk
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
 
 __all__ = ["RegressionWorkload", "models_schema", "part_key"]
@@ -41,6 +45,8 @@ _FLOATS = (
     "bic",
     "condition_number",
 )
+#: The tables each task writes, one part per task.
+TABLES = ("coefficients", "models", "timings")
 COEF_COLUMNS = ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high")
 _COEF_FIELDS = ("params", "bse", "statistic", "p_value", "ci_low", "ci_high")
 
@@ -54,7 +60,7 @@ def models_schema() -> list[tuple[str, pa.DataType]]:
         ("nobs", pa.int64()), ("nobs_dropped", pa.int64()),
         *[(n, pa.float64()) for n in _FLOATS[:4]], ("rsquared_kind", pa.string()),
         *[(n, pa.float64()) for n in _FLOATS[4:]],
-        ("converged", pa.bool_()), ("warnings", pa.string()), ("fit_seconds", pa.float64()),
+        ("converged", pa.bool_()), ("warnings", pa.string()),
         ("error_type", pa.string()), ("error_message", pa.string()),
     ]  # fmt: skip
 
@@ -132,7 +138,7 @@ class RegressionWorkload(Workload):
             return
         import patsy
 
-        from .fit import _keep_all_na
+        from .design import _keep_all_na
         from .spec import eval_env, model_desc
 
         try:
@@ -257,10 +263,9 @@ class RegressionWorkload(Workload):
     def _task_objects(self, task: Task) -> list[tuple[str, str, bytes]]:
         plots = self.job.plots
         fits = self.fit_range(task.start, task.stop, keep_resid=plots)
-        coefs, models = self.tables(task.start, fits)
         objects = [
-            (part_key(self.job_id, "coefficients", task.index), "coefficients", _parquet(coefs)),
-            (part_key(self.job_id, "models", task.index), "models", _parquet(models)),
+            (part_key(self.job_id, name, task.index), name, _parquet(table))
+            for name, table in zip(TABLES, self.tables(task.start, fits), strict=True)
         ]
         if plots:
             from .plots import chunk_figure
@@ -298,8 +303,13 @@ class RegressionWorkload(Workload):
             )
         return cols
 
-    def tables(self, start: int, fits: list[ChunkFit]) -> tuple[pa.Table, pa.Table]:
+    def tables(self, start: int, fits: list[ChunkFit]) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """The coefficients, models and timings tables of chunks ``start..``."""
         n = len(fits)
+        timings = {
+            "chunk_id": pa.array(start + np.arange(n), pa.int64()),
+            "fit_seconds": pa.array([f.fit_seconds for f in fits], pa.float64()),
+        }
         models = self._key_columns(start, np.arange(n))
         for name, typ in models_schema():
             models[name] = pa.array([getattr(f, name) for f in fits], typ)
@@ -310,7 +320,7 @@ class RegressionWorkload(Workload):
         for col, attr in zip(COEF_COLUMNS, _COEF_FIELDS, strict=True):
             values = np.concatenate([getattr(f, attr) for f in ok]) if ok else np.empty(0)
             coefs[col] = pa.array(values, pa.float64())
-        return pa.table(coefs), pa.table(models)
+        return pa.table(coefs), pa.table(models), pa.table(timings)
 
     # -- after the run --------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -9,8 +10,50 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from ..errors import StorageError
 from .base import Buffer, Store
+
+#: Chunks at least this large, page-aligned in memory and in the file, bypass the
+#: page cache: on a machine with few cores, copying them through it costs more CPU
+#: than building them, and the disk takes them 2-4x faster.
+DIRECT_MIN_BYTES = 8 << 20
+_PAGE = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _write_chunk(f: BinaryIO, chunk: Buffer) -> int:
+    view = memoryview(chunk).cast("B")
+    start = f.tell()
+    bulk = view.nbytes - view.nbytes % _PAGE
+    if (
+        _O_DIRECT
+        and bulk >= DIRECT_MIN_BYTES
+        and start % _PAGE == 0
+        and np.frombuffer(view, np.uint8).ctypes.data % _PAGE == 0
+    ):
+        f.flush()
+        try:
+            _pwrite_direct(f.name, view[:bulk], start)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # A file system without direct I/O (tmpfs, some network mounts).
+        else:
+            f.seek(start + bulk)
+            return bulk + f.write(view[bulk:])
+    return f.write(view)
+
+
+def _pwrite_direct(path: str, view: memoryview, offset: int) -> None:
+    fd = os.open(path, os.O_WRONLY | _O_DIRECT)
+    try:
+        done = 0
+        while done < view.nbytes:
+            done += os.pwrite(fd, view[done:], offset + done)
+    finally:
+        os.close(fd)
 
 
 class LocalStore(Store):
@@ -30,15 +73,28 @@ class LocalStore(Store):
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
         size = 0
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with self._create(tmp) as f:
                 for chunk in chunks:
-                    size += f.write(chunk)
+                    size += _write_chunk(f, chunk)
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
         return size
+
+    @staticmethod
+    def _create(path: Path) -> BinaryIO:
+        retries = 2
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                return open(path, "xb")
+            except FileNotFoundError:
+                # Another writer's delete_prefix removed the folder it emptied between
+                # our mkdir and open: make it again.
+                if not retries:
+                    raise
+                retries -= 1
 
     def read_bytes(self, key: str) -> bytes:
         return self.path(key).read_bytes()
@@ -89,4 +145,12 @@ class LocalStore(Store):
             return 0
         count = sum(len(files) for _d, _s, files in os.walk(target))
         shutil.rmtree(target)
+        # Folders are not objects: leave no empty ones behind, as an object store would.
+        for parent in target.parents:
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
         return count

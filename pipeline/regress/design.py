@@ -1,0 +1,285 @@
+"""A task's design matrices: built once per task from the formula wherever that gives
+the matrices statsmodels would build chunk by chunk, else per chunk.
+
+:class:`Prepared` is one chunk's model arrays, ready for :mod:`.fit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import ModelSpec
+
+__all__ = ["ChunkError", "Prepared", "TaskDesign"]
+
+
+class ChunkError(Exception):
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+
+
+@dataclass
+class Prepared:
+    """A chunk's model arrays, NaN rows already dropped."""
+
+    y: np.ndarray
+    X: np.ndarray
+    names: tuple[str, ...]
+    weights: np.ndarray | None = None
+    groups: np.ndarray | None = None
+    dropped: int = 0
+
+
+class _RecordingNA:
+    """patsy's ``drop`` NA action that also remembers which rows it dropped (as
+    statsmodels' formula manager does, to drop the same rows of weights and groups)."""
+
+    def __new__(cls, **kw):
+        import patsy.missing
+
+        class Recording(patsy.missing.NAAction):
+            missing_mask = None
+
+            def _handle_NA_drop(self, values, is_nas, origins):
+                mask = np.zeros(is_nas[0].shape[0], dtype=bool)
+                for is_na in is_nas:
+                    mask |= is_na
+                self.missing_mask = mask
+                return [v[~mask, ...] if v.ndim > 1 else v[~mask] for v in values]
+
+        return Recording(**kw)
+
+
+def _keep_all_na():
+    import patsy.missing
+
+    return patsy.missing.NAAction(NA_types=[])
+
+
+class TaskDesign:
+    """The design matrices of a task's chunks, built once per task where that gives the
+    same matrices as building them per chunk (see the package docs), else per chunk."""
+
+    def __init__(self, spec: ModelSpec, table, offsets: np.ndarray, info=None):
+        self.spec = spec
+        self.offsets = offsets
+        self.n = len(offsets) - 1
+        self.weights = self._float(table, spec.weights)
+        self.groups = (
+            np.asarray(table.column(spec.cluster).to_numpy(zero_copy_only=False))
+            if spec.cluster
+            else None
+        )
+        self.exact = False
+        if spec.formula is None:
+            self._arrays(table)
+        else:
+            self.df = table.to_pandas()
+            self.exact = info.exact_only if info is not None else False
+            if not self.exact:
+                try:
+                    self._formula_once()
+                except Exception:
+                    self.exact = True  # e.g. missing categories: per chunk, as statsmodels would
+
+    @staticmethod
+    def _float(table, name):
+        if not name:
+            return None
+        col = table.column(name).to_numpy(zero_copy_only=False)
+        return np.asarray(col, dtype=np.float64)
+
+    def _arrays(self, table) -> None:
+        spec = self.spec
+        cols = [self._float(table, c) for c in spec.exog]
+        n = table.num_rows
+        if spec.add_constant:
+            cols.insert(0, np.ones(n))
+        self.Xg = np.column_stack(cols) if cols else np.empty((n, 0))
+        self.yg = self._float(table, spec.endog)
+        self.names = (("const",) if spec.add_constant else ()) + spec.exog
+        self.factor_codes = []
+
+    def _formula_once(self) -> None:
+        import patsy
+        from patsy.categorical import categorical_to_int
+
+        from .spec import model_desc
+
+        desc = model_desc(self.spec.formula)
+        coded = _sorted_categoricals(self.df)
+        y, X = patsy.dmatrices(
+            desc,
+            coded,
+            eval_env=_fast_env(),
+            NA_action=_keep_all_na(),
+            return_type="matrix",
+        )
+        if y.shape[1] != 1:
+            raise ValueError("categorical response")
+        self.yg = np.ascontiguousarray(np.asarray(y)[:, 0], dtype=np.float64)
+        self.Xg = np.ascontiguousarray(np.asarray(X), dtype=np.float64)
+        info = X.design_info
+        self.names = tuple(info.column_names)
+        self.rhs = patsy.ModelDesc([], desc.rhs_termlist)
+        # Per categorical factor, each row's level; a chunk missing some levels gets the
+        # columns a design built on that chunk alone would have (cached per level set).
+        self.factor_codes = []
+        chunk_of_row = np.repeat(np.arange(self.n), np.diff(self.offsets))
+        self.signature = np.zeros((self.n, 0), dtype=bool)
+        for factor, fi in info.factor_infos.items():
+            if fi.type != "categorical":
+                continue
+            values = factor.eval(fi.state, coded)
+            values = (
+                getattr(values, "data", values)
+                if type(values).__name__ == "_CategoricalBox"
+                else values
+            )
+            codes = np.asarray(categorical_to_int(values, fi.categories, _keep_all_na(), factor))
+            n_levels = len(fi.categories)
+            present = (
+                np.bincount(chunk_of_row * n_levels + codes, minlength=self.n * n_levels).reshape(
+                    self.n, n_levels
+                )
+                > 0
+            )
+            self.signature = np.hstack([self.signature, present])
+            self.factor_codes.append(codes)
+        self.full = self.signature.all(axis=1)
+        self._columns: dict[bytes, np.ndarray | None] = {}
+
+    def _chunk_columns(self, i: int, s: int, e: int) -> np.ndarray | None:
+        """Columns of a chunk whose level set differs: those a chunk-alone design has."""
+        import patsy
+
+        from .spec import eval_env
+
+        sig = self.signature[i].tobytes()
+        if sig not in self._columns:
+            names = patsy.dmatrix(
+                self.rhs, self.df.iloc[s:e], eval_env=eval_env(), NA_action=_keep_all_na()
+            ).design_info.column_names
+            where = {n: j for j, n in enumerate(self.names)}
+            self._columns[sig] = (
+                np.array([where[n] for n in names], dtype=np.intp)
+                if all(n in where for n in names)
+                else None
+            )
+        return self._columns[sig]
+
+    def prepare(self, i: int) -> Prepared:
+        """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
+        s, e = int(self.offsets[i]), int(self.offsets[i + 1])
+        if self.exact:
+            return self._prepare_exact(s, e)
+        names, X = self.names, self.Xg[s:e]
+        if self.factor_codes and not self.full[i]:
+            cols = self._chunk_columns(i, s, e)
+            if cols is None:
+                return self._prepare_exact(s, e)
+            names, X = tuple(self.names[j] for j in cols), X[:, cols]
+        y = self.yg[s:e]
+        w = self.weights[s:e] if self.weights is not None else None
+        g = self.groups[s:e] if self.groups is not None else None
+        return self._drop_missing(y, X, names, w, g)
+
+    def _drop_missing(self, y, X, names, w, g, dropped: int = 0) -> Prepared:
+        if self.spec.missing == "drop":
+            bad = np.isnan(y) | np.isnan(X).any(axis=1)
+            if w is not None:
+                bad |= np.isnan(w)
+            if g is not None:
+                bad |= _isnull(g)
+            if bad.any():
+                keep = ~bad
+                y, X = y[keep], X[keep]
+                w = w[keep] if w is not None else None
+                g = g[keep] if g is not None else None
+                dropped += int(bad.sum())
+        return Prepared(y, X, names, w, g, dropped)
+
+    def _prepare_exact(self, s: int, e: int) -> Prepared:
+        import patsy
+
+        from .spec import eval_env, model_desc
+
+        chunk = self.df.iloc[s:e]
+        na = _RecordingNA() if self.spec.missing == "drop" else _keep_all_na()
+        try:
+            y, X = patsy.dmatrices(
+                model_desc(self.spec.formula),
+                chunk,
+                eval_env=eval_env(),
+                NA_action=na,
+                return_type="matrix",
+            )
+        except Exception as exc:
+            raise ChunkError("DesignError", f"cannot build the design: {exc}") from None
+        mask = getattr(na, "missing_mask", None)
+        keep = ~mask if mask is not None else slice(None)
+        w = self.weights[s:e][keep] if self.weights is not None else None
+        g = self.groups[s:e][keep] if self.groups is not None else None
+        dropped = int(mask.sum()) if mask is not None else 0
+        return self._drop_missing(
+            np.asarray(y, dtype=float)[:, 0],
+            np.asarray(X, dtype=float),
+            tuple(X.design_info.column_names),
+            w,
+            g,
+            dropped,
+        )
+
+
+def _isnull(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        return np.isnan(a)
+    if a.dtype.kind == "O":
+        import pandas as pd
+
+        return np.asarray(pd.isna(a))
+    return np.zeros(a.shape, dtype=bool)
+
+
+def _sorted_categoricals(df):
+    """``df`` with its string columns as categoricals whose categories are the sorted
+    distinct values: patsy then codes them as it codes the strings (levels sorted),
+    but vectorized instead of one Python call per row."""
+    import pandas as pd
+
+    out = df.copy(deep=False)
+    for name in df.columns:
+        col = df[name]
+        if pd.api.types.is_string_dtype(col.dtype) and not isinstance(
+            col.dtype, pd.CategoricalDtype
+        ):
+            if col.isna().any():
+                continue  # patsy's own NA handling decides
+            levels = sorted(pd.unique(col))
+            out[name] = pd.Categorical(col, categories=levels)
+    return out
+
+
+def _fast_env():
+    """The formula namespace, with a ``C`` that passes a pandas categorical through
+    unboxed when it has no contrast or levels: patsy codes an unboxed categorical
+    vectorized, a boxed one row by row (same levels, same columns, same names)."""
+    import numpy
+    import pandas as pd
+    import patsy
+    from patsy.builtins import C as patsy_C
+
+    def C(data, contrast=None, levels=None):
+        if (
+            contrast is None
+            and levels is None
+            and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype)
+        ):
+            return data
+        return patsy_C(data, contrast, levels)
+
+    return patsy.EvalEnvironment([{"np": numpy, "numpy": numpy, "C": C}])

@@ -1,0 +1,16 @@
+"""Dask worker preload (``distributed.worker.preload``): import what tasks use.
+
+The embedded cluster preloads it, and so does the Docker image
+(``DASK_DISTRIBUTED__WORKER__PRELOAD``). Without it each worker's first task
+pays about half a second for imports, pandas above all (pyarrow loads it on its
+first array), which on a short job is time no unit is being built.
+"""
+
+import numpy  # noqa: F401
+import pandas  # noqa: F401
+import pyarrow
+import pyarrow.parquet  # noqa: F401
+import xxhash  # noqa: F401
+
+import pipeline.cubes
+import pipeline.runner  # noqa: F401
