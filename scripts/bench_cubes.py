@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--ref-cubes", type=int, default=1000)
     ap.add_argument("--kernel-cubes", type=int, default=3000)
     ap.add_argument("--none-cubes", type=int, default=20000)
-    ap.add_argument("--store-cubes", type=int, default=1000)
+    ap.add_argument("--store-cubes", type=int, default=2000)
     ap.add_argument("--store-rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--workdir", type=Path, help="scratch space (default: a temp dir)")
