@@ -61,21 +61,21 @@ def _page_aligned(nbytes: int) -> np.ndarray:
     return image
 
 
-_buffers: dict = {}
-_MAX_BUFFERS = 4
+_pairs: dict = {}
 
 
 def shard_buffer(shape: tuple[int, ...], dtype: str, slot: int = 0) -> ShardBuffer:
     """This process's buffer number ``slot`` (0 or 1) for shards of ``shape``: reused,
     because a fresh 128 MB array per shard costs more in page faults than building
-    the shard. Both slots are made together, before either is being written."""
-    if (shape, dtype, slot) not in _buffers:
-        while len(_buffers) > _MAX_BUFFERS - 2:
+    the shard. Both slots are made together, before either is being written; the
+    pairs of two shapes are kept (a job's full shards and its last, shorter one)."""
+    key = (shape, dtype)
+    if key not in _pairs:
+        if len(_pairs) >= 2:
             # Dropping a reference never frees a buffer a write still holds.
-            del _buffers[next(iter(_buffers))]
-        for s in (0, 1):
-            _buffers[(shape, dtype, s)] = ShardBuffer(shape, dtype)
-    return _buffers[(shape, dtype, slot)]
+            del _pairs[next(iter(_pairs))]
+        _pairs[key] = (ShardBuffer(shape, dtype), ShardBuffer(shape, dtype))
+    return _pairs[key][slot]
 
 
 def write_shards(

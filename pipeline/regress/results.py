@@ -56,9 +56,10 @@ def results_table(output: str, table: str, job: str | None = None) -> pa.Table:
         raise InputError(f"--table {table!r}: expected one of {', '.join(TABLES)}")
     store = open_store(output)
     job_id = find_job(output, job)
-    result = _concat(store, job_id, table)
+    parts = _part_keys(store, job_id)
+    result = _concat(store, parts.get(table, []))
     if table == "models":
-        timings = _concat(store, job_id, "timings")
+        timings = _concat(store, parts.get("timings", []))
         at = result.column_names.index("warnings") + 1
         seconds = timings.column("fit_seconds")
         if timings.column("chunk_id").equals(result.column("chunk_id")):
@@ -68,20 +69,24 @@ def results_table(output: str, table: str, job: str | None = None) -> pa.Table:
     return result
 
 
-def _concat(store, job_id: str, table: str) -> pa.Table:
-    entries = [k for k in store.list(join(job_id, "manifest")) if k.endswith(".parquet")]
-    keys = []
-    for entry in entries:
-        manifest = pq.read_table(io.BytesIO(store.read_bytes(entry)))
+def _part_keys(store, job_id: str) -> dict[str, list[str]]:
+    """The parts the manifest entries list, by table: only completed tasks' parts."""
+    by_kind: dict[str, list[str]] = {}
+    for entry in store.list(join(job_id, "manifest")):
+        if not entry.endswith(".parquet"):
+            continue
+        manifest = pq.read_table(io.BytesIO(store.read_bytes(entry)), columns=["object", "kind"])
         for key, kind in zip(
             manifest.column("object").to_pylist(), manifest.column("kind").to_pylist(), strict=True
         ):
-            if kind == table:
-                keys.append(key)
-    if not keys:
+            by_kind.setdefault(kind, []).append(key)
+    if not by_kind:
         raise InputError(f"{store.describe(job_id)}: no completed tasks yet")
-    parts = [pq.read_table(store.open_input(k)) for k in sorted(keys)]
-    result = pa.concat_tables(parts)
+    return by_kind
+
+
+def _concat(store, keys: list[str]) -> pa.Table:
+    result = pa.concat_tables([pq.read_table(store.open_input(k)) for k in sorted(keys)])
     # Parts are per task, tasks cover increasing chunk ranges: sorting by chunk_id
     # (stable) keeps each chunk's terms in model order.
     order = pc.sort_indices(result, sort_keys=[("chunk_id", "ascending")])

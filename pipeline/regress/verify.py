@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ..storage import Store, join
+from .workload import PART_TABLES
 
 __all__ = ["check_regressions"]
 
@@ -51,7 +52,7 @@ def check_regressions(store: Store, job_id: str, record: dict):
     check.missing += [f"chunk {c}" for c in range(record["units"]) if c not in seen]
     check.units_ok = sum(1 for c in range(record["units"]) if seen.get(c) == 1)
     stored = set()
-    for folder in ("coefficients", "models", "timings", "plots"):
+    for folder in (*PART_TABLES, "plots"):
         stored.update(store.list(join(job_id, folder)))
     check.extra = [store.describe(k) for k in sorted(stored - listed)]
     return check

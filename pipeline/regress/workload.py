@@ -33,7 +33,7 @@ from .design import ChunkError, TaskDesign
 from .fit import ChunkFit, check_chunk, finish_inference, fit_chunk
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
 
-__all__ = ["RegressionWorkload", "models_schema", "part_key"]
+__all__ = ["PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
 
 _FLOATS = (
     "df_model",
@@ -46,7 +46,7 @@ _FLOATS = (
     "condition_number",
 )
 #: The tables each task writes, one part per task.
-TABLES = ("coefficients", "models", "timings")
+PART_TABLES = ("coefficients", "models", "timings")
 COEF_COLUMNS = ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high")
 _COEF_FIELDS = ("params", "bse", "statistic", "p_value", "ci_low", "ci_high")
 
@@ -265,7 +265,7 @@ class RegressionWorkload(Workload):
         fits = self.fit_range(task.start, task.stop, keep_resid=plots)
         objects = [
             (part_key(self.job_id, name, task.index), name, _parquet(table))
-            for name, table in zip(TABLES, self.tables(task.start, fits), strict=True)
+            for name, table in zip(PART_TABLES, self.tables(task.start, fits), strict=True)
         ]
         if plots:
             from .plots import chunk_figure
