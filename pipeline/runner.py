@@ -225,6 +225,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
         store.preflight()
         if options.overwrite:
             removed = store.delete_prefix(workload.job_id)
+            removed += store.discard_incomplete(workload.job_id)
             if removed:
                 echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
     t_start = time.perf_counter()
@@ -273,6 +274,11 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
             summary.units_failed += len(recorded)
             summary.failures.extend(asdict(f) for f in recorded)
             summary.details.update(details)
+            # Attempts killed mid-write (a lost worker) left partial objects behind;
+            # every task is now complete, so none of them is still being written.
+            leftovers = store.discard_incomplete(workload.job_id)
+            if leftovers:
+                echo(f"removed {leftovers} partial writes left by interrupted task attempts")
     return summary
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import errno
 import io
 import pickle
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -104,6 +107,50 @@ def test_delete_prefix_counts(store):
     assert store.delete_prefix("missing") == 0
     assert store.delete_prefix("q") == 1
     assert store.list() == ["p10/4"]
+
+
+def test_local_write_killed_midway_is_invisible_and_discarded(tmp_path):
+    # A real process killed with SIGKILL in the middle of a write, as a lost worker is.
+    root = tmp_path / "store"
+    script = (
+        "import os, signal, sys\n"
+        "from pipeline.storage import LocalStore\n"
+        "def chunks():\n"
+        "    yield b'x' * (9 << 20)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "LocalStore(sys.argv[1]).write(sys.argv[2], chunks())\n"
+    )
+    for key in ["job/shards/s-1.npy", "other/k"]:
+        child = subprocess.run([sys.executable, "-c", script, str(root), key])
+        assert child.returncode == -signal.SIGKILL
+    store = LocalStore(root)
+    assert store.list() == []
+    assert len([p for p in root.rglob("*") if p.is_file()]) == 2  # the partial files
+    assert store.discard_incomplete("job") == 1
+    assert store.discard_incomplete("job") == 0
+    assert [p.parent.name for p in root.rglob("*.tmp")] == ["other"]  # outside the prefix
+
+
+@integration
+def test_s3_discard_incomplete_aborts_open_uploads_under_the_prefix(s3, s3_bucket):
+    store = S3Store(s3_bucket)
+    client = s3.client()
+    # What a writer killed mid-upload leaves: an upload started, a part sent, never completed.
+    for key in ["job/shards/s-1.npy", "job/manifest/part-1", "other/k"]:
+        upload = client.create_multipart_upload(Bucket=BUCKET, Key=f"{store.prefix}/{key}")
+        client.upload_part(
+            Bucket=BUCKET,
+            Key=f"{store.prefix}/{key}",
+            UploadId=upload["UploadId"],
+            PartNumber=1,
+            Body=b"x" * 1024,
+        )
+    store.write_bytes("job/done", b"kept")
+    assert store.discard_incomplete("job") == 2
+    assert store.discard_incomplete("job") == 0
+    left = client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+    assert [u["Key"] for u in left] == [f"{store.prefix}/other/k"]
+    assert store.list() == ["job/done"]
 
 
 def test_local_large_aligned_chunks_round_trip(tmp_path):

@@ -50,6 +50,14 @@ class Store(ABC):
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key under ``prefix``; return how many were deleted."""
 
+    def discard_incomplete(self, prefix: str) -> int:
+        """Remove what writers killed mid-write left under ``prefix``; return how many.
+
+        Atomic writes never expose these, but they take space (and, on S3, cost
+        money) until removed. Call it only when no write under ``prefix`` is under way.
+        """
+        return 0
+
     def size(self, key: str) -> int:
         return len(self.read_bytes(key))
 

@@ -21,6 +21,12 @@ from .base import Buffer, Store
 DIRECT_MIN_BYTES = 8 << 20
 _PAGE = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: A write in progress is ``.<name>.<random>.tmp`` beside its target.
+_TEMPORARY_SUFFIX = ".tmp"
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".") and name.endswith(_TEMPORARY_SUFFIX)
 
 
 def _write_chunk(f: BinaryIO, chunk: Buffer) -> int:
@@ -70,7 +76,7 @@ class LocalStore(Store):
         target = self.path(key)
         # A unique temporary name beside the target, then rename: readers never see
         # half an object, and two attempts of one task cannot interleave their bytes.
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}{_TEMPORARY_SUFFIX}")
         size = 0
         try:
             with self._create(tmp) as f:
@@ -131,10 +137,19 @@ class LocalStore(Store):
         keys = []
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
-                if name.startswith(".") and name.endswith(".tmp"):
-                    continue
-                keys.append(Path(dirpath, name).relative_to(self.root).as_posix())
+                if not _is_temporary(name):
+                    keys.append(Path(dirpath, name).relative_to(self.root).as_posix())
         return sorted(keys)
+
+    def discard_incomplete(self, prefix: str) -> int:
+        base = self.path(prefix) if prefix else self.root
+        removed = 0
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if _is_temporary(name):
+                    Path(dirpath, name).unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     def delete_prefix(self, prefix: str) -> int:
         target = self.path(prefix) if prefix else self.root

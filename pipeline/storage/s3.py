@@ -548,6 +548,25 @@ class S3Store(Store):
                 raise err from exc
         return deleted
 
+    def discard_incomplete(self, prefix: str) -> int:
+        # A worker killed mid-upload leaves its multipart upload open; S3 bills its
+        # parts until it is aborted.
+        rel = str(prefix).strip("/")
+        full = join(self.prefix, rel)
+        client = self._client()
+        aborted = 0
+        try:
+            paginator = client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{full}/" if full else ""):
+                for upload in page.get("Uploads", ()):
+                    client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    aborted += 1
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, rel or None) from exc
+        return aborted
+
     def preflight(self) -> None:
         """Check the bucket quickly (a wrong endpoint fails in seconds), then probe."""
         try:
