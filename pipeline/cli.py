@@ -95,7 +95,9 @@ def _print_summary(s: RunSummary) -> None:
         f"{s.workload} job {s.job_id!r}: {s.units_run - s.units_failed} of {s.units_run} "
         f"{'units' if s.workload != 'cubes' else 'cubes'} in {s.wall_seconds:.2f} s = "
         f"{s.units_per_second:,.0f}/s on {s.workers} workers "
-        f"({s.tasks} tasks of {s.units_per_task}, {s.tasks_skipped} skipped as complete)"
+        f"({s.tasks} tasks of {s.units_per_task}"
+        + (f" after {s.probe_tasks} sizing probes" if s.probe_tasks else "")
+        + f", {s.tasks_skipped} skipped as complete)"
     )
     if s.bytes_written:
         click.echo(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,11 +25,17 @@ class Task:
         return range(self.start, self.stop)
 
 
-def plan_tasks(n_units: int, units_per_task: int) -> list[Task]:
-    n_tasks = math.ceil(n_units / units_per_task)
-    return [
-        Task(i, i * units_per_task, min(n_units, (i + 1) * units_per_task)) for i in range(n_tasks)
-    ]
+def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = ()) -> list[Task]:
+    """Tasks of ``head[i]`` units first (the probes that measured the rate), then of
+    ``units_per_task`` up to ``n_units`` (none while that is not known yet)."""
+    tasks, start = [], 0
+    for size in head:
+        tasks.append(Task(len(tasks), start, start + size))
+        start += size
+    if units_per_task:
+        for first in range(start, n_units, units_per_task):
+            tasks.append(Task(len(tasks), first, min(n_units, first + units_per_task)))
+    return tasks
 
 
 @dataclass(frozen=True)
@@ -107,11 +113,6 @@ class Workload(ABC):
     @abstractmethod
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         """Worker: run the task's units, write their outputs; record failures per unit."""
-
-    @abstractmethod
-    def trial(self, n_units: int, store: Store | None) -> None:
-        """Worker: do the work of ``n_units`` units as a task would, leaving no output
-        behind; the runner times it to size tasks."""
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
         """Driver: once every task is complete, consolidate; return facts for the summary."""

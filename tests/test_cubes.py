@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -62,6 +64,17 @@ def test_cube_content_matches_the_definition(tmp_path, frames_dir, client, per_l
     if not per_layer:
         # The same columns in every layer, drawn from (seed, cube id) alone.
         np.testing.assert_array_equal(manifest["columns"][5], cube_columns(3, 5, 10, 30, False))
+
+
+def test_cube_columns_depend_on_seed_and_cube_id_only():
+    expected = {k: cube_columns(3, k, 10, 30, True) for k in range(8)}
+    # Whatever was drawn before, on whichever thread.
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda k: cube_columns(3, k % 8, 10, 30, True), range(400)))
+    for k, cols in enumerate(got):
+        np.testing.assert_array_equal(cols, expected[k % 8])
+    assert not np.array_equal(cube_columns(4, 0, 10, 30, True), expected[0])
+    assert len({cols.tobytes() for cols in expected.values()}) == 8
 
 
 def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, frames_dir, client):

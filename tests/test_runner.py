@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
+
 import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, connect, run_job
-from pipeline.runner import size_tasks
+from pipeline.planning import probe_size, size_tasks
+from pipeline.workload import plan_tasks
 
 
 def options(out, **kw):
@@ -42,10 +47,96 @@ def test_resume_runs_only_tasks_without_a_manifest_entry(tmp_path, client):
     assert s.complete and s.tasks_skipped == 9 and s.units_run == 3
 
 
-def test_calibration_sizes_tasks_and_keeps_workers_busy(tmp_path, client):
-    s = run_job(SquaresWorkload("sq", 1000), options(tmp_path), client, echo=lambda m: None)
-    # Trials take no time, so the balance limit decides: 4 tasks per worker.
-    assert s.units_per_task == 125 and s.tasks == 8 and s.complete
+def _values(out, job="sq"):
+    return {p.name: p.read_bytes() for p in (out / job / "values").iterdir()}
+
+
+def _manifest_parts(out, job="sq"):
+    return sorted(p.name for p in (out / job / "manifest").iterdir())
+
+
+def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
+    # At least 10 ms per unit: a first round of one unit per worker, then rounds aimed at
+    # 0.15 s (at most 15 units) until a round other than the first lasts 0.1 s. 1 s tasks
+    # would be ~100 units: the balance limit (4 tasks per worker) caps the rest.
+    s = run_job(
+        SquaresWorkload("sq", 300, unit_seconds=0.01), options(tmp_path), client, echo=print
+    )
+    record = json.loads((tmp_path / "sq" / "job.json").read_text())
+    head, upt = record["head"], record["units_per_task"]
+    assert s.complete and s.units_run == 300 and s.units_failed == 0
+    assert (s.probe_tasks, s.units_per_task) == (len(head), upt)
+    # Rounds of one task per worker, never shrinking; the first is one unit each.
+    rounds = [head[i : i + 2] for i in range(0, len(head), 2)]
+    assert len(rounds) >= 2 and rounds[0] == [1, 1]
+    assert all(a == b for a, b in rounds) and rounds == sorted(rounds)
+    assert 2 <= rounds[-1][0] <= 15
+    rest = 300 - sum(head)
+    assert math.ceil(rest / 8) // 2 <= upt <= math.ceil(rest / 8)
+    assert s.tasks == len(head) + math.ceil(rest / upt) == len(_manifest_parts(tmp_path))
+    values = _values(tmp_path)
+    assert len(values) == 300 and values["00299"] == b"89401"
+
+
+def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
+    full = tmp_path / "full"
+    run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), options(full), client, echo=print)
+    # The state a driver killed mid-probing leaves: probes recorded, the rest not sized,
+    # some probes' entries missing.
+    out = tmp_path / "out"
+    shutil.copytree(full, out)
+    record = json.loads((out / "sq" / "job.json").read_text())
+    head = record["head"]
+    record["units_per_task"] = None
+    (out / "sq" / "job.json").write_text(json.dumps(record))
+    for part in _manifest_parts(out)[len(head) - 1 :]:
+        (out / "sq" / "manifest" / part).unlink()
+    shutil.rmtree(out / "sq" / "values")
+
+    s = run_job(SquaresWorkload("sq", 300), options(out), client, echo=print)
+    resumed = json.loads((out / "sq" / "job.json").read_text())
+    assert s.complete and s.tasks_skipped == len(head) - 1
+    assert resumed["head"][: len(head)] == head and resumed["units_per_task"]
+    # Only the units not already complete ran: the last probe and everything after it.
+    assert s.units_run == 300 - sum(head[:-1])
+    assert sorted(_values(out)) == [f"{u:05d}" for u in range(sum(head[:-1]), 300)]
+    assert len(_manifest_parts(out)) == s.tasks
+
+
+def test_units_per_task_flag_skips_the_probes(tmp_path, client):
+    s = run_job(SquaresWorkload("sq", 100), options(tmp_path, units_per_task=7), client)
+    record = json.loads((tmp_path / "sq" / "job.json").read_text())
+    assert (s.probe_tasks, s.units_per_task, s.tasks) == (0, 7, 15)
+    assert (record["head"], record["units_per_task"]) == ([], 7)
+
+
+@pytest.mark.parametrize(
+    ("spu", "previous", "limit", "granularity", "expected"),
+    [
+        (None, 1, 100, 1, 1),  # nothing measured: the smallest task
+        (None, 1, 100, 16, 16),
+        (0.01, 1, 100, 1, 15),  # aimed at 1.5 x 0.1 s
+        (0.0001, 1, 10_000, 1, 100),  # at most 100x the last round
+        (0.0001, 1, 50, 1, 50),  # never past the balance limit
+        (0.001, 16, 1000, 16, 160),  # whole multiples of the granularity
+        (5.0, 1, 100, 16, 16),
+    ],
+)
+def test_probe_size(spu, previous, limit, granularity, expected):
+    assert probe_size(spu, previous, limit, granularity) == expected
+
+
+def test_plan_tasks_with_probes_first():
+    tasks = plan_tasks(20, 6, head=[1, 1, 3])
+    assert [(t.index, t.start, t.stop) for t in tasks] == [
+        (0, 0, 1),
+        (1, 1, 2),
+        (2, 2, 5),
+        (3, 5, 11),
+        (4, 11, 17),
+        (5, 17, 20),
+    ]
+    assert plan_tasks(20, None, head=[1, 1]) == tasks[:2]
 
 
 @pytest.mark.parametrize(

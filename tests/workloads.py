@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 
@@ -12,13 +13,14 @@ from pipeline.storage import join
 
 class SquaresWorkload(Workload):
     """Unit i writes i*i; units in ``fail`` raise, a task containing ``crash_task``'s
-    first unit raises as a whole, and unit ``exit_unit`` kills its worker process."""
+    first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
+    each unit takes at least ``unit_seconds``."""
 
     kind = "squares"
     unit_name = "square"
 
-    def __init__(self, job_id, n_units, fail=(), crash_task=None, exit_unit=None):
-        self.job_id, self.n_units = job_id, n_units
+    def __init__(self, job_id, n_units, fail=(), crash_task=None, exit_unit=None, unit_seconds=0):
+        self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
     def preflight(self):
@@ -35,6 +37,7 @@ class SquaresWorkload(Workload):
         for unit in task.units:
             if unit == self.exit_unit:
                 os._exit(3)
+            time.sleep(self.unit_seconds)
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")
@@ -44,6 +47,3 @@ class SquaresWorkload(Workload):
                 out.failures.append(UnitFailure.from_exception(unit, exc))
         out.manifest = pa.table({"value": values})
         return out
-
-    def trial(self, n_units, store):
-        pass

@@ -277,9 +277,6 @@ class RegressionWorkload(Workload):
                     objects.append((key, "plot", chunk_figure(fit, label)))
         return objects
 
-    def trial(self, n_units: int, store: Store | None) -> None:
-        self._task_objects(Task(0, 0, min(n_units, self.n_units)))
-
     # -- tables ---------------------------------------------------------------------------
 
     def chunk_label(self, chunk: int) -> str:
