@@ -66,11 +66,12 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     head, upt = record["head"], record["units_per_task"]
     assert s.complete and s.units_run == 300 and s.units_failed == 0
     assert (s.probe_tasks, s.units_per_task) == (len(head), upt)
-    # Rounds of one task per worker, never shrinking; the first is one unit each.
+    # Rounds of one task per worker, never shrinking (a round short of 0.1 s makes the
+    # next 1.5x longer at least); the first is one unit each.
     rounds = [head[i : i + 2] for i in range(0, len(head), 2)]
     assert len(rounds) >= 2 and rounds[0] == [1, 1]
     assert all(a == b for a, b in rounds) and rounds == sorted(rounds)
-    assert 2 <= rounds[-1][0] <= 15
+    assert rounds[-1][0] <= 15
     rest = 300 - sum(head)
     assert math.ceil(rest / 8) // 2 <= upt <= math.ceil(rest / 8)
     assert s.tasks == len(head) + math.ceil(rest / upt) == len(_manifest_parts(tmp_path))
