@@ -169,7 +169,7 @@ class CubeWorkload(Workload):
         for first in range(units.start, units.stop, step):
             yield first // step, range(first, min(units.stop, first + step))
 
-    def _shard_specs(self, layout, units: range, key_of) -> Iterator[ShardSpec]:
+    def _shard_specs(self, layout, units: range) -> Iterator[ShardSpec]:
         d = self.job.dim
         for s, ids in self._shards(units):
 
@@ -183,7 +183,7 @@ class CubeWorkload(Workload):
                     rows.append((cube_id, i, cols.reshape(-1).astype(np.int32), checksum))
                 return rows
 
-            yield key_of(s), (d, d, d, len(ids)), self.job.dtype, fill
+            yield self._shard_key(s), (d, d, d, len(ids)), self.job.dtype, fill
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         layout = self._layout()
@@ -193,8 +193,7 @@ class CubeWorkload(Workload):
         out = TaskOutput()
         manifest = {"cube_id": [], "shard": [], "offset": [], "columns": [], "checksum": []}
         ids_of = {self._shard_key(s): ids for s, ids in self._shards(task.units)}
-        specs = self._shard_specs(layout, task.units, self._shard_key)
-        for key, rows, nbytes, error in write_shards(store, specs):
+        for key, rows, nbytes, error in write_shards(store, self._shard_specs(layout, task.units)):
             if error is not None:
                 out.failures.extend(UnitFailure.from_exception(c, error) for c in ids_of[key])
                 continue

@@ -49,14 +49,18 @@ def job_record_key(job_id: str) -> str:
     return join(job_id, "job.json")
 
 
-def read_plan(workload: Workload, requested: int | None, store: Store | None) -> Plan:
+def load_plan(workload: Workload, requested: int | None, store: Store | None) -> Plan:
     """The recorded plan when the output holds this job, else the requested units per
-    task (``--units-per-task``), else an empty plan for the probes to fill."""
+    task (``--units-per-task``), else an empty plan for the probes to fill. A plan
+    that ``requested`` completes is recorded here; a recorded one is not rewritten."""
     g = workload.granularity
     requested = round_up(requested, g) if requested else None
     key = job_record_key(workload.job_id)
     if store is None or not store.exists(key):
-        return Plan(units_per_task=requested)
+        plan = Plan(units_per_task=requested)
+        if requested:
+            save_plan(workload, store, plan)
+        return plan
     record = json.loads(store.read_bytes(key))
     recorded, current = record.get("fingerprint", {}), workload.fingerprint()
     if recorded != current:
@@ -73,7 +77,9 @@ def read_plan(workload: Workload, requested: int | None, store: Store | None) ->
             f"was planned with {plan.units_per_task} units per task; resume with that, "
             "or use --overwrite"
         )
-    plan.units_per_task = plan.units_per_task or requested
+    if requested and not plan.units_per_task:
+        plan.units_per_task = requested
+        save_plan(workload, store, plan)
     return plan
 
 

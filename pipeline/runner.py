@@ -19,8 +19,8 @@ from .planning import (
     PROBE_SECONDS,
     Plan,
     balance_limit,
+    load_plan,
     probe_size,
-    read_plan,
     save_plan,
     size_tasks,
 )
@@ -117,15 +117,13 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
             if removed:
                 echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
     t_start = time.perf_counter()
-    plan = read_plan(workload, options.units_per_task, store)
+    plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)
     n_workers = _n_workers(client)
     known = plan.tasks(workload.n_units)
     if done:
         of = f" of {len(known)}" if plan.units_per_task else ""
         echo(f"resuming: {len(done)}{of} tasks already complete, skipped")
-    if plan.units_per_task:
-        save_plan(workload, store, plan)
     with _progress(workload, options, sum(len(t.units) for t in known if t.index in done)) as bar:
         run = _TaskRunner(workload, store, client, bar)
         receipts = [] if plan.units_per_task else _probe(run, plan, done, options, n_workers)
