@@ -282,12 +282,9 @@ def test_healthcheck_sees_listening_ports(monkeypatch, capsys):
 @pytest.fixture
 def certs_env(tmp_path):
     """certs.sh with `python` and `pipeline` of this interpreter on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    wrapper = bin_dir / "pipeline"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pipeline "$@"\n')
-    wrapper.chmod(0o755)
+    from conftest import venv_commands
+
+    bin_dir = venv_commands(tmp_path / "bin")
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
