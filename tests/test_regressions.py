@@ -256,6 +256,22 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ({"model": "wls"}, ConfigError, "needs weights"),
         ({"endog": "y", "exog": "sector", "formula": None}, InputError, "not numeric"),
         ({"fit_options": "maxiter"}, ConfigError, "key=value"),
+        (  # the type fit() expects, from its default
+            {"model": "logit", "formula": "y_bin ~ x1", "fit_options": "maxiter=abc"},
+            ConfigError,
+            r"maxiter='abc': expected an integer \(the default is 35\), got str",
+        ),
+        ({"fit_options": "bogus=1"}, ConfigError, r"OLS.fit\(\) has no option 'bogus'"),
+        (
+            {"model": "logit", "formula": "y_bin ~ x1", "fit_options": "method=fast"},
+            ConfigError,
+            "method='fast': expected one of newton, nm, bfgs",
+        ),
+        (  # accepted by the signature, refused by the optimizer on the first chunk
+            {"model": "logit", "formula": "y_bin ~ x1", "fit_options": "gtol=fine,method=bfgs"},
+            ConfigError,
+            "fails with them on the first chunk and not without them",
+        ),
         ({"model": "rlm", "cov_type": "HC1"}, ConfigError, "own covariance"),
         ({"data": "/no/such/place"}, InputError, "no .parquet files"),
     ],
@@ -428,3 +444,17 @@ def test_example_job_file_and_flags_resolve():
     spec = ModelSpec.from_job(job)
     assert spec.exog == ("x1", "x2")
     assert dict(spec.fit_options) == {"maxiter": 200, "method": "newton", "disp": False}
+
+
+def test_a_statsmodels_error_names_its_type_once():
+    from pipeline.regress.design import Prepared
+    from pipeline.regress.fit import fit_chunk
+    from pipeline.regress.spec import ModelSpec
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(50), rng.normal(size=50)])
+    y = -np.abs(rng.normal(size=50))  # negative counts: statsmodels raises ValueError
+    job = RegressionJob(data="d", model="glm", family="poisson", endog="y", exog="x1")
+    fit = fit_chunk(ModelSpec.from_job(job), Prepared(y, X, ("const", "x1")))
+    assert fit.error_type == "ValueError"
+    assert fit.error_message.startswith("NaN, inf or invalid value"), fit.error_message

@@ -202,7 +202,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
         except ChunkError as exc:
             out = ChunkFit.failed(exc.error_type, exc.message)
         except Exception as exc:  # statsmodels' own errors, recorded per chunk
-            out = ChunkFit.failed(_classify(exc), f"{type(exc).__name__}: {exc}")
+            out = ChunkFit.failed(*_classify(exc))
     out.nobs = len(p.y)
     out.nobs_dropped = p.dropped
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
@@ -245,13 +245,14 @@ def _separated(spec: ModelSpec, res) -> bool:
     return bool(np.all((mu < 1e-6) | (mu > 1 - 1e-6)))
 
 
-def _classify(exc: Exception) -> str:
+def _classify(exc: Exception) -> tuple[str, str]:
+    """The error type to record and its message; the message names the exception's
+    own type only where the recorded type is another one (a type said once)."""
     name = type(exc).__name__
-    if name == "LinAlgError":
-        return "SingularDesign"
-    if name == "PerfectSeparationError":
-        return "PerfectSeparation"
-    return name
+    recorded = {"LinAlgError": "SingularDesign", "PerfectSeparationError": "PerfectSeparation"}
+    kind = recorded.get(name, name)
+    message = str(exc) or repr(exc)
+    return kind, message if kind == name else f"{name}: {message}"
 
 
 def _scalar(res, name: str) -> float:

@@ -31,6 +31,7 @@ from ..workload import Task, TaskOutput, UnitFailure, Workload
 from .data import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
 from .design import ChunkError, TaskDesign
 from .fit import ChunkFit, check_chunk, finish_inference, fit_chunk
+from .options import check_fit_options, check_trial_fit
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
 
 __all__ = ["PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
@@ -95,6 +96,7 @@ class RegressionWorkload(Workload):
             return
         job = self.job
         spec = ModelSpec.from_job(job)
+        check_fit_options(spec)
         by = split_list(job.chunk_by)
         if by and job.chunk_rows:
             raise ConfigError("give chunk_by or chunk_rows, not both")
@@ -134,8 +136,15 @@ class RegressionWorkload(Workload):
     def _check_design(self) -> None:
         """Evaluate the formula on the first chunk: a bad formula fails the job here."""
         rows = read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
-        if self.spec.formula is None:
-            return
+        if self.spec.formula is not None:
+            self._check_formula(rows)
+        try:
+            first = TaskDesign(self.spec, rows.table, rows.offsets, self.info).prepare(0)
+        except ChunkError:
+            return  # a bad first chunk is that chunk's failure, recorded when it runs
+        check_trial_fit(self.spec, first)
+
+    def _check_formula(self, rows) -> None:
         import patsy
 
         from .design import _keep_all_na
