@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -63,8 +64,28 @@ def verify_output(url: str, job_ids: list[str] | None = None) -> list[JobCheck]:
         checker = _CHECKERS.get(record["workload"])
         if checker is None:
             raise InputError(f"{store.describe(key)}: unknown workload {record['workload']!r}")
-        checks.append(checker(store, job_id, record))
+        check, listed = checker(store, job_id, record)
+        check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, record)]
+        checks.append(check)
     return checks
+
+
+#: Objects a job writes about itself besides what its manifests list.
+_BOOKKEEPING = ("job.json", "manifest.parquet")
+#: ... and those a workload's finalize writes, by workload.
+_FINAL_OBJECTS = {"regressions": ("coefficients-summary.pdf",)}
+
+
+def unlisted_objects(store: Store, job_id: str, listed: set[str], record: dict) -> list[str]:
+    """Every object under the job's prefix that no manifest lists and that is not the
+    job's own bookkeeping (its record, its manifests), sorted."""
+    own = {
+        join(job_id, name) for name in (*_BOOKKEEPING, *_FINAL_OBJECTS.get(record["workload"], ()))
+    }
+    parts = re.compile(re.escape(join(job_id, "manifest")) + r"/part-\d{6}\.parquet")
+    return [
+        k for k in store.list(job_id) if k not in listed and k not in own and not parts.fullmatch(k)
+    ]
 
 
 def _read_manifest(store: Store, job_id: str, check: JobCheck):
@@ -86,7 +107,7 @@ def _read_manifest(store: Store, job_id: str, check: JobCheck):
     )
 
 
-def _check_cubes(store: Store, job_id: str, record: dict) -> JobCheck:
+def _check_cubes(store: Store, job_id: str, record: dict) -> tuple[JobCheck, set[str]]:
     check = JobCheck(job_id, "cubes", units_expected=record["units"])
     manifest = _read_manifest(store, job_id, check)
     listed_shards: set[str] = set()
@@ -121,18 +142,17 @@ def _check_cubes(store: Store, job_id: str, record: dict) -> JobCheck:
                     )
                 else:
                     check.units_ok += 1
-    stored = set(store.list(join(job_id, "shards")))
-    check.extra = [store.describe(k) for k in sorted(stored - listed_shards)]
-    return check
+    return check, listed_shards
 
 
-def _check_regressions(store: Store, job_id: str, record: dict) -> JobCheck:
+def _check_regressions(store: Store, job_id: str, record: dict):
     from .regress.verify import check_regressions
 
     return check_regressions(store, job_id, record)
 
 
-_CHECKERS: dict[str, Callable[[Store, str, dict], JobCheck]] = {
+#: Workload -> its check, returning the JobCheck and the objects its manifests list.
+_CHECKERS: dict[str, Callable[[Store, str, dict], tuple[JobCheck, set[str]]]] = {
     "cubes": _check_cubes,
     "regressions": _check_regressions,
 }

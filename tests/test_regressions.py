@@ -329,9 +329,17 @@ def test_run_resume_results_and_verify(tmp_path, client):
     assert s2.tasks_skipped == 2 and s2.units_run == 3 and s2.complete
     assert (out / "reg/coefficients/part-000001.parquet").read_bytes() == before
     assert s2.details["chunks_failed"] == 4  # counted across skipped tasks too
+    before_models = (out / "reg/models/part-000002.parquet").read_bytes()
     (out / "reg/models/part-000002.parquet").write_bytes(b"garbage")
     (check,) = verify_output(str(out))
     assert not check.ok and check.corrupt
+    # Anything no manifest lists is extra, wherever it is under the job's prefix.
+    (out / "reg/models/part-000002.parquet").write_bytes(before_models)
+    (out / "reg/stray-notes.txt").write_text("notes")
+    (out / "reg/manifest/notes.txt").write_text("notes")
+    (check,) = verify_output(str(out))
+    assert check.extra == [f"{out}/reg/manifest/notes.txt", f"{out}/reg/stray-notes.txt"]
+    assert not check.ok and not check.corrupt
 
 
 def test_same_job_same_tables_whatever_the_task_sizes(dataset, tmp_path, client):
