@@ -7,9 +7,10 @@ from .config import RunOptions
 from .cubes import CubeJob, CubeWorkload, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
-from .runner import RunSummary, run_job
+from .runner import run_job
 from .shards import read_shard
 from .storage import LocalStore, Store, open_store
+from .summary import RunSummary
 from .workload import Task, TaskOutput, UnitFailure, Workload
 
 __all__ = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import logging
 import sys
 
@@ -10,9 +9,9 @@ import click
 
 from . import __version__
 from .config import RunOptions, env_name, flag_name, settings_of
-from .errors import PipelineError
+from .errors import Interrupted, PipelineError
 from .jobs import WORKLOADS, load_jobs, run_jobs
-from .runner import RunSummary
+from .summary import summary_lines
 
 _ALL_SETTINGS = {
     f.name: f
@@ -80,9 +79,17 @@ def run_command(job_files, workload, **values) -> None:
         summaries = run_jobs(jobs, echo=lambda m: click.echo(m, err=True))
     except PipelineError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        # One line, not the tracebacks of the threads the cluster's shutdown interrupts.
+        _quiet_shutdown_logs()
+        message = str(exc) if isinstance(exc, Interrupted) else "interrupted before any task ran"
+        click.echo(message, err=True)
+        sys.exit(130)
+    verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
     failed = False
     for job, summary in zip(jobs, summaries, strict=True):
-        _print_summary(summary)
+        for line, err in summary_lines(summary, verbose):
+            click.echo(line, err=err)
         failed |= summary.units_failed > job.options.max_failures or (
             not summary.complete and summary.units_failed == 0
         )
@@ -90,36 +97,9 @@ def run_command(job_files, workload, **values) -> None:
         sys.exit(1)
 
 
-def _print_summary(s: RunSummary) -> None:
-    click.echo(
-        f"{s.workload} job {s.job_id!r}: {s.units_run - s.units_failed} of {s.units_run} "
-        f"{'units' if s.workload != 'cubes' else 'cubes'} in {s.wall_seconds:.2f} s = "
-        f"{s.units_per_second:,.0f}/s on {s.workers} workers "
-        f"({s.tasks} tasks of {s.units_per_task}"
-        + (f" after {s.probe_tasks} sizing probes" if s.probe_tasks else "")
-        + f", {s.tasks_skipped} skipped as complete)"
-    )
-    if s.bytes_written:
-        click.echo(
-            f"  wrote {s.bytes_written / 1e9:.2f} GB "
-            f"({s.bytes_written / 1e9 / max(s.wall_seconds, 1e-9):.2f} GB/s)"
-        )
-    if s.output:
-        click.echo(f"  results: {s.output}")
-    for key, value in s.details.items():
-        click.echo(f"  {key}: {value}")
-    if s.units_failed:
-        by_type = collections.Counter(f["error_type"] for f in s.failures)
-        click.echo(
-            f"  FAILED: {s.units_failed} units "
-            f"({', '.join(f'{n} {t}' for t, n in by_type.most_common())}); "
-            "run the same command again to retry them",
-            err=True,
-        )
-        for f in s.failures[:5]:
-            click.echo(f"    unit {f['unit']}: {f['error_type']}: {f['message']}", err=True)
-        if len(s.failures) > 5:
-            click.echo(f"    ... and {len(s.failures) - 5} more", err=True)
+def _quiet_shutdown_logs() -> None:
+    for name in ("distributed", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 @main.group("data")

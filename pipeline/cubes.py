@@ -186,14 +186,19 @@ class CubeWorkload(Workload):
             yield self._shard_key(s), (d, d, d, len(ids)), self.job.dtype, fill
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        t_inputs = time.perf_counter()
         layout = self._layout()
         t0 = time.perf_counter()
+        inputs = t0 - t_inputs
         if store is None:
-            return self._run_discarding(layout, task, t0)
-        out = TaskOutput()
+            out = self._run_discarding(layout, task, t0)
+            out.phases = {"inputs": inputs, "compute": out.busy_seconds}
+            return out
+        out = TaskOutput(phases={"inputs": inputs})
         manifest = {"cube_id": [], "shard": [], "offset": [], "columns": [], "checksum": []}
         ids_of = {self._shard_key(s): ids for s, ids in self._shards(task.units)}
-        for key, rows, nbytes, error in write_shards(store, self._shard_specs(layout, task.units)):
+        specs = self._shard_specs(layout, task.units)
+        for key, rows, nbytes, error in write_shards(store, specs, out.phases):
             if error is not None:
                 out.failures.extend(UnitFailure.from_exception(c, error) for c in ids_of[key])
                 continue

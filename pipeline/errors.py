@@ -10,6 +10,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "InputError",
+    "Interrupted",
     "PipelineError",
     "StorageError",
 ]
@@ -33,3 +34,14 @@ class StorageError(PipelineError, OSError):
 
 class ClusterError(PipelineError, RuntimeError):
     """The Dask cluster could not be started or reached."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user pressed Ctrl-C during a run: what is complete stays, a rerun resumes."""
+
+    def __init__(self, job_id: str, units_complete: int, units: int, unit_name: str = "unit"):
+        self.job_id, self.units_complete, self.units = job_id, units_complete, units
+        super().__init__(
+            f"interrupted: job {job_id!r} has {units_complete:,} of {units:,} {unit_name}s "
+            "complete; run the same command again to resume"
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ from .config import (
 from .cubes import CubeJob, CubeWorkload
 from .regress import RegressionJob
 from .regress import build_workload as build_regressions
-from .runner import RunSummary, run_job
+from .runner import completed_job, run_job
 from .storage import open_store
+from .summary import RunSummary
 from .workload import Workload
 
 __all__ = ["WORKLOADS", "Job", "load_jobs", "run_jobs"]
@@ -85,7 +87,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     """Run jobs in sequence on one cluster connection (that of the first job).
 
     Every job's inputs are validated before the cluster starts, so a bad second
-    job fails the batch before the first one has spent an hour.
+    job fails the batch before the first one has spent an hour; a batch whose jobs
+    are all complete already starts no cluster at all.
     """
     first = jobs[0].options
     workloads = [job.build() for job in jobs]
@@ -93,12 +96,20 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
         workload.preflight()
         if workload.writes_output:
             open_store(job.options.output).preflight()
+    finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+    if all(s is not None for s in finished):
+        return finished
     summaries = []
+    t0 = time.perf_counter()
     with _profiled(first.profile), connect(first) as client:
+        cluster_seconds = time.perf_counter() - t0
+        if not first.scheduler and client.dashboard_link:
+            echo(f"dashboard: {client.dashboard_link}")
         for job, workload in zip(jobs, workloads, strict=True):
             echo(f"{workload.describe()} on {_cluster_name(client)}")
             with _performance_report(job.options.report, job.job_id):
                 summary = run_job(workload, job.options, client, echo=echo)
+            summary.cluster_seconds, cluster_seconds = cluster_seconds, 0.0
             if job.options.report:
                 path = Path(job.options.report, f"{job.job_id}-summary.json")
                 path.write_text(summary.to_json())

@@ -4,17 +4,17 @@ tasks on the Dask backend, stream receipts back unordered, and summarize."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import socket
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import RunOptions
+from .errors import Interrupted
 from .planning import (
     PROBE_SECONDS,
     Plan,
@@ -25,38 +25,12 @@ from .planning import (
     size_tasks,
 )
 from .storage import Store, join, open_store, write_parquet
+from .summary import RunSummary
 from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 
-__all__ = ["RunSummary", "run_job"]
+__all__ = ["completed_job", "open_output", "run_job"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSummary:
-    job_id: str
-    workload: str
-    output: str | None
-    units: int
-    tasks: int
-    units_per_task: int
-    tasks_skipped: int
-    #: The first tasks, run to measure the rate that sized the others.
-    probe_tasks: int = 0
-    units_run: int = 0
-    units_failed: int = 0
-    failures: list[dict] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    units_per_second: float = 0.0
-    bytes_written: int = 0
-    busy_seconds: float = 0.0
-    workers: int = 0
-    parallel_efficiency: float | None = None
-    complete: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
 def manifest_key(job_id: str, index: int) -> str:
@@ -71,9 +45,11 @@ def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskR
         out = workload.run_task(task, store)
         if not out.failures and store is not None and out.manifest is not None:
             # Last, so that an entry exists only for a task whose data is all written.
+            t_write = time.perf_counter()
             out.bytes_written += write_parquet(
                 store, manifest_key(workload.job_id, task.index), out.manifest
             )
+            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
     except Exception as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
@@ -86,6 +62,7 @@ def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskR
         busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
         worker=socket.gethostname(),
         fingerprint=out.fingerprint,
+        phases=dict(out.phases),
     )
 
 
@@ -104,53 +81,81 @@ def _completed(store: Store | None, job_id: str) -> set[int]:
     return done
 
 
+def open_output(workload: Workload, options: RunOptions, echo=print) -> Store | None:
+    """The job's store, checked writable; emptied of the job first with --overwrite."""
+    if not workload.writes_output:
+        return None
+    store = open_store(options.output)
+    store.preflight()
+    if options.overwrite:
+        removed = store.delete_prefix(workload.job_id)
+        removed += store.discard_incomplete(workload.job_id)
+        if removed:
+            echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
+    return store
+
+
+def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
+    """The summary of a job whose output is already complete, else None. Needs no
+    cluster; refuses (``ConfigError``) an output that holds the job with other settings."""
+    if not workload.writes_output or options.overwrite:
+        return None
+    store = open_store(options.output)
+    if not store.exists(join(workload.job_id, "manifest.parquet")):
+        return None
+    plan = load_plan(workload, options.units_per_task, store)
+    tasks = plan.tasks(workload.n_units)
+    done = _completed(store, workload.job_id)
+    if not plan.units_per_task or any(t.index not in done for t in tasks):
+        return None
+    summary = _summary(workload, store, plan, tasks, done, workers=0)
+    summary.complete = True
+    _add_recorded(summary, workload.recorded_failures(store, tasks), in_run=False)
+    return summary
+
+
 def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
-    """Run (or resume) one job on ``client``'s cluster and return its summary."""
+    """Run (or resume) one job on ``client``'s cluster and return its summary.
+
+    Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete.
+    """
     workload.preflight()
-    store = None
-    if workload.writes_output:
-        store = open_store(options.output)
-        store.preflight()
-        if options.overwrite:
-            removed = store.delete_prefix(workload.job_id)
-            removed += store.discard_incomplete(workload.job_id)
-            if removed:
-                echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
+    store = open_output(workload, options, echo)
+    finished = completed_job(workload, options)
+    if finished is not None:
+        return finished
     t_start = time.perf_counter()
     plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)
     n_workers = _n_workers(client)
     known = plan.tasks(workload.n_units)
     if done:
-        of = f" of {len(known)}" if plan.units_per_task else ""
-        echo(f"resuming: {len(done)}{of} tasks already complete, skipped")
-    with _progress(workload, options, sum(len(t.units) for t in known if t.index in done)) as bar:
-        run = _TaskRunner(workload, store, client, bar)
-        receipts = [] if plan.units_per_task else _probe(run, plan, done, options, n_workers)
-        tasks = plan.tasks(workload.n_units)
-        ran = done | {r.index for r in receipts}
-        receipts += run([t for t in tasks if t.index not in ran])
+        echo(
+            f"resuming: {_units_in(known, done):,} of {workload.n_units:,} "
+            f"{workload.unit_name}s already complete"
+        )
+    try:
+        with _progress(workload, options, _units_in(known, done)) as bar:
+            run = _TaskRunner(workload, store, client, bar)
+            receipts = [] if plan.units_per_task else _probe(run, plan, done, options, n_workers)
+            tasks = plan.tasks(workload.n_units)
+            ran = done | {r.index for r in receipts}
+            receipts += run([t for t in tasks if t.index not in ran])
+    except KeyboardInterrupt:
+        complete = _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
+        raise Interrupted(workload.job_id, complete, workload.n_units, workload.unit_name) from None
 
-    summary = RunSummary(
-        job_id=workload.job_id,
-        workload=workload.kind,
-        output=store.describe(workload.job_id) if store else None,
-        units=workload.n_units,
-        tasks=len(tasks),
-        units_per_task=plan.units_per_task or 0,
-        probe_tasks=len(plan.head),
-        tasks_skipped=len(done),
-        workers=n_workers,
-    )
+    summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.wall_seconds = time.perf_counter() - t_start
     failures = [f for r in receipts for f in r.failures]
     summary.units_run = sum(r.units for r in receipts)
-    summary.units_failed = len(failures)
+    summary.units_failed = summary.units_retryable = summary.units_failed_in_run = len(failures)
     summary.failures = [asdict(f) for f in failures]
     summary.bytes_written = sum(r.bytes_written for r in receipts)
     summary.busy_seconds = sum(r.busy_seconds for r in receipts)
-    ok_units = summary.units_run - summary.units_failed
-    summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
+    for r in receipts:
+        for phase, seconds in r.phases.items():
+            summary.phases[phase] = summary.phases.get(phase, 0.0) + seconds
     if summary.wall_seconds and receipts:
         summary.parallel_efficiency = summary.busy_seconds / (
             summary.wall_seconds * summary.workers
@@ -161,20 +166,50 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     if not failures and len(receipts) + len(done) == len(tasks):
         summary.complete = True
         if store is not None:
-            details = workload.finalize(store, tasks)
+            summary.details.update(workload.finalize(store, tasks))
             # Units that failed as data (a chunk whose fit failed is a row in the
             # models table, and its task is complete) count against --max-failures too,
             # including those of tasks skipped on resume.
-            recorded = details.pop("recorded_failures", [])
-            summary.units_failed += len(recorded)
-            summary.failures.extend(asdict(f) for f in recorded)
-            summary.details.update(details)
+            ran_now = {r.index for r in receipts}
+            in_run = [t for t in tasks if t.index in ran_now]
+            _add_recorded(summary, workload.recorded_failures(store, in_run), in_run=True)
+            skipped = [t for t in tasks if t.index in done]
+            _add_recorded(summary, workload.recorded_failures(store, skipped), in_run=False)
             # Attempts killed mid-write (a lost worker) left partial objects behind;
             # every task is now complete, so none of them is still being written.
             leftovers = store.discard_incomplete(workload.job_id)
             if leftovers:
-                echo(f"removed {leftovers} partial writes left by interrupted task attempts")
+                log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+    ok_units = summary.units_run - summary.units_failed_in_run
+    summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
     return summary
+
+
+def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], workers: int):
+    return RunSummary(
+        job_id=workload.job_id,
+        workload=workload.kind,
+        unit_name=workload.unit_name,
+        output=store.describe(workload.job_id) if store else None,
+        units=workload.n_units,
+        tasks=len(tasks),
+        units_per_task=plan.units_per_task or 0,
+        probe_tasks=len(plan.head),
+        tasks_skipped=len(done),
+        units_skipped=_units_in(tasks, done),
+        workers=workers,
+    )
+
+
+def _units_in(tasks: list[Task], indices: set[int]) -> int:
+    return sum(len(t.units) for t in tasks if t.index in indices)
+
+
+def _add_recorded(summary: RunSummary, recorded: list[UnitFailure], *, in_run: bool) -> None:
+    summary.units_failed += len(recorded)
+    if in_run:
+        summary.units_failed_in_run += len(recorded)
+    summary.failures.extend(asdict(f) for f in recorded)
 
 
 def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):

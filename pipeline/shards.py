@@ -15,6 +15,7 @@ import contextlib
 import io
 import math
 import mmap
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -79,7 +80,7 @@ def shard_buffer(shape: tuple[int, ...], dtype: str, slot: int = 0) -> ShardBuff
 
 
 def write_shards(
-    store: Store, specs: Iterable[ShardSpec]
+    store: Store, specs: Iterable[ShardSpec], phases: dict[str, float] | None = None
 ) -> Iterator[tuple[str, T | None, int, BaseException | None]]:
     """Build and write shards, each write overlapping the build of the next.
 
@@ -88,34 +89,43 @@ def write_shards(
     (then ``filled`` is None). Two buffers alternate: a buffer is built into only
     after its previous write has finished, so the worker's one compute thread
     never waits for the disk or the network unless they are the slower part.
+    ``phases`` (if given) gains the seconds spent building ("compute") and waiting
+    for writes ("writing").
     """
+    phases = {} if phases is None else phases
+
+    def settle(key: str, filled, future: Future):
+        t0 = time.perf_counter()
+        try:
+            return key, filled, future.result(), None
+        except Exception as exc:
+            return key, None, 0, exc
+        finally:
+            phases["writing"] = phases.get("writing", 0.0) + time.perf_counter() - t0
+
     with ThreadPoolExecutor(1, thread_name_prefix="shard-writer") as writer:
         in_flight: tuple[str, object, Future] | None = None
         built = 0
         for key, shape, dtype, fill in specs:
             shard = shard_buffer(shape, dtype, slot=built % 2)
+            t0 = time.perf_counter()
             try:
                 filled = fill(shard.array)
             except Exception as exc:
                 if in_flight is not None:
-                    yield _settle(*in_flight)
+                    yield settle(*in_flight)
                     in_flight = None
                 yield key, None, 0, exc
                 continue
+            finally:
+                phases["compute"] = phases.get("compute", 0.0) + time.perf_counter() - t0
             built += 1
             future = writer.submit(shard.write, store, key)
             if in_flight is not None:
-                yield _settle(*in_flight)
+                yield settle(*in_flight)
             in_flight = (key, filled, future)
         if in_flight is not None:
-            yield _settle(*in_flight)
-
-
-def _settle(key: str, filled, future: Future):
-    try:
-        return key, filled, future.result(), None
-    except Exception as exc:
-        return key, None, 0, exc
+            yield settle(*in_flight)
 
 
 def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:

@@ -64,6 +64,8 @@ class TaskOutput:
     bytes_written: int = 0
     fingerprint: str | None = None
     busy_seconds: float | None = None
+    #: Seconds by phase ("inputs", "compute", "writing"): where the task's time went.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class TaskReceipt:
     busy_seconds: float
     worker: str
     fingerprint: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -117,6 +120,11 @@ class Workload(ABC):
     def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
         """Driver: once every task is complete, consolidate; return facts for the summary."""
         return {}
+
+    def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
+        """Driver: units of these complete tasks that failed as data (recorded in the
+        output, so a rerun would not change them)."""
+        return []
 
     def describe(self) -> str:
         return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"

@@ -302,7 +302,7 @@ def test_run_resume_results_and_verify(tmp_path, client):
     out = tmp_path / "out"
     s = run(client, out, data)
     assert s.complete and s.tasks == 3 and s.units == 7
-    assert s.details["chunks_failed"] == 4
+    assert s.units_failed_in_run == 4 and s.units_retryable == 0
     assert s.units_failed == 4
     assert [f["unit"] for f in s.failures] == [
         "chunk=1",
@@ -328,7 +328,7 @@ def test_run_resume_results_and_verify(tmp_path, client):
     s2 = run(client, out, data)
     assert s2.tasks_skipped == 2 and s2.units_run == 3 and s2.complete
     assert (out / "reg/coefficients/part-000001.parquet").read_bytes() == before
-    assert s2.details["chunks_failed"] == 4  # counted across skipped tasks too
+    assert s2.units_failed == 4 and s2.units_failed_in_run == 2  # skipped tasks count too
     before_models = (out / "reg/models/part-000002.parquet").read_bytes()
     (out / "reg/models/part-000002.parquet").write_bytes(b"garbage")
     (check,) = verify_output(str(out))
@@ -424,7 +424,7 @@ def test_s3_input_and_output(s3, s3_bucket, tmp_path):
     out = f"{s3_bucket}/out"
     with connect(RunOptions(workers=2)) as client:  # workers that see the moto settings
         s = run(client, out, f"{s3_bucket}/data", units_per_task=2)
-    assert s.complete and s.units == 6 and s.details["chunks_failed"] == 0, s.failures[:1]
+    assert s.complete and s.units == 6 and s.units_failed == 0, s.failures[:1]
     coefs = results_table(out, "coefficients").to_pandas()
     df = pd.concat([chunk_frame(2, c, 100, 3).to_pandas() for c in range(6)])
     assert_same(coefs, 4, smf.ols(FORMULA, df[df.chunk == 4]).fit())

@@ -336,6 +336,17 @@ class RegressionWorkload(Workload):
         parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
         manifest = pa.concat_tables(parts).sort_by([("chunk_start", "ascending")])
         write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        details = {
+            "coefficients": store.describe(join(self.job_id, "coefficients")),
+            "models": store.describe(join(self.job_id, "models")),
+        }
+        if self.job.plots:
+            from .plots import write_summary_figure
+
+            details["summary_figure"] = write_summary_figure(store, self.job_id)
+        return details
+
+    def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
         for t in tasks:
             models = pq.read_table(
@@ -351,22 +362,7 @@ class RegressionWorkload(Workload):
             ):
                 if et is not None:
                     failed.append(UnitFailure(self.chunk_label(cid), et, msg))
-        details = {
-            "coefficients": store.describe(join(self.job_id, "coefficients")),
-            "models": store.describe(join(self.job_id, "models")),
-            "chunks_failed": len(failed),
-        }
-        if failed:
-            counts: dict[str, int] = {}
-            for f in failed:
-                counts[f.error_type] = counts.get(f.error_type, 0) + 1
-            details["chunk_errors"] = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-        if self.job.plots:
-            from .plots import write_summary_figure
-
-            details["summary_figure"] = write_summary_figure(store, self.job_id)
-        details["recorded_failures"] = failed
-        return details
+        return failed
 
 
 def plot_name(chunk: int, label: str) -> str:

@@ -1,0 +1,168 @@
+"""A run's summary: the figures a run gathers, and the lines a person reads.
+
+The lines say what the user asked about (how many units, how long, where the
+results are) and where the time went (cluster start, input loading, the work,
+the writing) with what bound the run; the planner's internals (probes, tasks,
+units per task) are for ``-v``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PHASES", "RunSummary", "summary_lines"]
+
+#: What a task's time is spent on, as workloads report it (worker-seconds).
+PHASES = ("inputs", "compute", "writing")
+
+
+@dataclass
+class RunSummary:
+    job_id: str
+    workload: str
+    output: str | None
+    units: int
+    tasks: int
+    units_per_task: int
+    tasks_skipped: int
+    unit_name: str = "unit"
+    #: The first tasks, run to measure the rate that sized the others.
+    probe_tasks: int = 0
+    #: Units in the tasks this run ran, and in the tasks it found complete.
+    units_run: int = 0
+    units_skipped: int = 0
+    #: Failed units of the job as it stands: those of tasks that failed in this run
+    #: (a rerun retries them) and those recorded as data (a chunk whose fit failed;
+    #: a rerun gives the same answer, so it does not refit them).
+    units_failed: int = 0
+    units_retryable: int = 0
+    #: Of the units this run ran, those that failed (either way).
+    units_failed_in_run: int = 0
+    failures: list[dict] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    cluster_seconds: float = 0.0
+    units_per_second: float = 0.0
+    bytes_written: int = 0
+    busy_seconds: float = 0.0
+    #: Worker-seconds by :data:`PHASES`, summed over this run's tasks.
+    phases: dict[str, float] = field(default_factory=dict)
+    workers: int = 0
+    parallel_efficiency: float | None = None
+    complete: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @property
+    def units_ok(self) -> int:
+        """Units this run completed without failing."""
+        return self.units_run - self.units_failed_in_run
+
+    @property
+    def wants_rerun(self) -> bool:
+        """Whether running the same command again would change anything."""
+        return self.units_retryable > 0 or not self.complete
+
+
+def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]]:
+    """(line, to_stderr) pairs for the end of a job."""
+    unit = s.unit_name
+    out: list[tuple[str, bool]] = []
+    if not s.units_run and s.complete:
+        recorded = s.units_failed - s.units_retryable
+        failed = f" ({recorded:,} failed, recorded in the results)" if recorded else ""
+        out.append((
+            f"{s.workload} job {s.job_id!r} is complete: {s.units:,} {unit}s{failed}; "
+            "nothing left to run (--overwrite starts over)",
+            False,
+        ))  # fmt: skip
+    else:
+        skipped = f"; {s.units_skipped:,} were already complete" if s.units_skipped else ""
+        out.append((
+            f"{s.workload} job {s.job_id!r}: {s.units_ok:,} of {s.units_run:,} {unit}s "
+            f"in {s.wall_seconds:.2f} s = {s.units_per_second:,.0f}/s on {s.workers} workers"
+            + skipped,
+            False,
+        ))  # fmt: skip
+        out.append(("  time: " + time_split(s), False))
+        bound = bottleneck(s)
+        if bound:
+            out.append(("  " + bound, False))
+    if verbose:
+        probes = f" after {s.probe_tasks} sizing probes" if s.probe_tasks else ""
+        out.append((
+            f"  plan: {s.tasks} tasks of {s.units_per_task} {unit}s{probes}; "
+            f"{s.tasks_skipped} skipped as complete",
+            False,
+        ))  # fmt: skip
+    if s.output:
+        out.append((f"  results: {s.output}", False))
+    for key, value in s.details.items():
+        out.append((f"  {key}: {value}", False))
+    if s.units_failed:
+        out.extend((line, True) for line in failure_lines(s))
+    return out
+
+
+def time_split(s: RunSummary) -> str:
+    """Wall time by phase: the workers' seconds per phase over the number of workers."""
+    parts = []
+    if s.cluster_seconds:
+        parts.append(f"cluster start {s.cluster_seconds:.1f} s")
+    w = max(1, s.workers)
+    names = {"inputs": "input loading", "compute": _work_name(s), "writing": "writing"}
+    inner = [f"{names[p]} {s.phases[p] / w:.1f} s" for p in PHASES if s.phases.get(p)]
+    per_worker = f" ({', '.join(inner)} per worker)" if inner else ""
+    parts.append(f"run {s.wall_seconds:.1f} s{per_worker}")
+    return ", ".join(parts)
+
+
+def _work_name(s: RunSummary) -> str:
+    return "building" if s.workload == "cubes" else "work"
+
+
+def bottleneck(s: RunSummary) -> str | None:
+    """What bound the run, in a sentence, from where the workers' time went."""
+    if not s.units_run or not s.wall_seconds:
+        return None
+    w = max(1, s.workers)
+    inputs, compute, writing = (s.phases.get(p, 0.0) for p in PHASES)
+    unit = s.unit_name
+    if writing > max(compute, inputs) and s.bytes_written:
+        where = "S3-bound" if (s.output or "").startswith("s3://") else "disk-bound"
+        built = f"; {unit}s were built at {s.units_run / (compute / w):,.0f}/s" if compute else ""
+        return (
+            f"{where}: wrote {s.bytes_written / 1e9:.2f} GB at "
+            f"{s.bytes_written / 1e9 / s.wall_seconds:.2f} GB/s{built}"
+        )
+    if inputs > max(compute, writing):
+        return f"input-bound: loading inputs took {inputs / w:.1f} s of each worker's time"
+    eff = s.parallel_efficiency or 0.0
+    if eff < 0.5:
+        return (
+            f"overhead-bound: the workers were busy {eff:.0%} of the run (start-up, "
+            "scheduling, or too little work for the workers)"
+        )
+    return f"CPU-bound: {w} workers busy {eff:.0%} of the run"
+
+
+def failure_lines(s: RunSummary) -> list[str]:
+    by_type = collections.Counter(f["error_type"] for f in s.failures)
+    kinds = ", ".join(f"{n} {t}" for t, n in by_type.most_common())
+    recorded = s.units_failed - s.units_retryable
+    if s.units_retryable:
+        advice = "run the same command again to retry the " + (
+            f"{s.units_retryable} that failed in their task" if recorded else "failed ones"
+        )
+    else:
+        advice = "they are recorded in the results and a rerun would give the same answer"
+    lines = [f"  FAILED: {s.units_failed} {s.unit_name}s ({kinds}); {advice}"]
+    for f in s.failures[:5]:
+        lines.append(f"    {s.unit_name} {f['unit']}: {f['error_type']}: {f['message']}")
+    if len(s.failures) > 5:
+        lines.append(f"    ... and {len(s.failures) - 5} more")
+    return lines
