@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 import click
@@ -74,17 +76,14 @@ def run_command(job_files, workload, **values) -> None:
     Flags override every job file's keys. A job whose output already holds
     complete tasks resumes: only missing tasks run (--overwrite starts over).
     """
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         jobs = load_jobs(job_files, values, workload=workload)
         summaries = run_jobs(jobs, echo=lambda m: click.echo(m, err=True))
     except PipelineError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt as exc:
-        # One line, not the tracebacks of the threads the cluster's shutdown interrupts.
-        _quiet_shutdown_logs()
-        message = str(exc) if isinstance(exc, Interrupted) else "interrupted before any task ran"
-        click.echo(message, err=True)
-        sys.exit(130)
+        _exit_interrupted(exc)
     verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
     failed = False
     for job, summary in zip(jobs, summaries, strict=True):
@@ -97,9 +96,34 @@ def run_command(job_files, workload, **values) -> None:
         sys.exit(1)
 
 
-def _quiet_shutdown_logs() -> None:
-    for name in ("distributed", "tornado", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+def _exit_interrupted(exc: KeyboardInterrupt) -> None:
+    """Say what is complete, stop any worker process still running, and exit 130
+    without the interpreter's teardown, where half-closed Dask clients print
+    tracebacks of their own (the cluster itself is already shut down)."""
+    import multiprocessing
+
+    if isinstance(exc, Interrupted):
+        click.echo(str(exc), err=True)
+    else:
+        click.echo(
+            "interrupted before any task of this run ran; run the same command again to resume",
+            err=True,
+        )
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: one line, not the tracebacks that the cluster's threads and callbacks
+    report when a shutdown interrupts them (closed connection pools, half-started
+    workers): those are silenced from the moment of the signal."""
+    logging.disable(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise KeyboardInterrupt
 
 
 @main.group("data")

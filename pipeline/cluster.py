@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import dask
 
@@ -86,10 +87,78 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _check_main_guard() -> None:
+    """Refuse to start worker processes from a script's top level.
+
+    Worker processes are spawned, and a spawned process imports the main script
+    again: a script that starts the cluster outside ``if __name__ == "__main__":``
+    would start it again in every worker, which then fails with some 60 lines of
+    multiprocessing tracebacks. Found here, before any process starts, from the
+    script's source and the line of its top level that led to this call.
+    """
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py") or getattr(main, "__spec__", None) is not None:
+        return  # an interactive session, a notebook, python -c, or python -m (spawn imports
+        # a module by name, and a package's __main__ is not re-run)
+    frame = sys._getframe()
+    while frame is not None and not (
+        frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    guarded = [
+        range(node.lineno, node.end_lineno + 1)
+        for node in tree.body
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+        and "__name__" in ast.unparse(node.test)
+    ]  # fmt: skip
+    if not any(frame.f_lineno in lines for lines in guarded):
+        raise ClusterError(
+            f"{path}, line {frame.f_lineno}: this starts the embedded Dask cluster from the "
+            "script's top level. Its worker processes import the script again, so put the "
+            'script\'s entry point under `if __name__ == "__main__":` (then call your '
+            "function from there)"
+        )
+
+
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker with its leak warning off.
+
+    The tracker outlives a driver killed with SIGKILL and removes the semaphores the
+    cluster's processes used, which is its job; but it also prints a "leaked
+    semaphore objects" warning that reads like a fault of ours. Its warnings filter
+    comes from the environment it starts with.
+    """
+    from multiprocessing import resource_tracker
+
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [before, "ignore:resource_tracker:UserWarning"])
+    )
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 @contextlib.contextmanager
 def _embedded_cluster(n_workers: int, quiet: bool):
     from distributed import LocalCluster
 
+    _check_main_guard()
+    _quiet_resource_tracker()
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV}

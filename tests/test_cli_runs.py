@@ -1,0 +1,182 @@
+"""The command line as a user meets it: what a run prints, Ctrl-C, a killed driver,
+a rerun of a finished job, a script without the ``__main__`` guard."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def pipeline(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=kw.pop("timeout", 240),
+        stdin=subprocess.DEVNULL,
+        **kw,
+    )
+
+
+def start(*args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if Path(f"/proc/{p}").exists()}
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def long_cube_job(frames_dir, out) -> list:
+    # Big enough to still be running seconds after its first task completes.
+    return ["run", "--frames", frames_dir, "--dim", 10, "--cubes", 400_000, "--units-per-task", 64,
+            "--output", out, "--workers", 2]  # fmt: skip
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames_dir):
+    out = tmp_path / "out"
+    proc = start(*long_cube_job(frames_dir, out))
+    try:
+        wait_for(lambda: list(out.glob("cubes/manifest/part-*")), 120, "a first complete task")
+        workers = descendants(proc.pid)
+        assert workers, "the embedded cluster runs worker processes"
+        proc.send_signal(signal.SIGINT)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted: job 'cubes' has ") and last.endswith(
+        "of 400,000 cubes complete; run the same command again to resume"
+    ), stderr
+    wait_for(lambda: not alive(workers), 30, "the cluster's processes to exit")
+
+
+def test_a_driver_killed_with_sigkill_leaves_no_warning(tmp_path, frames_dir):
+    out = tmp_path / "out"
+    proc = start(*long_cube_job(frames_dir, out))
+    try:
+        wait_for(lambda: list(out.glob("cubes/manifest/part-*")), 120, "a first complete task")
+        workers = descendants(proc.pid)
+        proc.kill()
+        proc.wait(timeout=30)
+        # The resource tracker, a child of the driver, cleans up once the driver is gone.
+        time.sleep(3)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not alive(workers), 30, "the orphaned processes to exit")
+    stderr = proc.stderr.read()
+    assert "leaked" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames_dir):
+    args = ["run", "--frames", frames_dir, "--dim", 6, "--cubes", 40, "--output", tmp_path]
+    first = pipeline(*args)
+    assert first.returncode == 0, first.stderr
+    assert "dashboard: http://127.0.0.1:" in first.stderr
+    assert "cubes job 'cubes': 40 of 40 cubes in " in first.stdout
+    assert "  time: cluster start " in first.stdout and "building" in first.stdout
+    again = pipeline(*args)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(
+        "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
+    ), again.stdout
+    assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
+    verbose = pipeline("-v", *args, "--overwrite")
+    assert "  plan: " in verbose.stdout and "tasks of" in verbose.stdout, verbose.stdout
+    assert "plan:" not in first.stdout and "probe" not in first.stdout
+
+
+def test_recorded_chunk_failures_are_not_offered_a_rerun(tmp_path):
+    data = tmp_path / "data"
+    made = pipeline("data", "regressions", "--chunks", 4, "--rows", 30, "--out", data)
+    assert made.returncode == 0, made.stderr
+    # 120 rows in chunks of 58: the last has 4 rows for 9 parameters.
+    formula = "y ~ x1 + x2 + x3 + x4 + x5 + C(sector)"
+    args = ["run", "--workload", "regressions", "--data", data, "--chunk-rows", 58,
+            "--formula", formula, "--output", tmp_path / "out"]  # fmt: skip
+    first = pipeline(*args)
+    assert first.returncode == 1, first.stderr
+    assert "FAILED: 1 chunks (1 TooFewRows)" in first.stderr
+    assert "a rerun would give the same answer" in first.stderr
+    assert "run the same command again" not in first.stderr
+    again = pipeline(*args, "--max-failures", 1)
+    assert again.returncode == 0, again.stderr
+    assert "is complete: 3 chunks (1 failed, recorded in the results)" in again.stdout
+    assert "run the same command again" not in again.stdout + again.stderr
+    assert "-" not in again.stdout.split("is complete")[1].split(";")[0]
+
+
+def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, frames_dir):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from pipeline import CubeJob, iter_cubes\n"
+        f"job = CubeJob(frames={str(frames_dir)!r}, cubes=4, dim=5)\n"
+        "for cube_id, cube in iter_cubes(job):\n"
+        "    print(cube_id)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 1
+    assert f"{script}, line 3: this starts the embedded Dask cluster" in proc.stderr
+    assert 'if __name__ == "__main__":' in proc.stderr
+    assert "Nanny" not in proc.stderr and "multiprocessing" not in proc.stderr, proc.stderr
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(
+        "from pipeline import CubeJob, iter_cubes\n\n"
+        "def main():\n"
+        f"    job = CubeJob(frames={str(frames_dir)!r}, cubes=4, dim=5)\n"
+        "    print(sorted(i for i, _ in iter_cubes(job)))\n\n"
+        'if __name__ == "__main__":\n'
+        "    main()\n"
+    )
+    ok = subprocess.run(
+        [sys.executable, str(guarded)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "[0, 1, 2, 3]"
