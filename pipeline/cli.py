@@ -9,15 +9,15 @@ import sys
 
 import click
 
-from . import __version__
+from . import __version__, registry
 from .config import RunOptions, env_name, flag_name, settings_of
 from .errors import Interrupted, PipelineError
-from .jobs import WORKLOADS, load_jobs, run_jobs
+from .jobs import load_jobs, run_jobs
 from .summary import summary_lines
 
 _ALL_SETTINGS = {
     f.name: f
-    for cls in (RunOptions, *(w.settings for w in WORKLOADS.values()))
+    for cls in (RunOptions, *(registry.load(n).settings_class for n in registry.names()))
     for f in settings_of(cls)
 }
 
@@ -65,7 +65,7 @@ def main(verbose: int) -> None:
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option(
     "--workload",
-    type=click.Choice(list(WORKLOADS)),
+    type=click.Choice(registry.names()),
     default=None,
     help="Workload of a job given by flags alone (no job file). [default: cubes]",
 )
@@ -124,6 +124,21 @@ def _interrupt(signum, frame) -> None:
     sys.unraisablehook = lambda unraisable: None
     signal.signal(signal.SIGINT, signal.default_int_handler)
     raise KeyboardInterrupt
+
+
+@main.command("workloads")
+def workloads_command() -> None:
+    """List the registered workloads: each one's package and settings."""
+    for name in registry.names():
+        e = registry.entry(name)
+        click.echo(f"{name}  ({e.target}, from package {e.package})")
+        try:
+            cls = registry.load(name)
+        except PipelineError as exc:
+            click.echo(f"  cannot be loaded: {exc}")
+            continue
+        for f in settings_of(cls.settings_class):
+            click.echo(f"  --{flag_name(f):<22} {env_name(f):<28} {f.metadata['help']}")
 
 
 @main.group("data")

@@ -134,7 +134,9 @@ class JobFile:
         return self.path.stem if self.path else None
 
 
-def load_job_file(path: str | os.PathLike, known_workloads: tuple[str, ...]) -> JobFile:
+def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
+    """A job file's keys; its ``workload`` (or ``default_workload``) is checked when the
+    workload is loaded from the registry."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -143,11 +145,15 @@ def load_job_file(path: str | os.PathLike, known_workloads: tuple[str, ...]) -> 
         raise ConfigError(f"job file {p}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
-    workload = data.pop("workload", known_workloads[0])
-    if workload not in known_workloads:
+    workload = data.pop("workload", default_workload)
+    if not isinstance(workload, str):
+        raise ConfigError(f"job file {p}: workload = {workload!r} is not a workload name")
+    from . import registry
+
+    if workload not in registry.names():
         raise ConfigError(
             f"job file {p}: workload = {workload!r} is not known, "
-            f"expected one of {', '.join(known_workloads)}"
+            f"expected one of {', '.join(registry.names())}"
         )
     return JobFile(p, workload, data)
 

@@ -110,6 +110,7 @@ def build_cube(layout: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
 class CubeWorkload(Workload):
     kind = "cubes"
     unit_name = "cube"
+    settings_class = CubeJob
 
     def __init__(self, job: CubeJob, job_id: str, frames: FrameSet | str):
         self.job = job
@@ -118,6 +119,10 @@ class CubeWorkload(Workload):
         self.writes_output = job.sink == "store"
         self._frames_url = frames if isinstance(frames, str) else frames.url
         self.frames = frames if isinstance(frames, FrameSet) else None
+
+    @classmethod
+    def from_settings(cls, settings: CubeJob, job_id: str, options) -> CubeWorkload:
+        return cls.from_job(settings, job_id, options.output)
 
     @classmethod
     def from_job(cls, job: CubeJob, job_id: str, output: str) -> CubeWorkload:

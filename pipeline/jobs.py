@@ -6,11 +6,12 @@ import contextlib
 import cProfile
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import registry
 from .cluster import connect
 from .config import (
     JobFile,
@@ -20,28 +21,12 @@ from .config import (
     load_job_file,
     resolve,
 )
-from .cubes import CubeJob, CubeWorkload
-from .regress import RegressionJob
-from .regress import build_workload as build_regressions
 from .runner import completed_job, run_job
 from .storage import open_store
 from .summary import RunSummary
 from .workload import Workload
 
-__all__ = ["WORKLOADS", "Job", "load_jobs", "run_jobs"]
-
-
-@dataclass(frozen=True)
-class WorkloadType:
-    settings: type
-    build: Callable[[Any, str, RunOptions], Workload]
-
-
-#: Workload name (``workload = "..."`` in a job file) to its settings and builder.
-WORKLOADS: dict[str, WorkloadType] = {
-    "cubes": WorkloadType(CubeJob, lambda s, job_id, o: CubeWorkload.from_job(s, job_id, o.output)),
-    "regressions": WorkloadType(RegressionJob, build_regressions),
-}
+__all__ = ["Job", "load_jobs", "run_jobs"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +40,7 @@ class Job:
     source: Path | None
 
     def build(self) -> Workload:
-        return WORKLOADS[self.workload].build(self.settings, self.job_id, self.options)
+        return registry.load(self.workload).from_settings(self.settings, self.job_id, self.options)
 
 
 def load_jobs(
@@ -67,12 +52,13 @@ def load_jobs(
 ) -> list[Job]:
     """Resolve each job file (or, with none, one job from flags alone) into a :class:`Job`."""
     environ = os.environ if environ is None else environ
-    kinds = tuple(WORKLOADS)
-    files = [load_job_file(p, kinds) for p in paths] or [JobFile(None, workload or kinds[0], {})]
+    files = [load_job_file(p, registry.DEFAULT_WORKLOAD) for p in paths] or [
+        JobFile(None, workload or registry.DEFAULT_WORKLOAD, {})
+    ]
     jobs = []
     for jf in files:
         kind = jf.workload
-        settings_cls = WORKLOADS[kind].settings
+        settings_cls = registry.load(kind).settings_class
         if jf.path is not None:
             check_unknown_keys(jf, RunOptions, settings_cls)
         check_flags_apply(cli, kind, RunOptions, settings_cls)

@@ -96,6 +96,8 @@ class Workload(ABC):
 
     #: The name used as ``workload = "..."`` in job files.
     kind: ClassVar[str]
+    #: The dataclass of its settings (fields made with ``pipeline.config.setting``).
+    settings_class: ClassVar[type]
     #: Whether tasks write to the store (resume needs a store).
     writes_output: bool = True
 
@@ -104,6 +106,11 @@ class Workload(ABC):
     unit_name: str = "unit"
     #: Tasks hold a multiple of this many units (e.g. whole shards).
     granularity: int = 1
+
+    @classmethod
+    @abstractmethod
+    def from_settings(cls, settings: Any, job_id: str, options: Any) -> Workload:
+        """Driver: the workload of one resolved job (``options``: its ``RunOptions``)."""
 
     @abstractmethod
     def preflight(self) -> None:

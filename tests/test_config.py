@@ -57,3 +57,40 @@ def test_flags_for_another_workload_are_refused():
 
     with pytest.raises(ConfigError, match="--formula do"):
         check_flags_apply({"formula": "y ~ x"}, "cubes", RunOptions, CubeJob)
+
+
+def test_workloads_come_from_the_entry_point_registry():
+    from pipeline import registry
+    from pipeline.cubes import CubeWorkload
+    from pipeline.regress import RegressionWorkload
+
+    assert registry.names()[:2] == ["cubes", "regressions"]
+    assert registry.load("cubes") is CubeWorkload
+    assert registry.load("regressions") is RegressionWorkload
+    assert registry.entry("cubes").package == "pipeline"
+    with pytest.raises(ConfigError, match="workload 'nope' is not known; registered"):
+        registry.entry("nope")
+
+
+def test_a_plugin_that_does_not_import_is_named_with_its_error(tmp_path, monkeypatch):
+    from pipeline import registry
+
+    # A real distribution on sys.path whose entry point names a missing module.
+    dist = tmp_path / "broken_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pipeline.workloads]\nbroken = no_such_module:W\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry._entries.cache_clear()
+    registry.load.cache_clear()
+    try:
+        assert "broken" in registry.names()
+        with pytest.raises(ConfigError) as info:
+            registry.load("broken")
+        message = str(info.value)
+        assert "from package broken-plugin" in message
+        assert "ModuleNotFoundError: No module named 'no_such_module'" in message
+    finally:
+        monkeypatch.undo()
+        registry._entries.cache_clear()
+        registry.load.cache_clear()

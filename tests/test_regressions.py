@@ -434,7 +434,7 @@ def test_example_job_file_and_flags_resolve():
     from pipeline.config import check_unknown_keys, load_job_file, resolve
     from pipeline.regress import ModelSpec
 
-    jf = load_job_file("examples/regressions.toml", ("cubes", "regressions"))
+    jf = load_job_file("examples/regressions.toml", "cubes")
     check_unknown_keys(jf, RunOptions, RegressionJob)
     job = resolve(RegressionJob, jf, {"cov_type": "HAC"}, {"PIPELINE_MAXLAGS": "4"})
     spec = ModelSpec.from_job(job)

@@ -23,6 +23,10 @@ class SquaresWorkload(Workload):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
+    @classmethod
+    def from_settings(cls, settings, job_id, options):
+        return cls(job_id, settings.n_units)
+
     def preflight(self):
         pass
 

@@ -9,7 +9,6 @@ __all__ = [
     "ModelSpec",
     "RegressionJob",
     "RegressionWorkload",
-    "build_workload",
     "regression_formula",
     "results_table",
     "summarize",
@@ -17,8 +16,3 @@ __all__ = [
     "write_regression_data",
     "write_results",
 ]
-
-
-def build_workload(settings: RegressionJob, job_id: str, options) -> RegressionWorkload:
-    """``WORKLOADS["regressions"].build``: the workload of one resolved job."""
-    return RegressionWorkload.from_job(settings, job_id, options.output)

@@ -69,6 +69,7 @@ def models_schema() -> list[tuple[str, pa.DataType]]:
 class RegressionWorkload(Workload):
     kind = "regressions"
     unit_name = "chunk"
+    settings_class = RegressionJob
 
     def __init__(self, job: RegressionJob, job_id: str):
         self.job = job
@@ -81,8 +82,8 @@ class RegressionWorkload(Workload):
         self.columns: tuple[str, ...] = ()
 
     @classmethod
-    def from_job(cls, job: RegressionJob, job_id: str, output: str | None = None):
-        return cls(job, job_id)
+    def from_settings(cls, settings: RegressionJob, job_id: str, options=None):
+        return cls(settings, job_id)
 
     def __sizeof__(self) -> int:
         # joblib's Dask backend scatters arguments larger than 1 kB once instead of

@@ -1,0 +1,87 @@
+"""Workloads by name, from the entry-point group ``pipeline.workloads``.
+
+Built-in workloads are registered there exactly as a third party's are (in this
+package's ``pyproject.toml``), and a workload is imported only when a job uses it
+or a command lists it. A plug-in package declares, in its own ``pyproject.toml``::
+
+    [project.entry-points."pipeline.workloads"]
+    my_workload = "my_package.module:MyWorkload"
+
+The class is a :class:`pipeline.Workload` with a ``settings_class`` (a dataclass of
+:func:`pipeline.config.setting` fields) and a ``from_settings`` class method.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_WORKLOAD", "GROUP", "WorkloadEntry", "load", "names"]
+
+GROUP = "pipeline.workloads"
+#: The workload of a job that names none (a job file without ``workload``, or flags alone).
+DEFAULT_WORKLOAD = "cubes"
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    name: str
+    target: str  # "module:Class"
+    package: str  # the distribution that declares it
+
+    @property
+    def entry_point(self) -> EntryPoint:
+        return EntryPoint(self.name, self.target, GROUP)
+
+
+@functools.cache
+def _entries() -> dict[str, WorkloadEntry]:
+    found: dict[str, WorkloadEntry] = {}
+    for ep in entry_points(group=GROUP):
+        package = ep.dist.name if ep.dist is not None else "?"
+        if ep.name in found and found[ep.name].target != ep.value:
+            raise ConfigError(
+                f"workload {ep.name!r} is registered twice: by {found[ep.name].package} "
+                f"({found[ep.name].target}) and by {package} ({ep.value})"
+            )
+        found[ep.name] = WorkloadEntry(ep.name, ep.value, package)
+    return found
+
+
+def names() -> list[str]:
+    """Registered workload names, the default first."""
+    known = sorted(_entries())
+    return sorted(known, key=lambda n: n != DEFAULT_WORKLOAD)
+
+
+def entry(name: str) -> WorkloadEntry:
+    try:
+        return _entries()[name]
+    except KeyError:
+        raise ConfigError(
+            f"workload {name!r} is not known; registered workloads: {', '.join(names())} "
+            f"(a plug-in registers one under the entry-point group {GROUP!r})"
+        ) from None
+
+
+@functools.cache
+def load(name: str):
+    """The workload class registered as ``name``; a clear error when it cannot be imported."""
+    e = entry(name)
+    try:
+        cls = e.entry_point.load()
+    except Exception as exc:
+        raise ConfigError(
+            f"workload {name!r} ({e.target}, from package {e.package}) cannot be imported: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    for attribute in ("settings_class", "from_settings", "run_task", "kind"):
+        if not hasattr(cls, attribute):
+            raise ConfigError(
+                f"workload {name!r} ({e.target}, from package {e.package}) is not a "
+                f"pipeline workload: it has no {attribute!r}"
+            )
+    return cls
