@@ -11,7 +11,10 @@ from .runner import run_job
 from .shards import read_shard
 from .storage import LocalStore, Store, open_store
 from .summary import RunSummary
+from .usercode import unit_seed
 from .workload import Task, TaskOutput, UnitFailure, Workload
+from .workloads.map import MapJob, MapWorkload
+from .workloads.map import run_map as map
 
 __all__ = [
     # running jobs
@@ -30,6 +33,10 @@ __all__ = [
     "UnitFailure",
     "Workload",
     "iter_cubes",
+    "map",
+    "MapJob",
+    "MapWorkload",
+    "unit_seed",
     "read_shard",
     # storage
     "LocalStore",

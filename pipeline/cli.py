@@ -36,7 +36,7 @@ def _setting_options(func):
             option = click.option(f"--{name}/--no-{name}", f.name, default=None, help=help_text)
         else:
             choices = f.metadata["choices"]
-            ptype = click.Choice(choices) if choices else kind
+            ptype = click.Choice(choices) if choices else (str if kind is dict else kind)
             option = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_text)
         func = option(func)
     return func
@@ -188,23 +188,21 @@ def regressions_data_command(chunks, rows, features, out, seed) -> None:
 
 @main.command("results")
 @click.argument("output")
+@click.option("--job", help="The job's id, when OUTPUT holds several.")
 @click.option(
     "--table",
-    type=click.Choice(["coefficients", "models"]),
-    default="models",
-    show_default=True,
-    help="Which table.",
+    help="Which table (a regression job: models or coefficients; a map job: results, "
+    "failures). Default: the workload's main table.",
 )
 @click.option("--out", help="Write the whole table here (.parquet, local or s3://).")
-@click.option("--job", help="The regression job's id, when OUTPUT holds several.")
-def results_command(output, table, out, job) -> None:
-    """Concatenate a regression job's per-task tables into one (or summarize them)."""
-    from .regress import summarize, write_results
+def results_command(output, job, table, out) -> None:
+    """Concatenate a job's per-task tables into one, in unit order (or summarize it)."""
+    from .results import summarize, write_results
 
     try:
         if out:
             rows = write_results(output, table, out, job)
-            click.echo(f"wrote {rows} rows of the {table} table to {out}")
+            click.echo(f"wrote {rows} rows to {out}")
         else:
             click.echo(summarize(output, table, job))
     except PipelineError as exc:

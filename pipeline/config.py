@@ -9,6 +9,7 @@ set wins, in that order, then the field's default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -166,8 +167,19 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     kind, choices, minimum = f.metadata["kind"], f.metadata["choices"], f.metadata["minimum"]
     if f.metadata.get("sequence") and isinstance(value, list | dict):
         value = _sequence_text(value)
-    expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
-    if from_text and kind is not str:
+    expected = {
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        str: "a string",
+        dict: "a table (in a job file) or a JSON object",
+    }[kind]
+    if kind is dict and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: {value!r} is not {expected}: {exc}") from None
+    elif from_text and kind is not str:
         text = value.strip().lower()
         try:
             if kind is bool:

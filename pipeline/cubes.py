@@ -242,6 +242,12 @@ class CubeWorkload(Workload):
             digest.update(flat[::stride].tobytes())
         return TaskOutput(fingerprint=digest.hexdigest(), busy_seconds=time.perf_counter() - t0)
 
+    @classmethod
+    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
+        from .verify import check_cube_shards
+
+        return check_cube_shards(store, manifest, check)
+
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
         import pyarrow.parquet as pq
 

@@ -24,6 +24,7 @@ from .config import (
 from .runner import completed_job, run_job
 from .storage import open_store
 from .summary import RunSummary
+from .usercode import add_import_paths
 from .workload import Workload
 
 __all__ = ["Job", "load_jobs", "run_jobs"]
@@ -52,6 +53,9 @@ def load_jobs(
 ) -> list[Job]:
     """Resolve each job file (or, with none, one job from flags alone) into a :class:`Job`."""
     environ = os.environ if environ is None else environ
+    # Users' own modules (a map job's function) import from the job file's folder and
+    # the current directory, on the driver and on the embedded cluster's workers.
+    add_import_paths(*(Path(p).parent for p in paths), os.getcwd())
     files = [load_job_file(p, registry.DEFAULT_WORKLOAD) for p in paths] or [
         JobFile(None, workload or registry.DEFAULT_WORKLOAD, {})
     ]
@@ -133,3 +137,17 @@ def _profiled(path: str | None):
         profiler.disable()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(path)
+
+
+def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=None):
+    """Run one workload built in Python (not from a job file): on ``client``'s cluster,
+    or on an embedded one started for it unless the job is complete already."""
+    echo = echo or (lambda message: None)
+    workload.preflight()
+    finished = completed_job(workload, options)
+    if finished is not None:
+        return finished
+    if client is not None:
+        return run_job(workload, options, client, echo=echo)
+    with connect(options) as embedded:
+        return run_job(workload, options, embedded, echo=echo)

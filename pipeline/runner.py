@@ -108,6 +108,8 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     done = _completed(store, workload.job_id)
     if not plan.units_per_task or any(t.index not in done for t in tasks):
         return None
+    if workload.tasks_to_retry(store, tasks):
+        return None
     summary = _summary(workload, store, plan, tasks, done, workers=0)
     summary.complete = True
     _add_recorded(summary, workload.recorded_failures(store, tasks), in_run=False)
@@ -129,11 +131,15 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     done = _completed(store, workload.job_id)
     n_workers = _n_workers(client)
     known = plan.tasks(workload.n_units)
+    if store is not None and done:
+        # Complete tasks with units recorded as failed that a rerun calls again.
+        done -= workload.tasks_to_retry(store, [t for t in known if t.index in done])
     if done:
         echo(
             f"resuming: {_units_in(known, done):,} of {workload.n_units:,} "
             f"{workload.unit_name}s already complete"
         )
+    workload.prepare_cluster(client)
     try:
         with _progress(workload, options, _units_in(known, done)) as bar:
             run = _TaskRunner(workload, store, client, bar)
@@ -198,6 +204,7 @@ def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], wor
         tasks_skipped=len(done),
         units_skipped=_units_in(tasks, done),
         workers=workers,
+        reruns_failed_units=workload.reruns_failed_units,
     )
 
 
@@ -207,6 +214,8 @@ def _units_in(tasks: list[Task], indices: set[int]) -> int:
 
 def _add_recorded(summary: RunSummary, recorded: list[UnitFailure], *, in_run: bool) -> None:
     summary.units_failed += len(recorded)
+    if summary.reruns_failed_units:
+        summary.units_retryable += len(recorded)
     if in_run:
         summary.units_failed_in_run += len(recorded)
     summary.failures.extend(asdict(f) for f in recorded)

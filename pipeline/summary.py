@@ -39,6 +39,8 @@ class RunSummary:
     #: a rerun gives the same answer, so it does not refit them).
     units_failed: int = 0
     units_retryable: int = 0
+    #: Whether the units recorded as failed are called again by a rerun.
+    reruns_failed_units: bool = False
     #: Of the units this run ran, those that failed (either way).
     units_failed_in_run: int = 0
     failures: list[dict] = field(default_factory=list)

@@ -1,8 +1,10 @@
 """``pipeline verify``: check a job's output against its manifest.
 
 Every object the manifest lists must exist, every checksum must match the bytes
-read back, every unit must be listed exactly once, and nothing else may sit
-among the job's data objects.
+read back, every unit must be listed exactly once, and nothing else may sit under
+the job's prefix but its own bookkeeping. The checks of a manifest that lists
+objects with checksums and unit ranges are generic (:func:`check_listed_objects`);
+a workload with a manifest of its own kind overrides ``Workload.verify_job``.
 """
 
 from __future__ import annotations
@@ -10,17 +12,16 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow.parquet as pq
 import xxhash
 
+from . import registry
 from .errors import InputError
 from .storage import Store, join, open_store
 
-__all__ = ["JobCheck", "verify_output"]
+__all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]
 
 
 @dataclass
@@ -61,34 +62,35 @@ def verify_output(url: str, job_ids: list[str] | None = None) -> list[JobCheck]:
     checks = []
     for job_id, key in sorted(found.items()):
         record = json.loads(store.read_bytes(key))
-        checker = _CHECKERS.get(record["workload"])
-        if checker is None:
-            raise InputError(f"{store.describe(key)}: unknown workload {record['workload']!r}")
-        check, listed = checker(store, job_id, record)
-        check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, record)]
+        workload = registry.load(record["workload"])
+        check = JobCheck(job_id, record["workload"], units_expected=record["units"])
+        manifest = read_manifest(store, job_id, check)
+        listed = workload.verify_job(store, job_id, record, manifest, check)
+        own = getattr(workload, "final_objects", ())
+        check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
         checks.append(check)
     return checks
 
 
 #: Objects a job writes about itself besides what its manifests list.
 _BOOKKEEPING = ("job.json", "manifest.parquet")
-#: ... and those a workload's finalize writes, by workload.
-_FINAL_OBJECTS = {"regressions": ("coefficients-summary.pdf",)}
 
 
-def unlisted_objects(store: Store, job_id: str, listed: set[str], record: dict) -> list[str]:
+def unlisted_objects(store: Store, job_id: str, listed: set[str], own=()) -> list[str]:
     """Every object under the job's prefix that no manifest lists and that is not the
-    job's own bookkeeping (its record, its manifests), sorted."""
-    own = {
-        join(job_id, name) for name in (*_BOOKKEEPING, *_FINAL_OBJECTS.get(record["workload"], ()))
-    }
+    job's own bookkeeping (its record, its manifests, ``own`` names), sorted."""
+    names = {join(job_id, name) for name in (*_BOOKKEEPING, *own)}
     parts = re.compile(re.escape(join(job_id, "manifest")) + r"/part-\d{6}\.parquet")
     return [
-        k for k in store.list(job_id) if k not in listed and k not in own and not parts.fullmatch(k)
+        k
+        for k in store.list(job_id)
+        if k not in listed and k not in names and not parts.fullmatch(k)
     ]
 
 
-def _read_manifest(store: Store, job_id: str, check: JobCheck):
+def read_manifest(store: Store, job_id: str, check: JobCheck):
+    """The consolidated manifest as a DataFrame, or (for a run that has not completed)
+    its task entries, noting that in ``check``; None when there is none."""
     key = join(job_id, "manifest.parquet")
     if store.exists(key):
         return pq.read_table(io.BytesIO(store.read_bytes(key))).to_pandas()
@@ -107,15 +109,56 @@ def _read_manifest(store: Store, job_id: str, check: JobCheck):
     )
 
 
-def _check_cubes(store: Store, job_id: str, record: dict) -> tuple[JobCheck, set[str]]:
-    check = JobCheck(job_id, "cubes", units_expected=record["units"])
-    manifest = _read_manifest(store, job_id, check)
+def check_listed_objects(
+    store: Store, manifest, check: JobCheck, on_object=None, *, coverage: bool = True
+) -> set[str]:
+    """Every object the manifest lists exists with its checksum; every unit lies in
+    exactly one entry's range (``unit_start``/``unit_stop``, or ``chunk_start``/
+    ``chunk_stop``). ``on_object(row, data)`` may check an object's content further.
+    Returns the objects listed."""
+    listed: set[str] = set()
+    if manifest is None:
+        check.missing = [f"unit {u}" for u in range(check.units_expected)]
+        return listed
+    start, stop = ("unit_start", "unit_stop") if "unit_start" in manifest else (
+        "chunk_start", "chunk_stop")  # fmt: skip
+    for row in manifest.itertuples():
+        listed.add(row.object)
+        where = store.describe(row.object)
+        try:
+            data = store.read_bytes(row.object)
+        except FileNotFoundError:
+            check.missing.append(where)
+            continue
+        check.objects_checked += 1
+        actual = xxhash.xxh3_64_hexdigest(data)
+        if actual != row.checksum:
+            check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
+        elif on_object is not None:
+            on_object(row, data)
+    if not coverage:
+        return listed
+    ranges = manifest[[start, stop]].drop_duplicates()
+    counts = [0] * check.units_expected
+    for a, b in ranges.itertuples(index=False):
+        for u in range(int(a), min(int(b), check.units_expected)):
+            counts[u] += 1
+    check.duplicated += [f"unit {u}" for u, n in enumerate(counts) if n > 1]
+    check.missing += [f"unit {u}" for u, n in enumerate(counts) if n == 0]
+    check.units_ok = sum(1 for n in counts if n == 1)
+    return listed
+
+
+def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
+    """Cube jobs: each shard readable, each cube's checksum, each cube listed once."""
+    import numpy as np
+
     listed_shards: set[str] = set()
     if manifest is not None:
         counts = manifest["cube_id"].value_counts()
         check.duplicated = [f"cube {c}" for c in sorted(counts[counts > 1].index)]
         present = set(manifest["cube_id"])
-        check.missing = [f"cube {c}" for c in range(record["units"]) if c not in present]
+        check.missing = [f"cube {c}" for c in range(check.units_expected) if c not in present]
         for shard_key, rows in manifest.groupby("shard", sort=True):
             listed_shards.add(shard_key)
             where = store.describe(shard_key)
@@ -143,16 +186,3 @@ def _check_cubes(store: Store, job_id: str, record: dict) -> tuple[JobCheck, set
                 else:
                     check.units_ok += 1
     return check, listed_shards
-
-
-def _check_regressions(store: Store, job_id: str, record: dict):
-    from .regress.verify import check_regressions
-
-    return check_regressions(store, job_id, record)
-
-
-#: Workload -> its check, returning the JobCheck and the objects its manifests list.
-_CHECKERS: dict[str, Callable[[Store, str, dict], tuple[JobCheck, set[str]]]] = {
-    "cubes": _check_cubes,
-    "regressions": _check_regressions,
-}

@@ -116,6 +116,10 @@ class Workload(ABC):
     def preflight(self) -> None:
         """Driver: validate every input; raise ``InputError``/``ConfigError`` before any task."""
 
+    def prepare_cluster(self, client) -> None:
+        """Driver: anything the workers need before the first task (e.g. shipped code)."""
+        return None
+
     @abstractmethod
     def fingerprint(self) -> dict[str, Any]:
         """Driver: the JSON-able settings that determine the output bytes (checked on resume)."""
@@ -128,10 +132,44 @@ class Workload(ABC):
         """Driver: once every task is complete, consolidate; return facts for the summary."""
         return {}
 
+    #: Whether the next run calls again the units recorded as failed (user code can
+    #: fail for passing reasons); else a recorded failure is the unit's answer.
+    reruns_failed_units: bool = False
+
+    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
+        """Driver: of these complete tasks, those to run again for their failed units."""
+        return set()
+
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         """Driver: units of these complete tasks that failed as data (recorded in the
         output, so a rerun would not change them)."""
         return []
+
+    #: The table ``pipeline results`` shows when none is named.
+    default_table: str | None = None
+
+    @classmethod
+    def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):
+        """``pipeline results``: the concatenated table, assembled further if need be."""
+        return result
+
+    @classmethod
+    def summarize_table(cls, table: str, result) -> str | None:
+        """``pipeline results`` without ``--out``: a summary, or None for the default."""
+        return None
+
+    #: Objects ``finalize`` writes under the job's prefix besides its manifests.
+    final_objects: tuple[str, ...] = ()
+
+    @classmethod
+    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
+        """``pipeline verify``: check the job's objects against its manifest (a pandas
+        DataFrame, None if absent), recording problems in ``check``; return the
+        objects the manifest lists. The default serves manifests that list objects
+        with ``object``, ``checksum`` and unit ranges."""
+        from .verify import check_listed_objects
+
+        return check_listed_objects(store, manifest, check)
 
     def describe(self) -> str:
         return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"

@@ -16,12 +16,11 @@ from pipeline import ConfigError, InputError, RunOptions, run_job
 from pipeline.regress import (
     RegressionJob,
     RegressionWorkload,
-    results_table,
-    summarize,
     write_regression_data,
 )
 from pipeline.regress.data import discover, plan_chunks
 from pipeline.regress.generate import chunk_frame
+from pipeline.results import results_table, summarize
 from pipeline.storage import LocalStore
 
 FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
@@ -295,8 +294,7 @@ def run(client, out, data, units_per_task=3, **settings):
 
 
 def test_run_resume_results_and_verify(tmp_path, client):
-    from pipeline.regress.verify import check_regressions
-    from pipeline.verify import _CHECKERS, verify_output
+    from pipeline.verify import verify_output
 
     data = write(bad_panel(), tmp_path / "d")
     out = tmp_path / "out"
@@ -317,7 +315,6 @@ def test_run_resume_results_and_verify(tmp_path, client):
     assert "3 fitted, 4 failed" in summarize(str(out), "models")
     assert "x1" in summarize(str(out), "coefficients")
 
-    _CHECKERS.setdefault("regressions", check_regressions)
     (check,) = verify_output(str(out))
     assert check.ok and check.units_ok == 7, check
     # Resume: remove task 1's entry and tables; only it runs again, same bytes.

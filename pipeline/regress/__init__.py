@@ -1,7 +1,6 @@
 """Per-chunk regression engines."""
 
 from .generate import regression_formula, true_coefficients, write_regression_data
-from .results import results_table, summarize, write_results
 from .spec import ModelSpec, RegressionJob
 from .workload import RegressionWorkload
 
@@ -10,9 +9,6 @@ __all__ = [
     "RegressionJob",
     "RegressionWorkload",
     "regression_formula",
-    "results_table",
-    "summarize",
     "true_coefficients",
     "write_regression_data",
-    "write_results",
 ]

@@ -331,6 +331,27 @@ class RegressionWorkload(Workload):
 
     # -- after the run --------------------------------------------------------------------
 
+    final_objects = ("coefficients-summary.pdf",)
+    default_table = "models"
+
+    @classmethod
+    def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):
+        from .results import assemble
+
+        return assemble(store, job_id, table, result, tables)
+
+    @classmethod
+    def summarize_table(cls, table: str, result) -> str | None:
+        from .results import summary_text
+
+        return summary_text(table, result)
+
+    @classmethod
+    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
+        from .verify import check_regressions
+
+        return check_regressions(store, manifest, check)
+
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
         from ..runner import manifest_key
 

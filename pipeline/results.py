@@ -1,0 +1,124 @@
+"""``pipeline results OUTPUT [--job NAME] [--table T] [--out FILE.parquet]``: any
+workload's per-task tables, concatenated in unit order.
+
+The tables of a job are the kinds its manifest entries list (``object``, ``kind``
+and a unit range per object): only completed tasks' parts, so a partial run shows
+what it has. A workload may assemble a table further (``Workload.assemble_table``)
+and summarize it for the terminal (``Workload.summarize_table``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import registry
+from .errors import InputError
+from .storage import Store, join, open_store
+
+__all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
+
+
+def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
+    """The job under ``output`` (``job``, or the only one there) and its record."""
+    store = open_store(output)
+    records = [k for k in store.list() if k.endswith("/job.json") and k.count("/") == 1]
+    jobs = {k.split("/", 1)[0]: k for k in records}
+    if job is not None:
+        if job not in jobs:
+            raise InputError(
+                f"{store.url}: no job {job!r} (found: {', '.join(sorted(jobs)) or 'none'})"
+            )
+        name = job
+    elif len(jobs) == 1:
+        name = next(iter(jobs))
+    else:
+        found = ", ".join(sorted(jobs)) or "none"
+        raise InputError(
+            f"{store.url}: {'several' if jobs else 'no'} jobs ({found}); "
+            + ("name one with --job" if jobs else "run one first")
+        )
+    return name, json.loads(store.read_bytes(jobs[name]))
+
+
+def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
+    """Table name -> (first unit, part key) of every completed task, in unit order."""
+    by_kind: dict[str, list[tuple[int, str]]] = {}
+    for entry in store.list(join(job_id, "manifest")):
+        if not entry.endswith(".parquet"):
+            continue
+        manifest = pq.read_table(io.BytesIO(store.read_bytes(entry)))
+        names = manifest.column_names
+        if "kind" not in names or "object" not in names:
+            continue
+        start = "unit_start" if "unit_start" in names else "chunk_start"
+        for key, kind, first in zip(
+            manifest.column("object").to_pylist(),
+            manifest.column("kind").to_pylist(),
+            manifest.column(start).to_pylist(),
+            strict=True,
+        ):
+            by_kind.setdefault(kind, []).append((first, key))
+    return {kind: sorted(parts) for kind, parts in by_kind.items()}
+
+
+def results_table(output: str, table: str | None = None, job: str | None = None) -> pa.Table:
+    """One table of every completed task's rows of ``table``, in unit order."""
+    store = open_store(output)
+    job_id, record = find_job(output, job)
+    workload = registry.load(record["workload"])
+    tables = job_tables(store, job_id)
+    table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
+    if not tables:
+        raise InputError(
+            f"{store.describe(job_id)}: no tables"
+            + (" yet (no completed tasks)" if record["workload"] != "cubes" else
+               f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}")
+        )  # fmt: skip
+    if table not in tables:
+        raise InputError(
+            f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
+        )
+    parts = [(first, pq.read_table(store.open_input(key))) for first, key in tables[table]]
+    result = concat_parts(store, parts)
+    return workload.assemble_table(store, job_id, table, result, tables)
+
+
+def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
+    """Parts in order, columns reconciled: the union, nulls where a part lacks one,
+    numbers widened; else an error naming the first units of two parts that differ."""
+    try:
+        return pa.concat_tables([t for _, t in parts], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        from .workloads.map import differing_units
+
+        message = differing_units([t for _, t in parts], [f"from {f}" for f, _ in parts], exc)
+        raise InputError(message) from None
+
+
+def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
+    """Write the concatenated table to ``out`` (a local path or s3:// URL); return rows."""
+    result = results_table(output, table, job)
+    parent, _, name = out.rstrip("/").rpartition("/")
+    sink = io.BytesIO()
+    pq.write_table(result, sink)
+    open_store(parent or ".").write_bytes(name, sink.getbuffer())
+    return result.num_rows
+
+
+def summarize(output: str, table: str | None = None, job: str | None = None) -> str:
+    """A few lines about a job's table, for the terminal."""
+    store = open_store(output)
+    job_id, record = find_job(output, job)
+    workload = registry.load(record["workload"])
+    table = table or getattr(workload, "default_table", None)
+    result = results_table(output, table, job_id)
+    custom = workload.summarize_table(table, result)
+    if custom:
+        return custom
+    lines = [f"{store.describe(job_id)}: table {table!r}, {result.num_rows:,} rows"]
+    lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
+    return "\n".join(lines)

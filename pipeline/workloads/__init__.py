@@ -1,0 +1,1 @@
+"""Built-in workloads, each a plug-in that uses only the workload contract."""

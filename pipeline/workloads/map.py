@@ -1,0 +1,417 @@
+"""The ``map`` workload: the user's function over dataset chunks, a grid, or files.
+
+Each unit's call returns a mapping (one row), a pandas DataFrame or pyarrow Table
+(rows), or None. Task ``i`` writes the rows of its units, in unit order, with the
+unit's key columns first (``unit``, then the chunk key, the grid's parameters or
+the file), to ``<job>/results/part-NNNNNN.parquet``; units that raised (after
+``retries`` more tries) go to ``<job>/failures/part-NNNNNN.parquet`` with their
+error and the innermost frame of the user's code. Both are listed with checksums
+in the task's manifest entry. The next run of the same command calls again only
+the units that raised; the rewritten part holds the same bytes a clean run gives.
+
+Column rule across units: the columns are the union, in order of first
+appearance; a unit that lacks a column has nulls there; numeric types widen
+(int to float) and null-only columns take the other units' type; any other
+difference fails the task naming two units that differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import io
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from ..config import setting
+from ..errors import ConfigError, InputError
+from ..storage import Store, join, write_parquet
+from ..usercode import (
+    accepts_seed,
+    check_code_path,
+    check_signature,
+    code_hash,
+    describe_function,
+    failure_frame,
+    load_function,
+    unit_seed,
+)
+from ..workload import Task, TaskOutput, UnitFailure, Workload
+from .map_inputs import DataInput, FilesInput, GridInput
+
+__all__ = ["MapJob", "MapWorkload"]
+
+
+def _listing(default, help: str):
+    return setting(default, str, help, sequence=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class MapJob:
+    """The settings of a map job (job-file keys, ``--flags``, ``PIPELINE_*`` vars)."""
+
+    name: str | None = setting(
+        None, str, "Job id: names the job's folder in the output. Default: the job file's name."
+    )
+    function: str | None = setting(
+        None, str, "The function to call per unit: 'module:callable' (e.g. 'fits:fit_one')."
+    )
+    data: str | None = setting(
+        None, str, "Input: parquet file, folder or s3:// prefix, called per chunk (a DataFrame)."
+    )
+    chunk_by: str | None = _listing(None, "With data: column(s) whose values define the chunks.")
+    chunk_rows: int | None = setting(
+        None, int, "With data: chunks of this many consecutive rows.", minimum=1
+    )
+    columns: str | None = _listing(None, "With data: only these columns reach the function.")
+    grid: dict | None = setting(  # noqa: RUF009 - a TOML table, never mutated
+        None, dict, "Input: a table of lists; the function is called with each combination."
+    )
+    files: str | None = setting(
+        None, str, "Input: a folder, a glob or an s3:// prefix; called with each file's path."
+    )
+    seed: int = setting(
+        0, int, "Job seed: a function with a `seed` parameter gets unit_seed(seed, unit).",
+        minimum=0,
+    )  # fmt: skip
+    retries: int = setting(0, int, "Retries of a unit that raises, within the run.", minimum=0)
+    code: str | None = setting(
+        None, str, "A .py file or package folder shipped to every worker (remote clusters)."
+    )
+
+
+class MapWorkload(Workload):
+    kind = "map"
+    settings_class = MapJob
+    default_table = "results"
+
+    def __init__(self, job: MapJob, job_id: str, fn: Callable | None = None):
+        self.job = job
+        self.job_id = job_id
+        self.fn = fn
+        self.input: DataInput | GridInput | FilesInput | None = None
+        self.n_units = 0
+        self.unit_name = "unit"
+        self._seeded = False
+        self._code_hash: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: MapJob, job_id: str, options=None) -> MapWorkload:
+        return cls(settings, job_id)
+
+    def __sizeof__(self) -> int:
+        # joblib's Dask backend scatters arguments over 1 kB once instead of per task.
+        return object.__sizeof__(self) + (self.input.__sizeof__() if self.input else 0)
+
+    # -- driver ---------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        if self.input is not None:
+            return
+        job = self.job
+        given = [k for k in ("data", "grid", "files") if getattr(job, k) is not None]
+        if len(given) != 1:
+            raise ConfigError(
+                "a map job takes exactly one input: data, grid or files"
+                + (f" (got {' and '.join(given)})" if given else " (none given)")
+            )
+        if job.code:
+            self._code_hash = code_hash(check_code_path(job.code))
+        if self.fn is None:
+            if not job.function:
+                raise ConfigError("a map job needs function = 'module:callable'")
+            self.fn = load_function(job.function)
+        elif not callable(self.fn):
+            raise ConfigError(f"map: {self.fn!r} is not callable")
+        from ..regress.spec import split_list
+
+        if job.data is not None:
+            self.input = DataInput(
+                job.data, split_list(job.chunk_by), job.chunk_rows, split_list(job.columns)
+            )
+            check_signature(self.fn, positional=1, what="a chunk (a pandas DataFrame)")
+            self.unit_name = "chunk"
+        elif job.grid is not None:
+            self.input = GridInput(job.grid)
+            check_signature(self.fn, keywords=self.input.keys, what="the grid's keys")
+            self.unit_name = "point"
+        else:
+            self.input = FilesInput(job.files)
+            check_signature(self.fn, positional=1, what="a file's path")
+            self.unit_name = "file"
+        self._seeded = accepts_seed(self.fn)
+        self.n_units = self.input.n_units
+
+    def fingerprint(self) -> dict:
+        job = dataclasses.asdict(self.job)
+        job.pop("name")
+        job["function"] = job["function"] or describe_function(self.fn)
+        job["function_source"] = _source_hash(self.fn)
+        job["code"] = self._code_hash
+        return {**job, **self.input.fingerprint()}
+
+    def prepare_cluster(self, client) -> None:
+        if self.job.code:
+            from ..usercode import ship_code
+
+            ship_code(client, check_code_path(self.job.code))
+
+    def describe(self) -> str:
+        return f"map job {self.job_id!r}: {describe_function(self.fn)} over {self.input.describe()}"
+
+    # -- worker ---------------------------------------------------------------------------
+
+    def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        t0 = time.perf_counter()
+        out = TaskOutput(phases={"compute": 0.0, "writing": 0.0})
+        kept, retry = self._previous(store, task)
+        tables: dict[int, pa.Table] = dict(kept)
+        failed: list[dict] = []
+        for unit, args, kwargs in self.input.calls(task.start, task.stop):
+            if retry is not None and unit not in retry:
+                continue
+            if self._seeded:
+                kwargs = {**kwargs, "seed": unit_seed(self.job.seed, unit)}
+            table, failure = self._call(unit, args, kwargs)
+            if failure is not None:
+                failed.append(failure)
+            elif table is not None:
+                tables[unit] = table
+        out.phases["compute"] = time.perf_counter() - t0
+        t_write = time.perf_counter()
+        entries = []
+        results = _combine([tables[u] for u in sorted(tables)], sorted(tables))
+        if results is not None and store is not None:
+            entries.append(self._write(store, "results", task, results, out))
+        elif store is not None:
+            store.delete_prefix(_part(self.job_id, "results", task.index))
+        if failed and store is not None:
+            entries.append(self._write(store, "failures", task, self._failures(failed), out))
+        elif store is not None:
+            store.delete_prefix(_part(self.job_id, "failures", task.index))
+        out.phases["writing"] = time.perf_counter() - t_write
+        out.manifest = pa.table(
+            {
+                "object": pa.array([e[0] for e in entries], pa.string()),
+                "kind": pa.array([e[1] for e in entries], pa.string()),
+                "unit_start": pa.array([task.start] * len(entries), pa.int64()),
+                "unit_stop": pa.array([task.stop] * len(entries), pa.int64()),
+                "size": pa.array([e[2] for e in entries], pa.int64()),
+                "checksum": pa.array([e[3] for e in entries], pa.string()),
+            }
+        )
+        out.busy_seconds = time.perf_counter() - t0
+        return out
+
+    def _call(self, unit: int, args: tuple, kwargs: dict):
+        """The unit's rows (key columns first) or its failure record."""
+        error: Exception | None = None
+        attempt = 0
+        for attempt in range(self.job.retries + 1):  # noqa: B007 - reported below
+            try:
+                returned = self.fn(*args, **kwargs)
+                return self._rows(unit, returned), None
+            except Exception as exc:
+                error = exc
+        keys = {k: v[0].as_py() for k, v in self.input.key_columns([unit]).items()}
+        return None, {
+            "unit": unit,
+            **{f"key_{k}": repr(v) for k, v in keys.items()},
+            "error_type": type(error).__name__,
+            "message": str(error) or repr(error),
+            "where": failure_frame(error),
+            "attempts": attempt + 1,
+        }
+
+    def _rows(self, unit: int, returned: Any) -> pa.Table | None:
+        if returned is None:
+            return None
+        if isinstance(returned, pa.Table):
+            table = returned
+        elif isinstance(returned, pa.RecordBatch):
+            table = pa.Table.from_batches([returned])
+        elif isinstance(returned, Mapping):
+            table = pa.Table.from_pylist([dict(returned)])
+        elif type(returned).__name__ == "DataFrame" and hasattr(returned, "to_numpy"):
+            table = pa.Table.from_pandas(returned, preserve_index=False)
+        else:
+            raise TypeError(
+                f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
+                "expected a mapping (one row), a pandas DataFrame or pyarrow Table (rows), or None"
+            )
+        keys = {"unit": pa.array([unit], pa.int64()), **self.input.key_columns([unit])}
+        clash = [c for c in table.column_names if c in keys]
+        if clash:
+            raise ValueError(
+                f"the function returned column(s) {', '.join(map(repr, clash))}, which is also "
+                "the name of a key column the results begin with; rename it"
+            )
+        n = table.num_rows
+        columns = {k: pa.repeat(v[0], n) if n != 1 else v for k, v in keys.items()}
+        for name in table.column_names:
+            columns[name] = table.column(name)
+        return pa.table(columns)
+
+    def _failures(self, failed: list[dict]) -> pa.Table:
+        units = [f["unit"] for f in failed]
+        keys = {"unit": pa.array(units, pa.int64()), **self.input.key_columns(units)}
+        return pa.table(
+            {
+                **keys,
+                "error_type": pa.array([f["error_type"] for f in failed], pa.string()),
+                "message": pa.array([f["message"] for f in failed], pa.string()),
+                "where": pa.array([f["where"] for f in failed], pa.string()),
+                "attempts": pa.array([f["attempts"] for f in failed], pa.int64()),
+            }
+        )
+
+    def _write(self, store: Store, table: str, task: Task, data: pa.Table, out: TaskOutput):
+        sink = io.BytesIO()
+        pq.write_table(data, sink)
+        payload = sink.getvalue()
+        key = _part(self.job_id, table, task.index)
+        out.bytes_written += store.write_bytes(key, payload)
+        return key, table, len(payload), xxhash.xxh3_64_hexdigest(payload)
+
+    def _previous(self, store: Store | None, task: Task):
+        """An earlier attempt's rows by unit, and the units it recorded as failed; or
+        ({}, None) when there is none (then every unit runs)."""
+        if store is None:
+            return {}, None
+        failures_key = _part(self.job_id, "failures", task.index)
+        if not store.exists(failures_key):
+            return {}, None
+        retry = set(_read(store, failures_key).column("unit").to_pylist())
+        kept: dict[int, pa.Table] = {}
+        results_key = _part(self.job_id, "results", task.index)
+        if store.exists(results_key):
+            rows = _read(store, results_key)
+            units = rows.column("unit").to_numpy()
+            for unit in sorted(set(units.tolist()) - retry):
+                kept[unit] = rows.filter(pa.array(units == unit))
+        return kept, retry
+
+    # -- after the run --------------------------------------------------------------------
+
+    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
+        present = set(store.list(join(self.job_id, "failures")))
+        return {t.index for t in tasks if _part(self.job_id, "failures", t.index) in present}
+
+    #: Units recorded as failed are called again by the next run of the same command.
+    reruns_failed_units = True
+
+    def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
+        failed = []
+        for t in sorted(self.tasks_to_retry(store, tasks)):
+            table = _read(store, _part(self.job_id, "failures", t)).to_pylist()
+            for row in table:
+                where = f" (at {row['where']})" if row.get("where") else ""
+                failed.append(
+                    UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}")
+                )
+        return failed
+
+    def finalize(self, store: Store, tasks: list[Task]) -> dict:
+        from ..runner import manifest_key
+
+        parts = [_read(store, manifest_key(self.job_id, t.index)) for t in tasks]
+        manifest = pa.concat_tables(parts).sort_by([("unit_start", "ascending")])
+        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        return {"tables": store.describe(join(self.job_id, "results"))}
+
+
+def _part(job_id: str, table: str, index: int) -> str:
+    return join(job_id, table, f"part-{index:06d}.parquet")
+
+
+def _read(store: Store, key: str) -> pa.Table:
+    return pq.read_table(io.BytesIO(store.read_bytes(key)))
+
+
+def _source_hash(fn: Callable) -> str | None:
+    with contextlib.suppress(OSError, TypeError):
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    return None
+
+
+def _combine(tables: list[pa.Table], units: list[int]) -> pa.Table | None:
+    """The units' rows as one table, by the column rule in the module's docs."""
+    if not tables:
+        return None
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise InputError(differing_units(tables, units, exc)) from None
+
+
+def differing_units(tables: list[pa.Table], units: list, exc: Exception) -> str:
+    """A message naming two units whose result columns cannot be combined."""
+    seen: dict[str, tuple[Any, pa.DataType]] = {}
+    for unit, table in zip(units, tables, strict=True):
+        for field in table.schema:
+            if field.name in seen:
+                other, typ = seen[field.name]
+                if typ != field.type and not _widens(typ, field.type):
+                    return (
+                        f"results of units {other} and {unit} cannot be combined: column "
+                        f"{field.name!r} is {typ} in one and {field.type} in the other"
+                    )
+            else:
+                seen[field.name] = (unit, field.type)
+    return f"results cannot be combined: {exc}"
+
+
+def _widens(a: pa.DataType, b: pa.DataType) -> bool:
+    numeric = (pa.types.is_integer, pa.types.is_floating)
+    return (
+        pa.types.is_null(a)
+        or pa.types.is_null(b)
+        or (any(t(a) for t in numeric) and any(t(b) for t in numeric))
+    )
+
+
+def run_map(
+    fn: Callable,
+    *,
+    data: str | None = None,
+    grid: Mapping[str, list] | None = None,
+    files: str | None = None,
+    output: str = "results",
+    name: str | None = None,
+    client=None,
+    **settings,
+):
+    """Call ``fn`` per unit of one input, on the embedded cluster (or ``client``'s),
+    writing the rows it returns under ``output``; return the run's summary.
+
+    ``fn`` may be defined in the calling script (it travels by value). ``settings``
+    are the map job's (``chunk_by``, ``chunk_rows``, ``columns``, ``seed``,
+    ``retries``) and the run's (``workers``, ``overwrite``, ``max_failures``, ...).
+    A second call resumes: only units not yet done, or that raised, run.
+    """
+    from ..config import RunOptions, settings_of
+    from ..jobs import run_workload
+
+    run_keys = {f.name for f in settings_of(RunOptions)}
+    map_keys = {f.name for f in settings_of(MapJob)}
+    unknown = sorted(set(settings) - run_keys - map_keys)
+    if unknown:
+        raise ConfigError(f"pipeline.map: unknown setting(s) {', '.join(unknown)}")
+    job = MapJob(
+        name=name,
+        function=describe_function(fn),
+        data=data,
+        grid=dict(grid) if grid is not None else None,
+        files=files,
+        **{k: v for k, v in settings.items() if k in map_keys},
+    )
+    options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
+    workload = MapWorkload(job, name or getattr(fn, "__name__", "map"), fn=fn)
+    return run_workload(workload, options, client=client)

@@ -1,0 +1,184 @@
+"""The three inputs a ``map`` job can take: dataset chunks, a parameter grid, files.
+
+Each numbers its units 0..n-1 in a fixed order, gives each unit's key columns (the
+first columns of the unit's result rows) and the arguments of the unit's call.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import ConfigError, InputError
+from ..storage import open_store
+
+__all__ = ["DataInput", "FilesInput", "GridInput"]
+
+Call = tuple[int, tuple, dict]
+
+
+class GridInput:
+    """The cartesian product of the grid's lists, keys in the order written."""
+
+    kind = "grid"
+
+    def __init__(self, grid: dict[str, Any]):
+        if not grid:
+            raise ConfigError("grid: empty; expected a table of lists, e.g. {alpha = [0.1, 1]}")
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ConfigError(
+                    f"grid: key {key!r} is {values!r}; expected a non-empty list of values"
+                )
+            if not key.isidentifier():
+                raise ConfigError(f"grid: key {key!r} is not a valid parameter name")
+        self.grid = dict(grid)
+        self.keys = tuple(grid)
+        self.n_units = 1
+        for values in grid.values():
+            self.n_units *= len(values)
+
+    def unit(self, i: int) -> dict[str, Any]:
+        out = {}
+        for key in reversed(self.keys):
+            values = self.grid[key]
+            i, j = divmod(i, len(values))
+            out[key] = values[j]
+        return {k: out[k] for k in self.keys}
+
+    def calls(self, start: int, stop: int) -> Iterator[Call]:
+        combos = itertools.islice(itertools.product(*self.grid.values()), start, stop)
+        for unit, values in enumerate(combos, start):
+            yield unit, (), dict(zip(self.keys, values, strict=True))
+
+    def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
+        rows = [self.unit(u) for u in units]
+        out = {}
+        for k in self.keys:
+            try:
+                out[k] = pa.array([r[k] for r in rows])
+            except (pa.ArrowException, TypeError):  # mixed types: keep them as text
+                out[k] = pa.array([repr(r[k]) for r in rows], pa.string())
+        return out
+
+    def fingerprint(self) -> dict:
+        return {"grid": self.grid}
+
+    def describe(self) -> str:
+        return f"{self.n_units} grid points over {', '.join(self.keys)}"
+
+
+class FilesInput:
+    """Every file in a folder (recursively), matching a glob, or under an s3:// prefix."""
+
+    kind = "files"
+
+    def __init__(self, where: str):
+        self.where = where
+        self.paths = tuple(_list_files(where))
+        if not self.paths:
+            raise InputError(f"files = {where!r}: no files there")
+        self.n_units = len(self.paths)
+        self.versions: tuple[str, ...] = ()
+
+    def calls(self, start: int, stop: int) -> Iterator[Call]:
+        for unit in range(start, stop):
+            yield unit, (self.paths[unit],), {}
+
+    def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
+        return {"file": pa.array([self.paths[u] for u in units], pa.string())}
+
+    def fingerprint(self) -> dict:
+        return {"files": list(self.paths)}
+
+    def describe(self) -> str:
+        return f"{self.n_units} files in {self.where}"
+
+
+def _list_files(where: str) -> list[str]:
+    if where.startswith("s3://"):
+        store = open_store(where)
+        try:
+            keys = store.list()
+        except OSError as exc:
+            raise InputError(f"files = {where!r}: cannot list it: {exc}") from exc
+        return [f"{store.url.rstrip('/')}/{k}" for k in keys if not _hidden(k)]
+    if any(c in where for c in "*?["):
+        return sorted(os.path.abspath(p) for p in glob.glob(where, recursive=True)
+                      if os.path.isfile(p))  # fmt: skip
+    root = Path(where).expanduser()
+    if root.is_file():
+        return [str(root.resolve())]
+    if not root.is_dir():
+        raise InputError(f"files = {where!r}: no such folder or file")
+    return sorted(
+        str(p.resolve())
+        for p in root.rglob("*")
+        if p.is_file() and not _hidden(str(p.relative_to(root)))
+    )
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(".") for part in relative.split("/"))
+
+
+class DataInput:
+    """Chunks of a parquet dataset (``chunk_by`` columns or ``chunk_rows``), planned as
+    the regressions plan theirs: from footers and the chunk columns only."""
+
+    kind = "data"
+
+    def __init__(self, data: str, chunk_by: tuple[str, ...], chunk_rows: int | None,
+                 columns: tuple[str, ...]):  # fmt: skip
+        from ..regress.data import check_columns, discover, plan_chunks
+
+        if chunk_by and chunk_rows:
+            raise ConfigError("give chunk_by or chunk_rows, not both")
+        if not chunk_by and not chunk_rows:
+            raise ConfigError("data: no chunks: give chunk_by (column names) or chunk_rows")
+        self.dataset = discover(data)
+        needed = {c: "columns" for c in columns}
+        needed.update({b: "chunk_by" for b in chunk_by})
+        check_columns(self.dataset, needed)
+        self.index = plan_chunks(self.dataset, chunk_by, chunk_rows)
+        if self.index.n_chunks == 0:
+            raise InputError(f"dataset {self.dataset.describe()} has no rows")
+        self.columns = tuple(columns) or tuple(self.dataset.schema.names)
+        self.n_units = self.index.n_chunks
+
+    def calls(self, start: int, stop: int) -> Iterator[Call]:
+        from ..regress.data import read_task_rows
+
+        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
+        frame = rows.table.to_pandas()
+        for i, unit in enumerate(range(start, stop)):
+            a, b = int(rows.offsets[i]), int(rows.offsets[i + 1])
+            yield unit, (frame.iloc[a:b].reset_index(drop=True),), {}
+
+    def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
+        import numpy as np
+
+        idx = np.asarray(units, dtype=np.int64)
+        if self.index.by:
+            keys = self.index.keys.take(pa.array(idx))
+            return {b: keys.column(b).combine_chunks() for b in self.index.by}
+        first = idx * self.index.chunk_rows
+        last = np.minimum(first + self.index.chunk_rows, self.index.total_rows)
+        return {"row_start": pa.array(first), "row_stop": pa.array(last)}
+
+    def fingerprint(self) -> dict:
+        ds = self.dataset
+        return {"data": ds.url, "data_files": list(ds.keys), "versions": list(ds.versions)}
+
+    def describe(self) -> str:
+        by = ",".join(self.index.by) if self.index.by else f"{self.index.chunk_rows} rows"
+        return f"{self.n_units} chunks (by {by}) of {self.dataset.describe()}"
+
+    def __sizeof__(self) -> int:
+        return object.__sizeof__(self) + self.index.nbytes
