@@ -1,0 +1,63 @@
+"""Functions a user might map. Files they use (a call log, a failure flag) come as
+arguments: the embedded cluster's workers do not see the tests' environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _log(log: str | None, what: str) -> None:
+    if log:
+        with open(log, "a") as f:
+            f.write(what + "\n")
+
+
+def power(x, p=2, seed=None, log=None, flag=None):
+    _log(log, f"power {x} {p}")
+    if flag and Path(flag).exists() and x == 3:
+        raise ValueError(f"x = {x} is refused while the flag is set")
+    rng = np.random.default_rng(seed)
+    return {"value": x**p, "noise": float(rng.random())}
+
+
+def flaky(x, markers):
+    """Fails on its first call for each x (a marker file per x), then succeeds."""
+    marker = Path(markers) / f"{x}"
+    if not marker.exists():
+        marker.write_text("failed once")
+        raise ConnectionError(f"transient failure for {x}")
+    return {"ok": True}
+
+
+def file_size(path):
+    return {"bytes": os.path.getsize(path), "name": Path(path).name}
+
+
+def chunk_stats(chunk: pd.DataFrame):
+    return pd.DataFrame({"n": [len(chunk)], "y_mean": [float(chunk["y"].mean())]})
+
+
+def rows_per_unit(x):
+    """x rows for x, None for 0."""
+    if x == 0:
+        return None
+    return pd.DataFrame({"i": np.arange(x), "half": np.arange(x) / 2})
+
+
+def wrong_type(x):
+    return [x]
+
+
+def mixed_types(x):
+    return {"v": x if x % 2 else f"text {x}"}
+
+
+def keyword_only(*, alpha):
+    return {"alpha": alpha}
+
+
+not_callable = 42

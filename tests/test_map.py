@@ -1,0 +1,207 @@
+"""The map workload: the user's function over a grid, files or dataset chunks, with
+the guarantees of the built-in workloads (resume, failures as data, verify)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import ConfigError, InputError, MapJob, MapWorkload, RunOptions, run_job, unit_seed
+from pipeline.results import results_table, write_results
+from pipeline.verify import verify_output
+
+FN = "mapfns.userfns"
+
+
+def run(client, out, job_id="m", units_per_task=2, echo=None, **settings):
+    w = MapWorkload(MapJob(**settings), job_id)
+    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
+    return run_job(w, options, client, echo=echo or (lambda m: None))
+
+
+def calls(log) -> list[str]:
+    return sorted(log.read_text().splitlines()) if log.exists() else []
+
+
+def test_grid_in_product_order_with_keys_first_and_seeds(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:power", grid={"x": [1, 2, 3], "p": [2, 3]})
+    assert s.complete and s.units == 6 and s.units_failed == 0
+    table = results_table(str(tmp_path)).to_pandas()
+    assert table.columns.tolist() == ["unit", "x", "p", "value", "noise"]
+    assert table[["x", "p"]].values.tolist() == [[1, 2], [1, 3], [2, 2], [2, 3], [3, 2], [3, 3]]
+    assert table["value"].tolist() == [1, 1, 4, 8, 9, 27]
+    expected = [float(np.random.default_rng(unit_seed(0, u)).random()) for u in range(6)]
+    assert table["noise"].tolist() == expected
+    (check,) = verify_output(str(tmp_path))
+    assert check.ok and check.units_ok == 6, check
+
+
+def test_same_bytes_whatever_the_task_sizes(tmp_path, client):
+    grid = {"x": list(range(7))}
+    for size in (1, 3):
+        run(client, tmp_path / f"s{size}", function=f"{FN}:rows_per_unit", grid=grid,
+            units_per_task=size)  # fmt: skip
+        write_results(str(tmp_path / f"s{size}"), None, str(tmp_path / f"r{size}.parquet"))
+    assert (tmp_path / "r1.parquet").read_bytes() == (tmp_path / "r3.parquet").read_bytes()
+    table = pq.read_table(tmp_path / "r1.parquet").to_pandas()
+    assert len(table) == sum(range(7)) and table["unit"].is_monotonic_increasing
+
+
+def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
+    log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
+    flag.touch()
+    grid = {"x": [1, 2, 3, 4, 5], "log": [str(log)], "flag": [str(flag)]}
+    settings = {"function": f"{FN}:power", "grid": grid}
+    first = run(client, tmp_path / "out", units_per_task=2, **settings)
+    assert first.units_failed == 1 and first.units_retryable == 1
+    (failure,) = first.failures
+    assert failure["error_type"] == "ValueError" and failure["unit"] == 2
+    assert "x = 3 is refused" in failure["message"]
+    assert "userfns.py:" in failure["message"] and "in power" in failure["message"]
+    failures = results_table(str(tmp_path / "out"), "failures").to_pandas()
+    assert failures[["unit", "x", "error_type"]].values.tolist() == [[2, 3, "ValueError"]]
+    assert len(calls(log)) == 5
+    flag.unlink()
+    log.unlink()
+    second = run(client, tmp_path / "out", units_per_task=2, **settings)
+    assert second.units_run == 2 and second.units_failed == 0 and second.complete
+    assert calls(log) == ["power 3 2"]  # the failed unit only, not its task's other unit
+    clean = tmp_path / "clean"
+    run(client, clean, units_per_task=2, **settings)
+    write_results(str(tmp_path / "out"), None, str(tmp_path / "a.parquet"))
+    write_results(str(clean), None, str(tmp_path / "b.parquet"))
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    (check,) = verify_output(str(tmp_path / "out"))
+    assert check.ok, check
+    third = run(client, tmp_path / "out", units_per_task=2, **settings)
+    assert third.units_run == 0 and third.complete
+
+
+def test_retries_within_the_run(tmp_path, client):
+    markers = [str(tmp_path)]
+    grid = {"x": [1, 2], "markers": markers}
+    s = run(client, tmp_path / "o1", function=f"{FN}:flaky", grid=grid, retries=1)
+    assert s.units_failed == 0
+    s = run(client, tmp_path / "o2", function=f"{FN}:flaky", grid={"x": [5], "markers": markers})
+    assert s.units_failed == 1 and s.failures[0]["error_type"] == "ConnectionError"
+
+
+def test_files_and_dataset_chunks(tmp_path, client):
+    files = tmp_path / "files"
+    (files / "sub").mkdir(parents=True)
+    (files / "a.txt").write_bytes(b"abc")
+    (files / "sub" / "b.txt").write_bytes(b"12345")
+    (files / ".hidden").write_bytes(b"x")
+    run(client, tmp_path / "f", function=f"{FN}:file_size", files=str(files))
+    table = results_table(str(tmp_path / "f")).to_pandas()
+    assert table["name"].tolist() == ["a.txt", "b.txt"] and table["bytes"].tolist() == [3, 5]
+    assert table["file"].tolist() == [str(files / "a.txt"), str(files / "sub" / "b.txt")]
+
+    df = pd.DataFrame({"g": np.repeat(["b", "a", "c"], 4), "y": np.arange(12.0)})
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), data / "d.parquet",
+                   row_group_size=5)  # fmt: skip
+    run(client, tmp_path / "d", function=f"{FN}:chunk_stats", data=str(data), chunk_by="g")
+    table = results_table(str(tmp_path / "d")).to_pandas()
+    assert table[["g", "n", "y_mean"]].values.tolist() == [
+        ["a", 4, 5.5], ["b", 4, 1.5], ["c", 4, 9.5]
+    ]  # fmt: skip
+    run(client, tmp_path / "r", function=f"{FN}:chunk_stats", data=str(data), chunk_rows=5)
+    table = results_table(str(tmp_path / "r")).to_pandas()
+    assert table[["row_start", "row_stop", "n"]].values.tolist() == [[0, 5, 5], [5, 10, 5],
+                                                                    [10, 12, 2]]  # fmt: skip
+
+
+def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
+    assert s.failures[0]["error_type"] == "TypeError"
+    assert "returned a builtins.list; expected a mapping" in s.failures[0]["message"]
+
+
+def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:mixed_types", grid={"x": [1, 2, 3]},
+            units_per_task=3)  # fmt: skip
+    assert s.units_failed == 3
+    message = s.failures[0]["message"]
+    assert "results of units 0 and 1 cannot be combined: column 'v'" in message
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "match"),
+    [
+        ({"function": "no_such_module:f", "grid": {"x": [1]}}, ConfigError,
+         "module 'no_such_module' does not import: ModuleNotFoundError"),
+        ({"function": f"{FN}:missing", "grid": {"x": [1]}}, ConfigError, "has no 'missing'"),
+        ({"function": f"{FN}:not_callable", "grid": {"x": [1]}}, ConfigError, "not callable"),
+        ({"function": f"{FN}:power", "grid": {"x": [1], "q": [2]}}, ConfigError,
+         "does not accept the grid key\\(s\\) 'q'"),
+        ({"function": f"{FN}:keyword_only", "files": "."}, ConfigError,
+         "needs a positional parameter"),
+        ({"function": f"{FN}:power"}, ConfigError, "exactly one input.*none given"),
+        ({"function": f"{FN}:power", "grid": {"x": [1]}, "files": "."}, ConfigError,
+         "got grid and files"),
+        ({"function": f"{FN}:power", "grid": {"x": 1}}, ConfigError, "non-empty list"),
+        ({"function": f"{FN}:file_size", "files": "/no/such/folder"}, InputError,
+         "no such folder"),
+        ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},
+         InputError, "no .parquet files"),
+        ({"function": "power", "grid": {"x": [1]}}, ConfigError, "expected 'module:callable'"),
+    ],
+)  # fmt: skip
+def test_bad_jobs_fail_before_any_task(tmp_path, client, settings, error, match):
+    with pytest.raises(error, match=match):
+        run(client, tmp_path / "out", **settings)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_function_defined_in_the_calling_script_travels_by_value(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import pipeline
+
+        def cube(x):
+            return {{"x3": x ** 3}}
+
+        if __name__ == "__main__":
+            s = pipeline.map(cube, grid={{"x": [1, 2, 3]}}, output={str(tmp_path / "out")!r},
+                             workers=1, progress=False)
+            print(s.complete, s.units_run)
+            again = pipeline.map(cube, grid={{"x": [1, 2, 3]}}, output={str(tmp_path / "out")!r},
+                                 workers=1, progress=False)
+            print(again.complete, again.units_run)
+    """)
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "3", "True", "0"]
+    table = results_table(str(tmp_path / "out")).to_pandas()
+    assert table["x3"].tolist() == [1, 8, 27]
+
+
+def test_a_job_file_function_imports_from_the_job_files_folder(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "mine.py").write_text("def twice(x):\n    return {'y': 2 * x}\n")
+    (jobs / "grid.toml").write_text(
+        'workload = "map"\nfunction = "mine:twice"\n[grid]\nx = [1, 2, 3]\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", str(jobs / "grid.toml"), "--output",
+         str(tmp_path / "out"), "--workers", "1"],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "map job 'grid': 3 of 3 points" in proc.stdout
+    shown = subprocess.run([sys.executable, "-m", "pipeline", "results", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "table 'results', 3 rows" in shown.stdout, shown.stderr
