@@ -15,6 +15,7 @@ from typing import Any
 
 from .config import RunOptions
 from .errors import Interrupted
+from .layout import manifest_key
 from .planning import (
     PROBE_SECONDS,
     Plan,
@@ -31,10 +32,6 @@ from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 __all__ = ["completed_job", "open_output", "run_job"]
 
 log = logging.getLogger(__name__)
-
-
-def manifest_key(job_id: str, index: int) -> str:
-    return join(job_id, "manifest", f"part-{index:06d}.parquet")
 
 
 def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskReceipt:

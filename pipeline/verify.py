@@ -185,4 +185,4 @@ def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
                     )
                 else:
                     check.units_ok += 1
-    return check, listed_shards
+    return listed_shards

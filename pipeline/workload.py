@@ -129,7 +129,11 @@ class Workload(ABC):
         """Worker: run the task's units, write their outputs; record failures per unit."""
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
-        """Driver: once every task is complete, consolidate; return facts for the summary."""
+        """Driver: once every task is complete, consolidate; return facts for the summary.
+
+        The default writes the tasks' manifest entries as one ``manifest.parquet``, in
+        unit order when they have unit ranges."""
+        consolidate_manifest(store, self.job_id, tasks)
         return {}
 
     #: Whether the next run calls again the units recorded as failed (user code can
@@ -173,3 +177,24 @@ class Workload(ABC):
 
     def describe(self) -> str:
         return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
+
+
+def consolidate_manifest(store: Store, job_id: str, tasks: list[Task]):
+    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .layout import consolidated_manifest_key, manifest_key
+    from .storage import write_parquet
+
+    parts = [pq.read_table(io.BytesIO(store.read_bytes(manifest_key(job_id, t.index))))
+             for t in tasks]  # fmt: skip
+    manifest = pa.concat_tables(parts, promote_options="permissive")
+    for start in ("unit_start", "chunk_start", "cube_id"):
+        if start in manifest.column_names:
+            manifest = manifest.sort_by([(start, "ascending")])
+            break
+    write_parquet(store, consolidated_manifest_key(job_id), manifest)
+    return manifest

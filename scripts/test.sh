@@ -2,7 +2,7 @@
 # Set up everything the test suite needs, then run all of it.
 #   bash scripts/test.sh [pytest args]
 # Installs: the Debian package haproxy (when missing; needs root or sudo), a
-# virtualenv .venv with the project and its dev extra, and (through
+# virtualenv .venv with the project, its dev extra and the example plug-in, and (through
 # scripts/check-terraform.sh, called by the tests) checkov in .venv-tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# The example workload plug-in: the contract tests run it as a third party's.
+.venv/bin/python -m pip install -q --no-deps -e examples/plugin
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 import pyarrow as pa
+import xxhash
 
 from pipeline import TaskOutput, UnitFailure, Workload
+from pipeline.config import setting
 from pipeline.storage import join
+
+
+@dataclasses.dataclass(frozen=True)
+class SquaresJob:
+    name: str | None = setting(None, str, "Job id.")
+    n_units: int = setting(10, int, "Units.", minimum=1)
+    fail: str | None = setting(None, str, "Units that raise, comma-separated.", sequence=True)
 
 
 class SquaresWorkload(Workload):
@@ -18,14 +28,16 @@ class SquaresWorkload(Workload):
 
     kind = "squares"
     unit_name = "square"
+    settings_class = SquaresJob
 
     def __init__(self, job_id, n_units, fail=(), crash_task=None, exit_unit=None, unit_seconds=0):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
     @classmethod
-    def from_settings(cls, settings, job_id, options):
-        return cls(job_id, settings.n_units)
+    def from_settings(cls, settings, job_id, options=None):
+        fail = [int(u) for u in (settings.fail or "").split(",") if u.strip()]
+        return cls(job_id, settings.n_units, fail=fail)
 
     def preflight(self):
         pass
@@ -37,7 +49,6 @@ class SquaresWorkload(Workload):
         if task.index == self.crash_task:
             raise RuntimeError(f"task {task.index} cannot start")
         out = TaskOutput()
-        values = []
         for unit in task.units:
             if unit == self.exit_unit:
                 os._exit(3)
@@ -45,9 +56,17 @@ class SquaresWorkload(Workload):
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")
-                values.append(unit * unit)
                 store.write_bytes(join(self.job_id, "values", f"{unit:05d}"), b"%d" % (unit * unit))
             except ValueError as exc:
                 out.failures.append(UnitFailure.from_exception(unit, exc))
-        out.manifest = pa.table({"value": values})
+        out.manifest = pa.table(
+            {
+                "object": [join(self.job_id, "values", f"{u:05d}") for u in task.units
+                           if u not in self.fail],
+                "unit_start": [task.start] * (len(task.units) - len(set(task.units) & self.fail)),
+                "unit_stop": [task.stop] * (len(task.units) - len(set(task.units) & self.fail)),
+                "checksum": [xxhash.xxh3_64_hexdigest(b"%d" % (u * u)) for u in task.units
+                             if u not in self.fail],
+            }
+        )  # fmt: skip
         return out

@@ -32,7 +32,8 @@ import xxhash
 
 from ..config import setting
 from ..errors import ConfigError, InputError
-from ..storage import Store, join, write_parquet
+from ..layout import part_key
+from ..storage import Store, join
 from ..usercode import (
     accepts_seed,
     check_code_path,
@@ -43,7 +44,7 @@ from ..usercode import (
     load_function,
     unit_seed,
 )
-from ..workload import Task, TaskOutput, UnitFailure, Workload
+from ..workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
 from .map_inputs import DataInput, FilesInput, GridInput
 
 __all__ = ["MapJob", "MapWorkload"]
@@ -319,16 +320,11 @@ class MapWorkload(Workload):
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        from ..runner import manifest_key
-
-        parts = [_read(store, manifest_key(self.job_id, t.index)) for t in tasks]
-        manifest = pa.concat_tables(parts).sort_by([("unit_start", "ascending")])
-        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        consolidate_manifest(store, self.job_id, tasks)
         return {"tables": store.describe(join(self.job_id, "results"))}
 
 
-def _part(job_id: str, table: str, index: int) -> str:
-    return join(job_id, table, f"part-{index:06d}.parquet")
+_part = part_key
 
 
 def _read(store: Store, key: str) -> pa.Table:

@@ -1,0 +1,84 @@
+"""An example workload plug-in: the words of each text file in a folder, counted.
+
+It uses only the workload contract (``pipeline.Workload``): its settings, how it is
+built from them, its preflight, its fingerprint, a task, and the table it writes.
+The runner does the rest: task sizing, failures per unit, resume, the manifest and
+its consolidation, ``pipeline verify`` and ``pipeline results``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from pipeline import InputError, TaskOutput, UnitFailure, Workload
+from pipeline.config import setting
+from pipeline.layout import part_key
+
+
+@dataclasses.dataclass(frozen=True)
+class WordCountJob:
+    name: str | None = setting(None, str, "Job id. Default: the job file's name.")
+    folder: str | None = setting(None, str, "Folder of .txt files to count the words of.")
+    top: int = setting(3, int, "How many of each file's most common words to keep.", minimum=1)
+
+
+class WordCountWorkload(Workload):
+    kind = "wordcount"
+    unit_name = "file"
+    settings_class = WordCountJob
+    default_table = "counts"
+
+    def __init__(self, job: WordCountJob, job_id: str):
+        self.job, self.job_id = job, job_id
+        self.files: tuple[str, ...] = ()
+        self.n_units = 0
+
+    @classmethod
+    def from_settings(cls, settings, job_id, options=None):
+        return cls(settings, job_id)
+
+    def preflight(self) -> None:
+        folder = Path(self.job.folder or "")
+        if not self.job.folder or not folder.is_dir():
+            raise InputError(f"folder = {self.job.folder!r}: expected a folder of .txt files")
+        self.files = tuple(str(p) for p in sorted(folder.glob("*.txt")))
+        if not self.files:
+            raise InputError(f"folder {folder}: no .txt files")
+        self.n_units = len(self.files)
+
+    def fingerprint(self) -> dict:
+        return {"files": list(self.files), "top": self.job.top}
+
+    def run_task(self, task, store) -> TaskOutput:
+        out = TaskOutput()
+        rows = []
+        for unit in task.units:
+            try:
+                words = Path(self.files[unit]).read_text(encoding="utf-8").split()
+            except (OSError, UnicodeDecodeError) as exc:
+                out.failures.append(UnitFailure.from_exception(unit, exc))
+                continue
+            for word, count in collections.Counter(words).most_common(self.job.top):
+                rows.append({"unit": unit, "file": Path(self.files[unit]).name,
+                             "word": word, "count": count})  # fmt: skip
+        schema = pa.schema([("unit", pa.int64()), ("file", pa.string()),
+                            ("word", pa.string()), ("count", pa.int64())])  # fmt: skip
+        sink = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink)
+        data = sink.getvalue()
+        key = part_key(self.job_id, "counts", task.index)
+        if store is not None and not out.failures:
+            out.bytes_written += store.write_bytes(key, data)
+        out.manifest = pa.table({
+            "object": [key], "kind": ["counts"], "unit_start": [task.start],
+            "unit_stop": [task.stop], "size": [len(data)],
+            "checksum": [xxhash.xxh3_64_hexdigest(data)],
+        })  # fmt: skip
+        return out

@@ -1,0 +1,48 @@
+"""The output layout: where a job's objects live under the output (one module knows).
+
+<job>/job.json                      the job's record: workload, settings, plan
+<job>/manifest/part-NNNNNN.parquet  task NNNNNN's entry, written last, only when
+                                    all of its data is written
+<job>/manifest.parquet              every entry, once every task is complete
+<job>/<table>/part-NNNNNN.parquet   task NNNNNN's part of a table (regressions'
+                                    coefficients, models, timings; map results,
+                                    failures; a plug-in's own)
+<job>/shards/NNNNNN.npy             cube shards
+"""
+
+from __future__ import annotations
+
+from .storage import join
+
+__all__ = [
+    "job_record_key",
+    "manifest_key",
+    "manifest_prefix",
+    "consolidated_manifest_key",
+    "part_key",
+    "shard_key",
+]
+
+
+def job_record_key(job_id: str) -> str:
+    return join(job_id, "job.json")
+
+
+def manifest_prefix(job_id: str) -> str:
+    return join(job_id, "manifest")
+
+
+def manifest_key(job_id: str, index: int) -> str:
+    return join(job_id, "manifest", f"part-{index:06d}.parquet")
+
+
+def consolidated_manifest_key(job_id: str) -> str:
+    return join(job_id, "manifest.parquet")
+
+
+def part_key(job_id: str, table: str, index: int) -> str:
+    return join(job_id, table, f"part-{index:06d}.parquet")
+
+
+def shard_key(job_id: str, shard: int) -> str:
+    return join(job_id, "shards", f"{shard:06d}.npy")

@@ -1,0 +1,162 @@
+"""The workload contract, for every registered workload: the built-ins, the example
+plug-in (installed as a third party's package) and the tests' tiny workload.
+
+Each gets the guarantees the runner gives any workload: the same job gives the same
+bytes; a run interrupted part way and run again completes with a clean run's bytes;
+a unit that fails is recorded and the run finishes; ``pipeline verify`` finds a
+missing, a corrupt and an extra object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import RunOptions, registry, run_job
+from pipeline.layout import consolidated_manifest_key, manifest_key
+from pipeline.results import concat_parts, job_tables
+from pipeline.storage import LocalStore
+from pipeline.verify import verify_output
+
+
+def cubes(tmp, frames_dir, fail):
+    settings = {"frames": str(frames_dir), "cubes": 24, "dim": 6, "cubes_per_shard": 4}
+    if fail:  # a folder where shard 2 must go: writing it fails for real
+        (tmp / "out" / "job" / "shards" / "000002.npy" / "x").mkdir(parents=True)
+    return settings
+
+
+def regressions(tmp, frames_dir, fail):
+    from pipeline.regress import write_regression_data
+
+    if not (tmp / "data").exists():
+        write_regression_data(LocalStore(tmp / "data"), "", chunks=10, rows=30, features=2, seed=3)
+    # 300 rows in chunks of 30, or of 37: then the last has 4 rows for 6 parameters.
+    formula = "y ~ x1 + x2 + C(sector)"
+    return {"data": str(tmp / "data"), "chunk_rows": 37 if fail else 30, "formula": formula}
+
+
+def map_(tmp, frames_dir, fail):
+    grid = {"x": [1, 2, 3, 4, 5, 6]}
+    if fail:  # x = 3 raises while the flag file exists
+        (tmp / "flag").touch()
+        grid["flag"] = [str(tmp / "flag")]
+    return {"function": "mapfns.userfns:power", "grid": grid}
+
+
+def wordcount(tmp, frames_dir, fail):
+    folder = tmp / "texts"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(7):
+        (folder / f"t{i}.txt").write_text(" ".join(["a"] * i + ["b"] * (7 - i) + [f"w{i}"]))
+    if fail:
+        (folder / "t3.txt").write_bytes(b"\xff\xfe not utf-8")
+    return {"folder": str(folder)}
+
+
+def squares(tmp, frames_dir, fail):
+    return {"n_units": 12, "fail": "5" if fail else None}
+
+
+#: A small job for each registered workload: (tmp folder, frames, fail?) -> settings.
+JOBS = {"cubes": cubes, "regressions": regressions, "map": map_, "wordcount": wordcount,
+        "squares": squares}  # fmt: skip
+
+
+def test_every_registered_workload_has_a_contract_job():
+    assert set(registry.names()) == set(JOBS), "add a small job for the new workload to JOBS"
+
+
+def build(name, tmp, frames_dir, fail=False):
+    cls = registry.load(name)
+    settings = cls.settings_class(**JOBS[name](tmp, frames_dir, fail))
+    return cls.from_settings(settings, "job", RunOptions(output=str(tmp / "out")))
+
+
+def run(client, workload, out, units_per_task=3):
+    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
+    return run_job(workload, options, client, echo=lambda m: None)
+
+
+def digest(out) -> str:
+    """The job's output as a user reads it: its tables in unit order (timings aside),
+    or, for a workload without tables, every object but its bookkeeping."""
+    store = LocalStore(out)
+    h = hashlib.sha256()
+    tables = job_tables(store, "job")
+    if tables:
+        for table in sorted(set(tables) - {"timings"}):  # timings are what they are
+            parts = [(f, pq.read_table(store.open_input(k))) for f, k in tables[table]]
+            sink = io.BytesIO()
+            pq.write_table(concat_parts(store, parts), sink)
+            h.update(table.encode() + sink.getvalue())
+    else:
+        for key in store.list("job"):
+            # The manifests record task ranges, which depend on the task sizes.
+            if not key.startswith(("job/manifest", "job/job.json")):
+                h.update(key.encode() + store.read_bytes(key))
+    return h.hexdigest()
+
+
+@pytest.fixture(params=sorted(JOBS))
+def name(request):
+    return request.param
+
+
+def test_the_same_job_gives_the_same_bytes_whatever_the_task_sizes(
+    name, tmp_path, client, frames_dir
+):
+    a = run(client, build(name, tmp_path / "a", frames_dir), tmp_path / "a" / "out", 2)
+    b = run(client, build(name, tmp_path / "b", frames_dir), tmp_path / "b" / "out", 4)
+    assert a.complete and b.complete and a.units_failed == b.units_failed == 0, a.failures
+    assert digest(tmp_path / "a" / "out") == digest(tmp_path / "b" / "out")
+
+
+def test_an_interrupted_run_run_again_gives_a_clean_runs_bytes(name, tmp_path, client, frames_dir):
+    clean = tmp_path / "clean" / "out"
+    run(client, build(name, tmp_path / "clean", frames_dir), clean)
+    out = tmp_path / "r" / "out"
+    workload = build(name, tmp_path / "r", frames_dir)
+    first = run(client, workload, out)
+    # As if the run had been killed before task 1 wrote its entry: no entry, no
+    # consolidated manifest.
+    (out / manifest_key("job", 1)).unlink()
+    (out / consolidated_manifest_key("job")).unlink()
+    again = run(client, build(name, tmp_path / "r", frames_dir), out)
+    assert again.complete and again.tasks_skipped == first.tasks - 1
+    assert digest(out) == digest(clean)
+    (check,) = verify_output(str(out))
+    assert check.ok, check
+
+
+def test_a_failing_unit_is_recorded_and_the_run_finishes(name, tmp_path, client, frames_dir):
+    s = run(client, build(name, tmp_path, frames_dir, fail=True), tmp_path / "out")
+    assert s.units_failed >= 1 and s.failures, s
+    assert s.units_run == s.units  # every other unit ran
+    assert {"unit", "error_type", "message"} <= set(s.failures[0])
+
+
+def test_verify_finds_a_missing_a_corrupt_and_an_extra_object(name, tmp_path, client, frames_dir):
+    out = tmp_path / "out"
+    run(client, build(name, tmp_path, frames_dir), out)
+    (check,) = verify_output(str(out))
+    assert check.ok, check
+    manifest = pq.read_table(out / consolidated_manifest_key("job")).to_pandas()
+    column = "shard" if "shard" in manifest else "object"
+    listed = sorted(set(manifest[column]))
+    assert len(listed) >= 2
+    (out / listed[0]).unlink()
+    with open(out / listed[-1], "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0xFF]))
+    (out / "job" / "notes.txt").write_text("not listed anywhere")
+    (check,) = verify_output(str(out))
+    assert not check.ok
+    assert any(listed[0] in m for m in check.missing), check
+    assert any(listed[-1] in c for c in check.corrupt), check
+    assert check.extra == [f"{out}/job/notes.txt"]
