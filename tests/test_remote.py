@@ -194,7 +194,7 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote):
     assert 5 <= done_before < 150
     again = pipeline_cli(args, remote.env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"resuming: {done_before} of 150 tasks already complete, skipped" in again.stderr
+    assert f"resuming: {4 * done_before} of 600 cubes already complete" in again.stderr
     ran = 600 - 4 * done_before
     assert f"{ran} of {ran} cubes" in again.stdout
     ok = pipeline_cli(["verify", out], remote.env)
@@ -267,3 +267,43 @@ def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch)
     )
     remote.cluster.add_worker("w2", env=remote.env)
     remote.cluster.wait_for_workers(2)
+
+
+def test_map_code_is_shipped_to_the_workers_and_its_hash_guards_resume(remote, tmp_path):
+    # A module only the driver's folder has: the workers get it from `code`.
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "shipped_fns.py").write_text("def triple(x):\n    return {'y': 3 * x}\n")
+    job = jobs / "shipped.toml"
+    job.write_text(
+        'workload = "map"\nfunction = "shipped_fns:triple"\ncode = "'
+        + str(jobs / "shipped_fns.py")
+        + '"\n[grid]\nx = [1, 2, 3, 4, 5, 6]\n'
+    )
+    out = f"s3://{BUCKET}/map1"
+    args = ["run", job, "--output", out, "--no-progress", *remote.driver_flags]
+    proc = pipeline_cli(args, remote.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "6 of 6 points" in proc.stdout
+    shown = pipeline_cli(["results", out], remote.env)
+    assert "table 'results', 6 rows" in shown.stdout, shown.stderr
+    ok = pipeline_cli(["verify", out], remote.env)
+    assert ok.returncode == 0, ok.stdout
+
+    # A worker that joins later gets the code too.
+    late = remote.cluster.add_worker("late")
+    remote.cluster.wait_for_workers(3)
+    from distributed import Client
+
+    with Client(remote.cluster.address, security=remote.cluster.security(), timeout=30) as c:
+        addresses = [a for a, info in c.scheduler_info()["workers"].items()
+                     if info.get("name") == "late"]  # fmt: skip
+        found = c.run(lambda: __import__("shipped_fns").triple(2), workers=addresses)
+    assert list(found.values()) == [{"y": 6}]
+    late.stop()
+
+    # Changed code: resuming is refused (its hash is part of the job's settings).
+    (jobs / "shipped_fns.py").write_text("def triple(x):\n    return {'y': 30 * x}\n")
+    refused = pipeline_cli(args, remote.env)
+    assert refused.returncode == 1
+    assert "other settings (code" in refused.stderr and "--overwrite" in refused.stderr

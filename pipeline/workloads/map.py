@@ -102,6 +102,21 @@ class MapWorkload(Workload):
         self.unit_name = "unit"
         self._seeded = False
         self._code_hash: str | None = None
+        self._by_name = False
+
+    def __getstate__(self) -> dict:
+        # A function named 'module:callable' travels by name and is imported where the
+        # task runs: the scheduler, which also unpickles tasks, may not have the module
+        # (shipped code reaches the workers only).
+        state = dict(self.__dict__)
+        if self._by_name:
+            state["fn"] = None
+        return state
+
+    def _function(self) -> Callable:
+        if self.fn is None:
+            self.fn = load_function(self.job.function)
+        return self.fn
 
     @classmethod
     def from_settings(cls, settings: MapJob, job_id: str, options=None) -> MapWorkload:
@@ -129,6 +144,7 @@ class MapWorkload(Workload):
             if not job.function:
                 raise ConfigError("a map job needs function = 'module:callable'")
             self.fn = load_function(job.function)
+            self._by_name = True
         elif not callable(self.fn):
             raise ConfigError(f"map: {self.fn!r} is not callable")
         from ..regress.spec import split_list
@@ -217,7 +233,7 @@ class MapWorkload(Workload):
         attempt = 0
         for attempt in range(self.job.retries + 1):  # noqa: B007 - reported below
             try:
-                returned = self.fn(*args, **kwargs)
+                returned = self._function()(*args, **kwargs)
                 return self._rows(unit, returned), None
             except Exception as exc:
                 error = exc
