@@ -71,7 +71,7 @@ class GridInput:
         return {"grid": self.grid}
 
     def describe(self) -> str:
-        return f"{self.n_units} grid points over {', '.join(self.keys)}"
+        return f"{self.n_units} grid points ({' × '.join(self.keys)})"
 
 
 class FilesInput:
