@@ -180,3 +180,28 @@ def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, frames_d
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == "[0, 1, 2, 3]"
+
+
+def test_the_example_plugin_runs_resumes_and_verifies_through_the_cli(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(5):
+        (texts / f"t{i}.txt").write_text("the cat and the hat " * (i + 1))
+    listed = pipeline("workloads")
+    assert "wordcount  (wordcount:WordCountWorkload, from package pipeline-wordcount)" in (
+        listed.stdout
+    ), listed.stdout
+    args = ["run", "--workload", "wordcount", "--folder", texts, "--output", tmp_path / "out",
+            "--workers", 1, "--units-per-task", 2]  # fmt: skip
+    first = pipeline(*args)
+    assert first.returncode == 0, first.stderr
+    assert "wordcount job 'wordcount': 5 of 5 files" in first.stdout
+    (tmp_path / "out" / "wordcount" / "manifest" / "part-000001.parquet").unlink()
+    (tmp_path / "out" / "wordcount" / "manifest.parquet").unlink()
+    again = pipeline(*args)
+    assert "resuming: 3 of 5 files already complete" in again.stderr, again.stderr
+    assert "2 of 2 files" in again.stdout
+    verified = pipeline("verify", tmp_path / "out")
+    assert verified.returncode == 0 and "wordcount (wordcount): OK" in verified.stdout
+    shown = pipeline("results", tmp_path / "out")
+    assert "table 'counts'" in shown.stdout and "the" in shown.stdout
