@@ -189,22 +189,22 @@ class MapWorkload(Workload):
         t0 = time.perf_counter()
         out = TaskOutput(phases={"compute": 0.0, "writing": 0.0})
         kept, retry = self._previous(store, task)
-        tables: dict[int, pa.Table] = dict(kept)
+        pieces: dict[int, Any] = dict(kept)
         failed: list[dict] = []
         for unit, args, kwargs in self.input.calls(task.start, task.stop):
             if retry is not None and unit not in retry:
                 continue
             if self._seeded:
                 kwargs = {**kwargs, "seed": unit_seed(self.job.seed, unit)}
-            table, failure = self._call(unit, args, kwargs)
+            piece, failure = self._call(unit, args, kwargs)
             if failure is not None:
                 failed.append(failure)
-            elif table is not None:
-                tables[unit] = table
+            elif piece is not None:
+                pieces[unit] = piece
+        results = self._assemble(pieces)
         out.phases["compute"] = time.perf_counter() - t0
         t_write = time.perf_counter()
         entries = []
-        results = _combine([tables[u] for u in sorted(tables)], sorted(tables))
         if results is not None and store is not None:
             entries.append(self._write(store, "results", task, results, out))
         elif store is not None:
@@ -247,15 +247,18 @@ class MapWorkload(Workload):
             "attempts": attempt + 1,
         }
 
-    def _rows(self, unit: int, returned: Any) -> pa.Table | None:
+    def _rows(self, unit: int, returned: Any) -> dict | pa.Table | None:
+        """What a unit returned, as one row (a dict) or rows (a table), keys not yet added."""
         if returned is None:
             return None
+        if isinstance(returned, Mapping):
+            row = dict(returned)
+            self._check_names(row)
+            return row
         if isinstance(returned, pa.Table):
             table = returned
         elif isinstance(returned, pa.RecordBatch):
             table = pa.Table.from_batches([returned])
-        elif isinstance(returned, Mapping):
-            table = pa.Table.from_pylist([dict(returned)])
         elif type(returned).__name__ == "DataFrame" and hasattr(returned, "to_numpy"):
             table = pa.Table.from_pandas(returned, preserve_index=False)
         else:
@@ -263,17 +266,66 @@ class MapWorkload(Workload):
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
                 "expected a mapping (one row), a pandas DataFrame or pyarrow Table (rows), or None"
             )
-        keys = {"unit": pa.array([unit], pa.int64()), **self.input.key_columns([unit])}
-        clash = [c for c in table.column_names if c in keys]
+        self._check_names(table.column_names)
+        return table
+
+    def _check_names(self, names) -> None:
+        clash = [c for c in names if c == "unit" or c in self.input.key_names]
         if clash:
             raise ValueError(
                 f"the function returned column(s) {', '.join(map(repr, clash))}, which is also "
                 "the name of a key column the results begin with; rename it"
             )
+
+    def _assemble(self, pieces: dict[int, Any]) -> pa.Table | None:
+        """The task's rows in unit order, key columns first. Runs of one-row units are
+        built as one table (a table per unit costs more than most functions)."""
+        units = sorted(pieces)
+        tables: list[pa.Table] = []
+        owners: list[Any] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if run:
+                tables.append(self._row_table(run, [pieces[u] for u in run]))
+                owners.append(f"{run[0]}" if len(run) == 1 else f"{run[0]}-{run[-1]}")
+                run.clear()
+
+        for unit in units:
+            piece = pieces[unit]
+            if isinstance(piece, dict):
+                run.append(unit)
+                continue
+            flush()
+            if "unit" not in piece.column_names:  # kept from an earlier attempt: keyed
+                piece = self._keyed(unit, piece)
+            tables.append(piece)
+            owners.append(unit)
+        flush()
+        return _combine(tables, owners)
+
+    def _keys(self, units: list[int]) -> dict[str, pa.Array]:
+        return {"unit": pa.array(units, pa.int64()), **self.input.key_columns(units)}
+
+    def _keyed(self, unit: int, table: pa.Table) -> pa.Table:
         n = table.num_rows
-        columns = {k: pa.repeat(v[0], n) if n != 1 else v for k, v in keys.items()}
+        columns = {k: pa.repeat(v[0], n) for k, v in self._keys([unit]).items()}
         for name in table.column_names:
             columns[name] = table.column(name)
+        return pa.table(columns)
+
+    def _row_table(self, units: list[int], rows: list[dict]) -> pa.Table:
+        names = list(dict.fromkeys(k for row in rows for k in row))
+        columns = dict(self._keys(units))
+        try:
+            for name in names:
+                columns[name] = pa.array([row.get(name) for row in rows])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            # Units whose values do not share a type: one table each, so that the
+            # combination names two of them.
+            pairs = zip(units, rows, strict=True)
+            per_unit = [self._keyed(u, pa.Table.from_pylist([r])) for u, r in pairs]
+            return _combine(per_unit, units)
         return pa.table(columns)
 
     def _failures(self, failed: list[dict]) -> pa.Table:

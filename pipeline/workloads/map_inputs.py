@@ -39,7 +39,7 @@ class GridInput:
             if not key.isidentifier():
                 raise ConfigError(f"grid: key {key!r} is not a valid parameter name")
         self.grid = dict(grid)
-        self.keys = tuple(grid)
+        self.keys = self.key_names = tuple(grid)
         self.n_units = 1
         for values in grid.values():
             self.n_units *= len(values)
@@ -71,13 +71,14 @@ class GridInput:
         return {"grid": self.grid}
 
     def describe(self) -> str:
-        return f"{self.n_units} grid points ({' × '.join(self.keys)})"
+        return f"{self.n_units} grid points ({' x '.join(self.keys)})"
 
 
 class FilesInput:
     """Every file in a folder (recursively), matching a glob, or under an s3:// prefix."""
 
     kind = "files"
+    key_names = ("file",)
 
     def __init__(self, where: str):
         self.where = where
@@ -150,6 +151,7 @@ class DataInput:
         if self.index.n_chunks == 0:
             raise InputError(f"dataset {self.dataset.describe()} has no rows")
         self.columns = tuple(columns) or tuple(self.dataset.schema.names)
+        self.key_names = tuple(self.index.by) or ("row_start", "row_stop")
         self.n_units = self.index.n_chunks
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
