@@ -42,7 +42,19 @@ def _setting_options(func):
     return func
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _process_settings_help() -> str:
+    from .config import ProcessSettings
+
+    lines = ["\b", "Set in the environment of every process (driver and workers):"]
+    for f in settings_of(ProcessSettings):
+        lines.append(f"  {env_name(f)}: {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=_process_settings_help(),
+)
 @click.version_option(__version__, prog_name="pipeline")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:

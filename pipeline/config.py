@@ -22,8 +22,10 @@ from .errors import ConfigError
 __all__ = [
     "ENV_PREFIX",
     "JobFile",
+    "ProcessSettings",
     "RunOptions",
     "load_job_file",
+    "process_settings",
     "resolve",
     "setting",
     "settings_of",
@@ -120,6 +122,30 @@ class RunOptions:
         "Fetch results straight from workers instead of through the scheduler "
         "(only when the driver can reach every worker's address).",
     )
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """Settings every process (the driver and each worker) reads from its own
+    environment: on a remote cluster, set them where the workers start."""
+
+    s3_endpoint_url: str | None = setting(
+        None,
+        str,
+        "An S3-compatible endpoint (http:// or https://); boto3's AWS_ENDPOINT_URL also works.",
+    )
+    s3_retry_mode: str = setting("standard", str, "botocore's retry mode: standard or adaptive.")
+    s3_max_attempts: int = setting(10, int, "botocore's attempts per S3 request.", minimum=1)
+    cache_dir: str | None = setting(
+        None,
+        str,
+        "Where workers cache the frames' layout (default ~/.cache/pipeline; off disables).",
+    )
+
+
+def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSettings:
+    """The :class:`ProcessSettings` of this process, from its ``PIPELINE_*`` variables."""
+    return resolve(ProcessSettings, None, {}, environ)
 
 
 @dataclass(frozen=True)

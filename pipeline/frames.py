@@ -151,7 +151,9 @@ def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
 
 def layout_cache_dir() -> Path | None:
     """``PIPELINE_CACHE_DIR`` (``off`` disables), default ``~/.cache/pipeline``."""
-    value = os.environ.get("PIPELINE_CACHE_DIR", "")
+    from .config import process_settings
+
+    value = process_settings().cache_dir or ""
     if value.lower() in {"off", "none", "0"}:
         return None
     return Path(value or Path.home() / ".cache" / "pipeline") / "layouts"

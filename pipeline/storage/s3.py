@@ -254,7 +254,10 @@ class S3Store(Store):
         self.prefix = "/".join(parts)
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
 
-        endpoint = (endpoint_url or os.environ.get(ENV_ENDPOINT_URL, "")).strip() or None
+        from ..config import process_settings
+
+        settings = process_settings()
+        endpoint = (endpoint_url or settings.s3_endpoint_url or "").strip() or None
         if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
             raise ConfigError(
                 f"S3 endpoint {_safe_url(endpoint)!r} (from endpoint_url or "
@@ -262,21 +265,12 @@ class S3Store(Store):
             )
         self.endpoint_url = endpoint
 
-        mode = os.environ.get(ENV_RETRY_MODE, "").strip().lower() or "standard"
+        mode = settings.s3_retry_mode.strip().lower()
         if mode not in RETRY_MODES:
             raise ConfigError(
                 f"{ENV_RETRY_MODE}={mode!r}: expected one of {', '.join(RETRY_MODES)}"
             )
-        raw_attempts = os.environ.get(ENV_MAX_ATTEMPTS, "").strip()
-        try:
-            attempts = int(raw_attempts) if raw_attempts else DEFAULT_MAX_ATTEMPTS
-        except ValueError:
-            attempts = 0
-        if attempts < 1:
-            raise ConfigError(
-                f"{ENV_MAX_ATTEMPTS}={raw_attempts!r}: expected a whole "
-                "number of attempts, at least 1"
-            )
+        attempts = settings.s3_max_attempts
         self.retry_mode = mode
         self.max_attempts = attempts
         self._reset_runtime()
