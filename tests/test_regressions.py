@@ -66,7 +66,7 @@ def fit_all(w):
     return coefs.to_pandas(), models.to_pandas()
 
 
-def assert_same(coefs, chunk_id, res, names=None):
+def assert_same(coefs, chunk_id, res, names=None, alpha=0.05):
     got = coefs[coefs.chunk_id == chunk_id]
     names = list(names if names is not None else res.params.index)
     assert got.term.tolist() == names
@@ -74,7 +74,7 @@ def assert_same(coefs, chunk_id, res, names=None):
     np.testing.assert_allclose(got.std_error, np.asarray(res.bse), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.statistic, np.asarray(res.tvalues), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.p_value, np.asarray(res.pvalues), rtol=1e-8, atol=1e-14)
-    ci = np.asarray(res.conf_int())
+    ci = np.asarray(res.conf_int(alpha))
     np.testing.assert_allclose(got.ci_low, ci[:, 0], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.ci_high, ci[:, 1], rtol=1e-9, atol=1e-12)
 
@@ -125,13 +125,20 @@ CASES = {
 }
 
 
+#: Cases the batched engine fits under engine = "auto" (the others: statsmodels).
+BATCHED_CASES = {"ols", "ols-hc1", "ols-log"}
+
+
+@pytest.mark.parametrize("engine", ["auto", "statsmodels"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_model_equals_statsmodels_on_the_chunk(dataset, case):
+def test_every_model_equals_statsmodels_on_the_chunk(dataset, case, engine):
     data, df = dataset
     settings, reference = CASES[case]
-    coefs, models = fit_all(workload(data, **settings))
+    coefs, models = fit_all(workload(data, engine=engine, **settings))
     assert models.error_type.isna().all(), models.error_message.dropna().tolist()
     assert models.chunk_id.tolist() == list(range(8))
+    batched = engine == "auto" and case in BATCHED_CASES
+    assert models.engine.tolist() == ["batched" if batched else "statsmodels"] * 8
     for c in (0, 3, 7):
         res = reference(df[df.chunk == c].reset_index(drop=True))
         assert_same(coefs, c, res)
@@ -140,6 +147,9 @@ def test_every_model_equals_statsmodels_on_the_chunk(dataset, case):
         assert row.converged
         if case not in ("quantreg", "rlm"):
             assert row.llf == pytest.approx(res.llf, rel=1e-9)
+        if case.startswith("ols"):
+            assert row.rsquared == pytest.approx(res.rsquared, rel=1e-9)
+            assert row.condition_number == pytest.approx(res.condition_number, rel=1e-9)
 
 
 def test_endog_exog_arrays_equal_sm_ols(dataset):
@@ -150,15 +160,48 @@ def test_endog_exog_arrays_equal_sm_ols(dataset):
     assert_same(coefs, 2, res, ["const", "x1", "x2"])
 
 
-def test_batched_engine_equals_statsmodels(dataset):
+@pytest.mark.parametrize("engine", ["batched", "auto"])
+def test_batched_engine_equals_statsmodels(dataset, engine):
     data, _df = dataset
     for cov in ("nonrobust", "HC3", "HAC"):
         extra = {"maxlags": 2} if cov == "HAC" else {}
-        a, ma = fit_all(workload(data, engine="batched", cov_type=cov, **extra))
-        b, mb = fit_all(workload(data, cov_type=cov, **extra))
+        a, ma = fit_all(workload(data, engine=engine, cov_type=cov, **extra))
+        b, mb = fit_all(workload(data, engine="statsmodels", cov_type=cov, **extra))
         for col in ("estimate", "std_error", "p_value", "ci_low", "ci_high"):
             np.testing.assert_allclose(a[col], b[col], rtol=1e-8, atol=1e-12)
         np.testing.assert_allclose(ma.rsquared, mb.rsquared, rtol=1e-10)
+        assert set(ma.engine) == {"statsmodels" if cov == "HAC" else "batched"}
+        assert set(mb.engine) == {"statsmodels"}
+
+
+def test_auto_engine_on_uneven_chunks_equals_statsmodels(tmp_path):
+    """Chunks of different row counts (gathered per row count), one missing a level and
+    one with a NaN row (built on their own), a collinear one (handed back to
+    statsmodels), and intervals at another alpha: the same tables as statsmodels'."""
+    df = panel(chunks=9, rows=80)
+    df = df[(df.chunk % 3 != 1) | (df.t < 70)]  # chunks 1, 4, 7 have 70 rows
+    df.loc[(df.chunk == 2) & (df.sector == "A"), "sector"] = "B"
+    df.loc[(df.chunk == 5) & (df.t == 3), "x2"] = np.nan
+    c8 = df.chunk == 8
+    df.loc[c8, "x3"] = df.loc[c8, "x1"] - df.loc[c8, "x2"]
+    data = write(df.reset_index(drop=True), tmp_path / "d")
+    a, ma = fit_all(workload(data, alpha=0.1, cov_type="HC2"))
+    b, mb = fit_all(workload(data, alpha=0.1, cov_type="HC2", engine="statsmodels"))
+    assert a.term.tolist() == b.term.tolist() and a.chunk_id.tolist() == b.chunk_id.tolist()
+    for col in ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high"):
+        np.testing.assert_allclose(a[col], b[col], rtol=1e-8, atol=1e-12)
+    for col in ("nobs", "nobs_dropped", "error_type", "error_message", "warnings"):
+        assert ma[col].tolist() == mb[col].tolist(), col
+    for col in ("df_model", "df_resid", "rsquared", "rsquared_adj", "llf", "aic", "bic"):
+        np.testing.assert_allclose(ma[col], mb[col], rtol=1e-9)
+    assert ma.error_type[8] == "SingularDesign" and "C(sector)[T.B]" not in set(
+        a[a.chunk_id == 2].term
+    )
+    assert ma.nobs.tolist()[:3] == [80, 70, 80] and ma.nobs_dropped[5] == 1
+    assert ma.engine.tolist() == ["batched"] * 8 + ["statsmodels"]
+    for c in (1, 2, 5):
+        chunk = df[df.chunk == c]
+        assert_same(a, c, smf.ols(FORMULA, chunk).fit(cov_type="HC2"), alpha=0.1)
 
 
 def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
@@ -207,9 +250,10 @@ def bad_panel():
     return df.reset_index(drop=True)
 
 
-def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path):
+@pytest.mark.parametrize("engine", ["auto", "statsmodels"])
+def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path, engine):
     data = write(bad_panel(), tmp_path / "d")
-    coefs, models = fit_all(workload(data, formula=FORMULA + " + np.log(w)"))
+    coefs, models = fit_all(workload(data, formula=FORMULA + " + np.log(w)", engine=engine))
     errors = {
         c: e if isinstance(e, str) else None
         for c, e in zip(models.chunk_id, models.error_type, strict=True)

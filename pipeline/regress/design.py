@@ -55,9 +55,11 @@ class _RecordingNA:
 
 
 def _keep_all_na():
+    """No value is NA: patsy keeps every row. (``on_NA="raise"`` then returns the values
+    as they are, where the default ``"drop"`` copies every factor's values.)"""
     import patsy.missing
 
-    return patsy.missing.NAAction(NA_types=[])
+    return patsy.missing.NAAction(on_NA="raise", NA_types=[])
 
 
 class TaskDesign:
@@ -171,6 +173,30 @@ class TaskDesign:
                 else None
             )
         return self._columns[sig]
+
+    def plain_chunks(self) -> np.ndarray:
+        """Chunks whose rows of the task's design are their design as they are: the design
+        is built once per task and the chunk has every categorical level (so a design
+        built on it alone has the same columns). Rows with missing values are not looked
+        for here."""
+        if self.exact:
+            return np.zeros(self.n, dtype=bool)
+        ok = np.diff(self.offsets) > 0
+        if self.factor_codes:
+            ok &= self.full
+        return ok
+
+    def stack(self, chunks: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """X (B, rows, k) and y (B, rows) of ``chunks`` (each of ``rows`` rows): a view of
+        the task's design when the chunks are consecutive, else gathered once."""
+        k = self.Xg.shape[1]
+        starts = self.offsets[chunks]
+        B = len(chunks)
+        if B and (B == 1 or np.all(np.diff(starts) == rows)):
+            a, e = int(starts[0]), int(starts[0]) + B * rows
+            return self.Xg[a:e].reshape(B, rows, k), self.yg[a:e].reshape(B, rows)
+        at = (starts[:, None] + np.arange(rows)).ravel()
+        return self.Xg[at].reshape(B, rows, k), self.yg[at].reshape(B, rows)
 
     def prepare(self, i: int) -> Prepared:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
