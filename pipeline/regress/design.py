@@ -6,6 +6,7 @@ the matrices statsmodels would build chunk by chunk, else per chunk.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,13 +81,18 @@ class TaskDesign:
         if spec.formula is None:
             self._arrays(table)
         else:
-            self.df = table.to_pandas()
+            self.table = table
             self.exact = info.exact_only if info is not None else False
             if not self.exact:
                 try:
                     self._formula_once()
                 except Exception:
                     self.exact = True  # e.g. missing categories: per chunk, as statsmodels would
+
+    @functools.cached_property
+    def df(self):
+        """The task's rows as pandas, for designs built per chunk (only those need it)."""
+        return self.table.to_pandas()
 
     @staticmethod
     def _float(table, name):
@@ -108,24 +114,15 @@ class TaskDesign:
 
     def _formula_once(self) -> None:
         import patsy
-        from patsy.categorical import categorical_to_int
 
         from .spec import model_desc
 
         desc = model_desc(self.spec.formula)
-        coded = _sorted_categoricals(self.df)
-        y, X = patsy.dmatrices(
-            desc,
-            coded,
-            eval_env=_fast_env(),
-            NA_action=_keep_all_na(),
-            return_type="matrix",
-        )
-        if y.shape[1] != 1:
+        y, X, info, values = _design_once(desc, _coded_columns(self.table))
+        if y.shape[0] != 1:
             raise ValueError("categorical response")
-        self.yg = np.ascontiguousarray(np.asarray(y)[:, 0], dtype=np.float64)
-        self.Xg = np.ascontiguousarray(np.asarray(X), dtype=np.float64)
-        info = X.design_info
+        self.yg = y[0]
+        self.Xg = np.ascontiguousarray(X.T)
         self.names = tuple(info.column_names)
         self.rhs = patsy.ModelDesc([], desc.rhs_termlist)
         # Per categorical factor, each row's level; a chunk missing some levels gets the
@@ -136,13 +133,7 @@ class TaskDesign:
         for factor, fi in info.factor_infos.items():
             if fi.type != "categorical":
                 continue
-            values = factor.eval(fi.state, coded)
-            values = (
-                getattr(values, "data", values)
-                if type(values).__name__ == "_CategoricalBox"
-                else values
-            )
-            codes = np.asarray(categorical_to_int(values, fi.categories, _keep_all_na(), factor))
+            codes = values[factor]
             n_levels = len(fi.categories)
             present = (
                 np.bincount(chunk_of_row * n_levels + codes, minlength=self.n * n_levels).reshape(
@@ -271,22 +262,79 @@ def _isnull(a: np.ndarray) -> np.ndarray:
     return np.zeros(a.shape, dtype=bool)
 
 
-def _sorted_categoricals(df):
-    """``df`` with its string columns as categoricals whose categories are the sorted
-    distinct values: patsy then codes them as it codes the strings (levels sorted),
-    but vectorized instead of one Python call per row."""
-    import pandas as pd
+def _design_once(desc, data):
+    """patsy's design matrices of ``desc`` on ``data``, transposed: y (1, rows), X
+    (columns, rows), X's design info and each factor's values (codes for categoricals).
 
-    out = df.copy(deep=False)
-    for name in df.columns:
-        col = df[name]
-        if pd.api.types.is_string_dtype(col.dtype) and not isinstance(
-            col.dtype, pd.CategoricalDtype
-        ):
-            if col.isna().any():
-                continue  # patsy's own NA handling decides
-            levels = sorted(pd.unique(col))
-            out[name] = pd.Categorical(col, categories=levels)
+    patsy fills its row-major matrix a column at a time (a strided pass over the whole
+    matrix per column, the most expensive step of a task's design); this fills each
+    column contiguously, with the same products in the same order, so the values are
+    patsy's bit for bit. patsy still learns the design (levels, contrasts, column
+    names) and evaluates the factors."""
+    import patsy
+    from patsy.build import _eval_factor
+
+    na = _keep_all_na()
+    y_info, x_info = patsy.design_matrix_builders(
+        [desc.lhs_termlist, desc.rhs_termlist], lambda: iter([data]), _fast_env(), na
+    )
+    values = {}
+    for info in (y_info, x_info):
+        for factor, fi in info.factor_infos.items():
+            if factor not in values:
+                value, is_na = _eval_factor(fi, data, na)
+                if fi.type == "categorical" and np.any(is_na):
+                    raise ValueError(f"{factor.name()}: missing values")
+                values[factor] = np.asarray(value)
+    rows = len(next(iter(values.values())))  # the response is a factor: never empty
+    return _columns(y_info, values, rows), _columns(x_info, values, rows), x_info, values
+
+
+def _columns(info, values: dict, rows: int) -> np.ndarray:
+    """What patsy's ``_build_subterm`` computes, one contiguous column after another."""
+    from patsy.build import _subterm_column_combinations
+
+    out = np.empty((len(info.column_names), rows))
+    j = 0
+    for subterms in info.term_codings.values():
+        for subterm in subterms:
+            for idxs in _subterm_column_combinations(info.factor_infos, subterm):
+                column = out[j]
+                column[...] = 1
+                for factor, idx in zip(subterm.factors, idxs, strict=True):
+                    if info.factor_infos[factor].type == "categorical":
+                        column *= subterm.contrast_matrices[factor].matrix[values[factor], idx]
+                    else:
+                        column *= values[factor][:, idx]
+                j += 1
+    return out
+
+
+def _coded_columns(table) -> dict:
+    """The task's columns for the design built once: numbers as pandas Series of the
+    arrays (not a frame, which would copy them: patsy reads a dict of columns), strings
+    as pandas categoricals whose categories are the sorted distinct values, so that patsy
+    codes them as it codes the strings (levels sorted, as UTF-8 bytes sort like code
+    points) but vectorized instead of one Python call per row. Columns with nulls and
+    other types go through pandas, as in a frame (patsy's own NA handling decides)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        t = col.type
+        if col.null_count == 0 and (pa.types.is_floating(t) or pa.types.is_integer(t)):
+            # a Series, as in a frame: patsy names the levels of C(int_column) after
+            # Python scalars then ("C(g)[T.1]", not "C(g)[T.np.int64(1)]")
+            out[name] = pd.Series(col.to_numpy(), copy=False)
+        elif col.null_count == 0 and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            levels = pc.unique(col)
+            levels = levels.take(pc.array_sort_indices(levels))
+            codes = pc.index_in(col, value_set=levels).to_numpy()
+            out[name] = pd.Categorical.from_codes(codes, levels.to_pylist())
+        else:
+            out[name] = col.to_pandas()
     return out
 
 

@@ -72,7 +72,7 @@ def _fit_stacks(spec, design: TaskDesign, has_constant, out: TaskFits, keep_resi
         t0 = time.perf_counter()
         X, y = design.stack(chunks, int(n))
         fit = fit_ols_stack(X, y, cov_type=spec.cov_type, has_constant=has_constant,
-                            alpha=spec.alpha)  # fmt: skip
+                            alpha=spec.alpha, with_f=False)  # fmt: skip
         good = fit.ok
         each = (time.perf_counter() - t0) / len(chunks)
         rest.update(chunks[~good].tolist())  # statsmodels decides (after dropping NaN rows)
