@@ -78,6 +78,7 @@ class TaskReceipt:
     busy_seconds: float
     worker: str
     fingerprint: str | None = None
+    profile: bytes | None = None  # marshalled cProfile statistics (profile_tasks)
 
     @property
     def complete(self) -> bool:

@@ -497,3 +497,25 @@ def read_all_rows(w):
     from pipeline.regress.data import read_task_rows
 
     return read_task_rows(w.dataset, w.index, 0, w.n_units, list(w.columns))
+
+
+def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
+    import pstats
+
+    data, _ = dataset
+    w = RegressionWorkload(RegressionJob(data=data, formula=FORMULA, chunk_by="chunk"), "reg")
+    path = tmp_path / "prof" / "{job}.pstats"
+    options = RunOptions(output=str(tmp_path / "out"), units_per_task=3, progress=False,
+                         profile_tasks=str(path))  # fmt: skip
+    s = run_job(w, options, client, echo=lambda m: None)
+    assert s.complete and s.tasks == 3
+    assert s.details["task_profile"] == str(tmp_path / "prof" / "reg.pstats")
+    stats = pstats.Stats(s.details["task_profile"]).stats
+    calls = {(f.rsplit("/", 1)[-1], name): nc for (f, _line, name), (_cc, nc, *_) in stats.items()}
+    assert calls[("engine.py", "fit_task")] == 3  # one per task, from both workers
+    assert calls[("batched.py", "_solve_stack")] >= 3
+    assert calls[("runner.py", "execute_task")] == 3
+    # without the setting, receipts carry no statistics and no file is written
+    s = run_job(w, RunOptions(output=str(tmp_path / "out2"), units_per_task=3, progress=False),
+                client, echo=lambda m: None)  # fmt: skip
+    assert "task_profile" not in s.details
