@@ -33,6 +33,7 @@ class Prepared:
     weights: np.ndarray | None = None
     groups: np.ndarray | None = None
     dropped: int = 0
+    finite: bool = False  # known to hold no NaN/inf (checks may skip scanning for them)
 
 
 class _RecordingNA:
@@ -119,10 +120,10 @@ class TaskDesign:
 
         desc = model_desc(self.spec.formula)
         y, X, info, values = _design_once(desc, _coded_columns(self.table))
-        if y.shape[0] != 1:
+        if y.shape[1] != 1:
             raise ValueError("categorical response")
-        self.yg = y[0]
-        self.Xg = np.ascontiguousarray(X.T)
+        self.yg = np.ascontiguousarray(y[:, 0])
+        self.Xg = X
         self.names = tuple(info.column_names)
         self.rhs = patsy.ModelDesc([], desc.rhs_termlist)
         # Per categorical factor, each row's level; a chunk missing some levels gets the
@@ -203,7 +204,22 @@ class TaskDesign:
         y = self.yg[s:e]
         w = self.weights[s:e] if self.weights is not None else None
         g = self.groups[s:e] if self.groups is not None else None
+        if not self._nonfinite_chunks[i]:
+            return Prepared(y, X, names, w, g, finite=True)
         return self._drop_missing(y, X, names, w, g)
+
+    @functools.cached_property
+    def _nonfinite_chunks(self) -> np.ndarray:
+        """Per chunk: whether a row holds a NaN or inf (or a null group): found once
+        for the task rather than scanned for in each chunk."""
+        bad = ~np.isfinite(self.yg) | ~np.isfinite(self.Xg).all(axis=1)
+        if self.weights is not None:
+            bad |= ~np.isfinite(self.weights)
+        if self.groups is not None:
+            bad |= _isnull(self.groups)
+        out = np.zeros(self.n, dtype=bool)
+        out[np.searchsorted(self.offsets, np.flatnonzero(bad), side="right") - 1] = True
+        return out
 
     def _drop_missing(self, y, X, names, w, g, dropped: int = 0) -> Prepared:
         if self.spec.missing == "drop":
@@ -263,13 +279,13 @@ def _isnull(a: np.ndarray) -> np.ndarray:
 
 
 def _design_once(desc, data):
-    """patsy's design matrices of ``desc`` on ``data``, transposed: y (1, rows), X
-    (columns, rows), X's design info and each factor's values (codes for categoricals).
+    """patsy's design matrices of ``desc`` on ``data``: y and X, X's design info and
+    each factor's values (codes for categoricals).
 
-    patsy fills its row-major matrix a column at a time (a strided pass over the whole
-    matrix per column, the most expensive step of a task's design); this fills each
-    column contiguously, with the same products in the same order, so the values are
-    patsy's bit for bit. patsy still learns the design (levels, contrasts, column
+    patsy fills its row-major matrix a column at a time, a strided pass over the whole
+    matrix per column (the most expensive step of a task's design); this fills it a
+    block of rows at a time, with the same products in the same order, so the values
+    are patsy's bit for bit. patsy still learns the design (levels, contrasts, column
     names) and evaluates the factors."""
     import patsy
     from patsy.build import _eval_factor
@@ -291,23 +307,35 @@ def _design_once(desc, data):
 
 
 def _columns(info, values: dict, rows: int) -> np.ndarray:
-    """What patsy's ``_build_subterm`` computes, one contiguous column after another."""
+    """What patsy's ``_build_subterm`` computes, into a row-major (rows, columns) matrix
+    a block of rows at a time, so that the column-by-column passes stay in cache."""
     from patsy.build import _subterm_column_combinations
 
-    out = np.empty((len(info.column_names), rows))
-    j = 0
+    plan = []  # per column: [(values, contrast matrix or None, column index)]
     for subterms in info.term_codings.values():
         for subterm in subterms:
             for idxs in _subterm_column_combinations(info.factor_infos, subterm):
-                column = out[j]
-                column[...] = 1
-                for factor, idx in zip(subterm.factors, idxs, strict=True):
-                    if info.factor_infos[factor].type == "categorical":
-                        column *= subterm.contrast_matrices[factor].matrix[values[factor], idx]
-                    else:
-                        column *= values[factor][:, idx]
-                j += 1
+                plan.append(
+                    [
+                        (values[f], subterm.contrast_matrices[f].matrix, i)
+                        if info.factor_infos[f].type == "categorical"
+                        else (values[f], None, i)
+                        for f, i in zip(subterm.factors, idxs, strict=True)
+                    ]
+                )
+    out = np.empty((rows, len(plan)))
+    for a in range(0, rows, _FILL_ROWS):
+        b = min(rows, a + _FILL_ROWS)
+        block = out[a:b]
+        for j, factors in enumerate(plan):
+            column = block[:, j]
+            column[...] = 1
+            for v, contrast, i in factors:
+                column *= v[a:b, i] if contrast is None else contrast[v[a:b], i]
     return out
+
+
+_FILL_ROWS = 16_384  # rows filled at a time (measured: 4096 pays Python overhead)
 
 
 def _coded_columns(table) -> dict:

@@ -75,11 +75,11 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
         extra = f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""
         raise ChunkError("EmptyChunk", f"no rows to fit{extra}")
     problems = []
-    for label, arr in (("response", p.y), ("weights", p.weights)):
+    for label, arr in () if p.finite else (("response", p.y), ("weights", p.weights)):
         if arr is not None and not np.isfinite(arr).all():
             nan, inf = _count_bad(arr)
             problems.append(f"{label}: {nan} NaN, {inf} inf")
-    if not np.isfinite(p.X).all():
+    if not p.finite and not np.isfinite(p.X).all():
         for j, name in enumerate(p.names):
             col = p.X[:, j]
             if not np.isfinite(col).all():
