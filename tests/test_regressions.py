@@ -519,3 +519,16 @@ def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
     s = run_job(w, RunOptions(output=str(tmp_path / "out2"), units_per_task=3, progress=False),
                 client, echo=lambda m: None)  # fmt: skip
     assert "task_profile" not in s.details
+
+
+def test_dictionary_strings_code_like_patsy_on_the_rows_read():
+    """String columns read as dictionaries: levels are the values the rows use, sorted,
+    whatever each row group's dictionary holds (here an unused "zz" and other orders)."""
+    from pipeline.regress.design import _coded_columns
+
+    a = pa.array(["b", "a", "b"]).dictionary_encode()
+    b = pa.DictionaryArray.from_arrays(pa.array([2, 1, 2], pa.int32()), pa.array(["zz", "é", "c"]))
+    table = pa.table({"s": pa.chunked_array([a, b])})
+    coded = _coded_columns(table)["s"]
+    assert list(coded.categories) == ["a", "b", "c", "é"]
+    assert list(coded) == ["b", "a", "b", "c", "é", "c"]

@@ -92,8 +92,15 @@ class TaskDesign:
 
     @functools.cached_property
     def df(self):
-        """The task's rows as pandas, for designs built per chunk (only those need it)."""
-        return self.table.to_pandas()
+        """The task's rows as pandas, for designs built per chunk (only those need it);
+        columns read as dictionaries are strings again, as a chunk alone would have them."""
+        import pyarrow as pa
+
+        table = self.table
+        for j, field in enumerate(table.schema):
+            if pa.types.is_dictionary(field.type):
+                table = table.set_column(j, field.name, table.column(j).cast(field.type.value_type))
+        return table.to_pandas()
 
     @staticmethod
     def _float(table, name):
@@ -361,9 +368,42 @@ def _coded_columns(table) -> dict:
             levels = levels.take(pc.array_sort_indices(levels))
             codes = pc.index_in(col, value_set=levels).to_numpy()
             out[name] = pd.Categorical.from_codes(codes, levels.to_pylist())
+        elif col.null_count == 0 and pa.types.is_dictionary(t) and _is_text(t.value_type):
+            out[name] = _dictionary_categorical(col)
         else:
             out[name] = col.to_pandas()
     return out
+
+
+def _is_text(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _dictionary_categorical(col):
+    """A dictionary-encoded string column as a pandas categorical of the values its rows
+    use, sorted (a row group's dictionary may hold values of rows read and dropped)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = [c for c in col.chunks if len(c)]
+    used = [np.unique(c.indices.to_numpy()) for c in chunks]
+    levels = pa.concat_arrays(
+        [c.dictionary.take(pa.array(u)) for c, u in zip(chunks, used, strict=True)]
+        or [pa.array([], pa.string())]
+    ).cast(pa.string())
+    levels = pc.unique(levels)
+    levels = levels.take(pc.array_sort_indices(levels))
+    codes = np.empty(len(col), dtype=np.int64)
+    at = 0
+    for c in chunks:
+        remap = pc.index_in(c.dictionary.cast(pa.string()), value_set=levels)
+        remap = np.asarray(pc.fill_null(remap, -1).to_numpy(zero_copy_only=False))
+        codes[at : at + len(c)] = remap[c.indices.to_numpy()]
+        at += len(c)
+    return pd.Categorical.from_codes(codes, levels.to_pylist())
 
 
 def _fast_env():

@@ -159,11 +159,28 @@ class RegressionWorkload(Workload):
 
     def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> TaskFits:
         """Fit chunks ``start..stop-1`` (reads their rows); their results by local position."""
-        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
-        design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
         spec = self.spec
+        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns),
+                              dictionary=self._text_columns())  # fmt: skip
+        design = TaskDesign(spec, rows.table, rows.offsets, self.info)
         has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
         return fit_task(spec, design, has_constant, keep_resid=keep_resid)
+
+    def _text_columns(self) -> tuple[str, ...]:
+        """The formula's string columns (not the cluster groups): read as dictionaries,
+        the task's design codes them without decoding a string per row."""
+        if self.spec.formula is None:
+            return ()
+        schema = self.dataset.schema
+        return tuple(
+            c
+            for c in self.columns
+            if c != self.spec.cluster
+            and (
+                pa.types.is_string(schema.field(c).type)
+                or pa.types.is_large_string(schema.field(c).type)
+            )
+        )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         t0 = time.perf_counter()
