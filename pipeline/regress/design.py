@@ -336,9 +336,14 @@ def _columns(info, values: dict, rows: int) -> np.ndarray:
         block = out[a:b]
         for j, factors in enumerate(plan):
             column = block[:, j]
-            column[...] = 1
-            for v, contrast, i in factors:
-                column *= v[a:b, i] if contrast is None else contrast[v[a:b], i]
+            if not factors:  # the intercept
+                column[...] = 1
+            for f, (v, contrast, i) in enumerate(factors):
+                value = v[a:b, i] if contrast is None else contrast[v[a:b], i]
+                if f == 0:
+                    column[...] = value  # patsy: 1 * value, the same bits
+                else:
+                    column *= value
     return out
 
 
