@@ -126,7 +126,7 @@ CASES = {
 
 
 #: Cases the batched engine fits under engine = "auto" (the others: statsmodels).
-BATCHED_CASES = {"ols", "ols-hc1", "ols-log"}
+BATCHED_CASES = {"ols", "ols-hc1", "ols-log", "wls"}
 
 
 @pytest.mark.parametrize("engine", ["auto", "statsmodels"])

@@ -276,18 +276,27 @@ def fit_ols_stack(
     has_constant: bool = True,
     alpha: float = 0.05,
     with_f: bool = True,
+    weights: np.ndarray | None = None,
 ) -> StackFit:
     """Fit a stack of same-shape chunks, X (B, n, k) and y (B, n) float64 (views are fine:
     each stacked solve of ``batch_size`` chunks works on slices of them), like
     :func:`fit_ols_batch` but with the results as arrays and intervals at ``1 - alpha``
-    (and the F test only ``with_f``)."""
+    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``."""
     canonical = _canonical_cov_type(cov_type)
     B, n, k = X.shape
     if canonical is None:
         raise ValueError(f"cov_type {cov_type!r} is not implemented by the batched engine")
     size = batch_size(n, k)
     parts = [
-        _solve_stack(X[a : a + size], y[a : a + size], canonical, has_constant, alpha, with_f)
+        _solve_stack(
+            X[a : a + size],
+            y[a : a + size],
+            canonical,
+            has_constant,
+            alpha,
+            with_f,
+            None if weights is None else weights[a : a + size],
+        )
         for a in range(0, B, size)
     ]
     if not parts:
@@ -309,7 +318,11 @@ def _solve_stack(
     has_constant: bool,
     alpha: float,
     with_f: bool = True,
+    w: np.ndarray | None = None,
 ) -> StackFit:
+    """Fit a (B, n, k) stack: OLS, or WLS with weights ``w`` (B, n) as statsmodels'
+    WLS does it (OLS of the whitened sqrt(w) y on sqrt(w) X, with the weighted centered
+    total sum of squares and the weights' term in the log-likelihood)."""
     B, n, k = X.shape
     k_const = 1 if has_constant else 0
     df_resid, df_model = float(n - k), float(k - k_const)
@@ -323,6 +336,8 @@ def _solve_stack(
 
     reject(~np.isfinite(X).all(axis=(1, 2)), "non-finite values (NaN/inf) in X")
     reject(~np.isfinite(y).all(axis=1), "non-finite values (NaN/inf) in y")
+    if w is not None:
+        reject(~(w > 0).all(axis=1) | ~np.isfinite(w).all(axis=1), "weights not positive")
     if n <= k:
         reject(live, f"n = {n} <= k = {k}: no residual degrees of freedom")
     # statsmodels' constant detection (data._handle_constant with hasconst=None)
@@ -342,16 +357,22 @@ def _solve_stack(
     if not live.any():
         return out
     sel = np.flatnonzero(live)  # linear algebra only on clean chunks (NaN breaks the SVD)
+    Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
+    if w is not None:  # statsmodels' WLS.whiten; the constant was detected on X itself
+        ws = w[sel] if len(sel) < B else w
+        sw = np.sqrt(ws)
+        Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        u, s, vt = np.linalg.svd(X[sel] if len(sel) < B else X, full_matrices=False)
+        u, s, vt = np.linalg.svd(Xs, full_matrices=False)
     except np.linalg.LinAlgError:
         if len(sel) == 1:
             out.reasons[int(sel[0])] = "SVD did not converge"
         else:  # isolate the chunk that does not converge
             for b in sel:
                 one = _solve_stack(
-                    X[b : b + 1], y[b : b + 1], cov_type, has_constant, alpha, with_f
-                )
+                    X[b : b + 1], y[b : b + 1], cov_type, has_constant, alpha, with_f,
+                    None if w is None else w[b : b + 1],
+                )  # fmt: skip
                 out.put(b, one, 0)
                 out.reasons.update({int(b): r for r in one.reasons.values()})
         return out
@@ -381,7 +402,6 @@ def _solve_stack(
     if not live.any():
         return out
 
-    Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         # pinv_extended: cutoff 1e-15 * max(s); normalized_cov_params = pinv @ pinv.T
         s_inv = np.where(s > 1e-15 * s.max(axis=1, keepdims=True), 1.0 / s, 0.0)
@@ -392,8 +412,15 @@ def _solve_stack(
         resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
         ssr = np.einsum("bi,bi->b", resid, resid)
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
-        yc = ys - ys.mean(axis=1, keepdims=True)
-        tss = np.einsum("bi,bi->b", yc, yc) if has_constant else uncentered_tss
+        if not has_constant:
+            tss = uncentered_tss
+        elif w is None:
+            yc = ys - ys.mean(axis=1, keepdims=True)
+            tss = np.einsum("bi,bi->b", yc, yc)
+        else:  # RegressionResults.centered_tss with weights (np.average, then the sum)
+            y0 = y[sel] if len(sel) < B else y
+            mean = np.multiply(y0, ws).sum(axis=1) / ws.sum(axis=1)
+            tss = np.sum(ws * (y0 - mean[:, None]) ** 2, axis=1)
         reject_sel(
             ~(ssr > MIN_RESID_RATIO * uncentered_tss),
             "perfect fit: residuals are at rounding level",
@@ -433,7 +460,13 @@ def _solve_stack(
         rsquared = 1 - ssr / tss
         rsquared_adj = 1 - (n - k_const) / df_resid * (1 - rsquared)
         ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
-        llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
+        if w is None:
+            llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
+        else:  # WLS.loglike
+            nobs2 = n / 2.0
+            llf = -np.log(ssr_llf) * nobs2
+            llf -= (1 + np.log(np.pi / nobs2)) * nobs2
+            llf += 0.5 * np.sum(np.log(ws), axis=1)
         aic = -2 * llf + 2 * (df_model + k_const)
         bic = -2 * llf + np.log(n) * (df_model + k_const)
         alive = live[sel]

@@ -185,17 +185,21 @@ class TaskDesign:
             ok &= self.full
         return ok
 
-    def stack(self, chunks: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """X (B, rows, k) and y (B, rows) of ``chunks`` (each of ``rows`` rows): a view of
-        the task's design when the chunks are consecutive, else gathered once."""
+    def stack(self, chunks: np.ndarray, rows: int):
+        """X (B, rows, k), y (B, rows) and the weights (B, rows) or None of ``chunks``
+        (each of ``rows`` rows): views of the task's arrays when the chunks are
+        consecutive, else gathered once."""
         k = self.Xg.shape[1]
         starts = self.offsets[chunks]
         B = len(chunks)
+        w = self.weights
         if B and (B == 1 or np.all(np.diff(starts) == rows)):
             a, e = int(starts[0]), int(starts[0]) + B * rows
-            return self.Xg[a:e].reshape(B, rows, k), self.yg[a:e].reshape(B, rows)
+            return (self.Xg[a:e].reshape(B, rows, k), self.yg[a:e].reshape(B, rows),
+                    None if w is None else w[a:e].reshape(B, rows))  # fmt: skip
         at = (starts[:, None] + np.arange(rows)).ravel()
-        return self.Xg[at].reshape(B, rows, k), self.yg[at].reshape(B, rows)
+        return (self.Xg[at].reshape(B, rows, k), self.yg[at].reshape(B, rows),
+                None if w is None else w[at].reshape(B, rows))  # fmt: skip
 
     def prepare(self, i: int) -> Prepared:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""

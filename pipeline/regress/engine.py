@@ -1,7 +1,7 @@
 """Which engine fits which chunk of a task, and the batched fast path.
 
 ``engine = "auto"`` (the default) and ``"batched"`` fit every chunk the batched engine
-covers (OLS with a nonrobust or HC0-HC3 covariance) with it, and the rest with
+covers (OLS and WLS with a nonrobust or HC0-HC3 covariance) with it, and the rest with
 statsmodels; ``"statsmodels"`` fits every chunk with statsmodels. The batched engine
 hands back the chunks whose statsmodels answer it does not reproduce (see
 :mod:`.batched`), and those are fitted by statsmodels, so the numbers are statsmodels'
@@ -31,7 +31,9 @@ __all__ = ["ENGINES", "batched_covers", "fit_task"]
 
 def batched_covers(spec: ModelSpec) -> bool:
     """Whether the batched engine fits this job's chunks (unless a chunk is odd)."""
-    return spec.engine != "statsmodels" and spec.model == "ols" and spec.cov_type in COV_TYPES
+    return (
+        spec.engine != "statsmodels" and spec.model in ("ols", "wls") and spec.cov_type in COV_TYPES
+    )
 
 
 def fit_task(
@@ -42,7 +44,7 @@ def fit_task(
     rest = list(range(design.n))
     if batched_covers(spec):
         rest = _fit_stacks(spec, design, has_constant, out, keep_resid)
-        if rest:
+        if rest and spec.model == "ols":  # (the list engine has no weights)
             rest = _fit_batched_list(spec, design, has_constant, rest, out, keep_resid)
     for i in rest:
         t0 = time.perf_counter()
@@ -70,9 +72,9 @@ def _fit_stacks(spec, design: TaskDesign, has_constant, out: TaskFits, keep_resi
     for n in np.unique(rows[ok]):
         chunks = np.flatnonzero(ok & (rows == n))
         t0 = time.perf_counter()
-        X, y = design.stack(chunks, int(n))
+        X, y, w = design.stack(chunks, int(n))
         fit = fit_ols_stack(X, y, cov_type=spec.cov_type, has_constant=has_constant,
-                            alpha=spec.alpha, with_f=False)  # fmt: skip
+                            alpha=spec.alpha, with_f=False, weights=w)  # fmt: skip
         good = fit.ok
         each = (time.perf_counter() - t0) / len(chunks)
         rest.update(chunks[~good].tolist())  # statsmodels decides (after dropping NaN rows)

@@ -128,8 +128,8 @@ class RegressionJob:
         "auto",
         str,
         "auto: the batched engine (numpy, many chunks at once) for the chunks it covers "
-        "(ols with nonrobust or HC0-HC3 covariances), statsmodels for the rest; "
-        "statsmodels: statsmodels for every chunk; batched: as auto, for ols jobs only. "
+        "(ols and wls with nonrobust or HC0-HC3 covariances), statsmodels for the rest; "
+        "statsmodels: statsmodels for every chunk; batched: as auto, for ols/wls jobs only. "
         "Results equal statsmodels' within 1e-8 relative.",
         choices=ENGINES,
     )
@@ -227,8 +227,8 @@ class ModelSpec:
             raise ConfigError("cov_type cluster needs cluster = the column to cluster by")
         if job.cluster and job.cov_type != "cluster":
             raise ConfigError(f"cluster applies to cov_type cluster, not {job.cov_type}")
-        if job.engine == "batched" and job.model != "ols":
-            raise ConfigError(f"engine batched fits ols only, not {job.model}")
+        if job.engine == "batched" and job.model not in ("ols", "wls"):
+            raise ConfigError(f"engine batched fits ols and wls only, not {job.model}")
         if not 0.0 < job.alpha < 1.0:
             raise ConfigError(f"alpha must be between 0 and 1, got {job.alpha}")
         options = parse_fit_options(job.fit_options)
