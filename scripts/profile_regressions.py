@@ -6,7 +6,7 @@ categorical-heavy formula) it writes a dataset, plans the job and runs one task
 (``run_task``: read the rows, build the design, fit, build and serialize the
 tables) under cProfile, printing the top functions by cumulative and own time.
 
-    python scripts/profile_regressions.py --case default --engine batched
+    python scripts/profile_regressions.py --case default --engine auto
     python scripts/profile_regressions.py --case all --dump /tmp/prof   # .pstats files
     python scripts/profile_regressions.py --case default --lines        # line_profiler
 
@@ -145,13 +145,12 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="Scratch folder (default: a temporary one).")
     args = p.parse_args()
     cases = list(CASES) if args.case == "all" else [args.case]
-    engines = ["statsmodels", "batched"] if args.engine == "all" else [args.engine]
+    engines = ["statsmodels", "auto"] if args.engine == "all" else [args.engine]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for name in cases:
             for engine in engines:
-                if engine == "batched" and CASES[name][3] not in ("nonrobust", "HC0", "HC1",
-                                                                  "HC2", "HC3"):  # fmt: skip
-                    continue
+                if engine != "statsmodels" and CASES[name][3] == "HAC":
+                    continue  # auto is statsmodels there (the batched engine has no HAC)
                 profile(name, engine, Path(tmp) / f"{name}-{engine}", args)
 
 
