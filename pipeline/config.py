@@ -110,6 +110,12 @@ class RunOptions:
         None, str, "Directory for Dask's performance report (HTML) and a JSON summary of each job."
     )
     profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
+    profile_tasks: str | None = setting(
+        None,
+        str,
+        "Profile every task on the workers and write the merged cProfile statistics to this "
+        "file ({job} is replaced by the job id). View: python -m pstats FILE.",
+    )
     progress: bool | None = setting(
         None, bool, "Show a progress bar (default: when stderr is a terminal)."
     )

@@ -4,6 +4,7 @@ tasks on the Dask backend, stream receipts back unordered, and summarize."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import socket
@@ -34,8 +35,16 @@ __all__ = ["completed_job", "open_output", "run_job"]
 log = logging.getLogger(__name__)
 
 
-def execute_task(workload: Workload, store_url: str | None, task: Task) -> TaskReceipt:
-    """Worker: run one task; never raises, so joblib never aborts the run."""
+def execute_task(
+    workload: Workload, store_url: str | None, task: Task, profile: bool = False
+) -> TaskReceipt:
+    """Worker: run one task; never raises, so joblib never aborts the run. With
+    ``profile``, the receipt carries the task's cProfile statistics."""
+    if profile:
+        from .profiling import profiled
+
+        receipt, stats = profiled(execute_task, workload, store_url, task)
+        return dataclasses.replace(receipt, profile=stats)
     t0 = time.perf_counter()
     try:
         store = open_store(store_url) if store_url else None
@@ -139,7 +148,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     workload.prepare_cluster(client)
     try:
         with _progress(workload, options, _units_in(known, done)) as bar:
-            run = _TaskRunner(workload, store, client, bar)
+            run = _TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
             receipts = [] if plan.units_per_task else _probe(run, plan, done, options, n_workers)
             tasks = plan.tasks(workload.n_units)
             ran = done | {r.index for r in receipts}
@@ -150,6 +159,14 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.wall_seconds = time.perf_counter() - t_start
+    if options.profile_tasks:
+        from .profiling import merge_profiles
+
+        merged = merge_profiles(
+            (r.profile for r in receipts), options.profile_tasks, workload.job_id
+        )
+        if merged:
+            summary.details["task_profile"] = merged
     failures = [f for r in receipts for f in r.failures]
     summary.units_run = sum(r.units for r in receipts)
     summary.units_failed = summary.units_retryable = summary.units_failed_in_run = len(failures)
@@ -300,6 +317,7 @@ class _TaskRunner:
     store: Store | None
     client: Any
     bar: Any
+    profile: bool = False
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
         from joblib import Parallel, delayed, parallel_config
@@ -318,7 +336,7 @@ class _TaskRunner:
                     return_as="generator_unordered",
                     batch_size=1,
                     pre_dispatch="3*n_jobs",
-                )(delayed(execute_task)(self.workload, store_url, t) for t in tasks)
+                )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
                 for receipt in results:
                     receipts.append(receipt)
                     self.bar.update(receipt.units)

@@ -81,6 +81,7 @@ class TaskReceipt:
     worker: str
     fingerprint: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    profile: bytes | None = None  # marshalled cProfile statistics (profile_tasks)
 
     @property
     def complete(self) -> bool:

@@ -363,3 +363,35 @@ def benchmark(n_chunks=10_000, n=250, k=6, repeats=3):
 
 if __name__ == "__main__":
     benchmark(*(int(a) for a in sys.argv[1:2]))
+
+
+@pytest.mark.parametrize("cov_type", COV_TYPES)
+@pytest.mark.parametrize(("n", "k", "const_at"), [(60, 3, 0), (250, 6, 2), (40, 2, None)])
+def test_weighted_stack_matches_statsmodels_wls(cov_type, n, k, const_at):
+    """fit_ols_stack with weights: sm.WLS's numbers (the whitened fit, the weighted
+    centered total sum of squares, the weights' term in the log-likelihood)."""
+    from pipeline.regress.batched import fit_ols_stack
+
+    rng = np.random.default_rng([n, k, 7, COV_TYPES.index(cov_type)])
+    X = np.stack([random_design(rng, n, k, const_at) for _ in range(9)])
+    y = np.stack([response(rng, x) for x in X])
+    w = rng.uniform(0.2, 3.0, size=y.shape)
+    w[4, 0] = 0.0  # not positive: handed back
+    fit = fit_ols_stack(X, y, cov_type=cov_type, has_constant=const_at is not None, weights=w)
+    assert not fit.ok[4] and "weights" in fit.reasons[4]
+    for b in np.flatnonzero(fit.ok):
+        ref = sm.WLS(y[b], X[b], weights=w[b]).fit(cov_type=cov_type)
+        for name, expected in (("params", ref.params), ("bse", ref.bse),
+                               ("tvalues", ref.tvalues), ("pvalues", ref.pvalues),
+                               ("ci_low", ref.conf_int()[:, 0]),
+                               ("ci_high", ref.conf_int()[:, 1])):  # fmt: skip
+            atol = 1e-13 * np.abs(expected).max()
+            np.testing.assert_allclose(
+                getattr(fit, name)[b], expected, rtol=RTOL, atol=atol, err_msg=name
+            )
+        for name in ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number"):
+            atol = 1e-13 if name.startswith("rsquared") else 0.0
+            np.testing.assert_allclose(
+                getattr(fit, name)[b], getattr(ref, name), rtol=RTOL, atol=atol, err_msg=name
+            )
+    assert fit.ok.sum() == 8

@@ -65,7 +65,7 @@ def fit_all(w):
     return coefs.to_pandas(), models.to_pandas()
 
 
-def assert_same(coefs, chunk_id, res, names=None):
+def assert_same(coefs, chunk_id, res, names=None, alpha=0.05):
     got = coefs[coefs.chunk_id == chunk_id]
     names = list(names if names is not None else res.params.index)
     assert got.term.tolist() == names
@@ -73,7 +73,7 @@ def assert_same(coefs, chunk_id, res, names=None):
     np.testing.assert_allclose(got.std_error, np.asarray(res.bse), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.statistic, np.asarray(res.tvalues), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.p_value, np.asarray(res.pvalues), rtol=1e-8, atol=1e-14)
-    ci = np.asarray(res.conf_int())
+    ci = np.asarray(res.conf_int(alpha))
     np.testing.assert_allclose(got.ci_low, ci[:, 0], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.ci_high, ci[:, 1], rtol=1e-9, atol=1e-12)
 
@@ -124,13 +124,20 @@ CASES = {
 }
 
 
+#: Cases the batched engine fits under engine = "auto" (the others: statsmodels).
+BATCHED_CASES = {"ols", "ols-hc1", "ols-log", "wls"}
+
+
+@pytest.mark.parametrize("engine", ["auto", "statsmodels"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_model_equals_statsmodels_on_the_chunk(dataset, case):
+def test_every_model_equals_statsmodels_on_the_chunk(dataset, case, engine):
     data, df = dataset
     settings, reference = CASES[case]
-    coefs, models = fit_all(workload(data, **settings))
+    coefs, models = fit_all(workload(data, engine=engine, **settings))
     assert models.error_type.isna().all(), models.error_message.dropna().tolist()
     assert models.chunk_id.tolist() == list(range(8))
+    batched = engine == "auto" and case in BATCHED_CASES
+    assert models.engine.tolist() == ["batched" if batched else "statsmodels"] * 8
     for c in (0, 3, 7):
         res = reference(df[df.chunk == c].reset_index(drop=True))
         assert_same(coefs, c, res)
@@ -139,6 +146,9 @@ def test_every_model_equals_statsmodels_on_the_chunk(dataset, case):
         assert row.converged
         if case not in ("quantreg", "rlm"):
             assert row.llf == pytest.approx(res.llf, rel=1e-9)
+        if case.startswith("ols"):
+            assert row.rsquared == pytest.approx(res.rsquared, rel=1e-9)
+            assert row.condition_number == pytest.approx(res.condition_number, rel=1e-9)
 
 
 def test_endog_exog_arrays_equal_sm_ols(dataset):
@@ -149,15 +159,48 @@ def test_endog_exog_arrays_equal_sm_ols(dataset):
     assert_same(coefs, 2, res, ["const", "x1", "x2"])
 
 
-def test_batched_engine_equals_statsmodels(dataset):
+@pytest.mark.parametrize("engine", ["batched", "auto"])
+def test_batched_engine_equals_statsmodels(dataset, engine):
     data, _df = dataset
     for cov in ("nonrobust", "HC3", "HAC"):
         extra = {"maxlags": 2} if cov == "HAC" else {}
-        a, ma = fit_all(workload(data, engine="batched", cov_type=cov, **extra))
-        b, mb = fit_all(workload(data, cov_type=cov, **extra))
+        a, ma = fit_all(workload(data, engine=engine, cov_type=cov, **extra))
+        b, mb = fit_all(workload(data, engine="statsmodels", cov_type=cov, **extra))
         for col in ("estimate", "std_error", "p_value", "ci_low", "ci_high"):
             np.testing.assert_allclose(a[col], b[col], rtol=1e-8, atol=1e-12)
         np.testing.assert_allclose(ma.rsquared, mb.rsquared, rtol=1e-10)
+        assert set(ma.engine) == {"statsmodels" if cov == "HAC" else "batched"}
+        assert set(mb.engine) == {"statsmodels"}
+
+
+def test_auto_engine_on_uneven_chunks_equals_statsmodels(tmp_path):
+    """Chunks of different row counts (gathered per row count), one missing a level and
+    one with a NaN row (built on their own), a collinear one (handed back to
+    statsmodels), and intervals at another alpha: the same tables as statsmodels'."""
+    df = panel(chunks=9, rows=80)
+    df = df[(df.chunk % 3 != 1) | (df.t < 70)]  # chunks 1, 4, 7 have 70 rows
+    df.loc[(df.chunk == 2) & (df.sector == "A"), "sector"] = "B"
+    df.loc[(df.chunk == 5) & (df.t == 3), "x2"] = np.nan
+    c8 = df.chunk == 8
+    df.loc[c8, "x3"] = df.loc[c8, "x1"] - df.loc[c8, "x2"]
+    data = write(df.reset_index(drop=True), tmp_path / "d")
+    a, ma = fit_all(workload(data, alpha=0.1, cov_type="HC2"))
+    b, mb = fit_all(workload(data, alpha=0.1, cov_type="HC2", engine="statsmodels"))
+    assert a.term.tolist() == b.term.tolist() and a.chunk_id.tolist() == b.chunk_id.tolist()
+    for col in ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high"):
+        np.testing.assert_allclose(a[col], b[col], rtol=1e-8, atol=1e-12)
+    for col in ("nobs", "nobs_dropped", "error_type", "error_message", "warnings"):
+        assert ma[col].tolist() == mb[col].tolist(), col
+    for col in ("df_model", "df_resid", "rsquared", "rsquared_adj", "llf", "aic", "bic"):
+        np.testing.assert_allclose(ma[col], mb[col], rtol=1e-9)
+    assert ma.error_type[8] == "SingularDesign" and "C(sector)[T.B]" not in set(
+        a[a.chunk_id == 2].term
+    )
+    assert ma.nobs.tolist()[:3] == [80, 70, 80] and ma.nobs_dropped[5] == 1
+    assert ma.engine.tolist() == ["batched"] * 8 + ["statsmodels"]
+    for c in (1, 2, 5):
+        chunk = df[df.chunk == c]
+        assert_same(a, c, smf.ols(FORMULA, chunk).fit(cov_type="HC2"), alpha=0.1)
 
 
 def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
@@ -206,9 +249,10 @@ def bad_panel():
     return df.reset_index(drop=True)
 
 
-def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path):
+@pytest.mark.parametrize("engine", ["auto", "statsmodels"])
+def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path, engine):
     data = write(bad_panel(), tmp_path / "d")
-    coefs, models = fit_all(workload(data, formula=FORMULA + " + np.log(w)"))
+    coefs, models = fit_all(workload(data, formula=FORMULA + " + np.log(w)", engine=engine))
     errors = {
         c: e if isinstance(e, str) else None
         for c, e in zip(models.chunk_id, models.error_type, strict=True)
@@ -463,3 +507,63 @@ def test_a_statsmodels_error_names_its_type_once():
     fit = fit_chunk(ModelSpec.from_job(job), Prepared(y, X, ("const", "x1")))
     assert fit.error_type == "ValueError"
     assert fit.error_message.startswith("NaN, inf or invalid value"), fit.error_message
+
+
+def test_task_design_is_patsys_bit_for_bit(dataset):
+    """The design built once per task, column by column, equals patsy's own matrices."""
+    import patsy
+
+    from pipeline.regress.design import TaskDesign
+    from pipeline.regress.spec import eval_env
+
+    data, _df = dataset
+    formula = "y ~ x1 * C(sector) + np.log(x_pos) + C(sector):x2:x3 + I(x1 ** 2) + C(g)"
+    w = workload(data, formula=formula)
+    rows = read_all_rows(w)
+    design = TaskDesign(w.spec, rows.table, rows.offsets, w.info)
+    assert not design.exact and design.Xg.flags.c_contiguous
+    y, X = patsy.dmatrices(formula, rows.table.to_pandas(), eval_env=eval_env())
+    assert design.names == tuple(X.design_info.column_names)
+    np.testing.assert_array_equal(design.Xg, np.asarray(X))
+    np.testing.assert_array_equal(design.yg, np.asarray(y)[:, 0])
+
+
+def read_all_rows(w):
+    from pipeline.regress.data import read_task_rows
+
+    return read_task_rows(w.dataset, w.index, 0, w.n_units, list(w.columns))
+
+
+def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
+    import pstats
+
+    data, _ = dataset
+    w = RegressionWorkload(RegressionJob(data=data, formula=FORMULA, chunk_by="chunk"), "reg")
+    path = tmp_path / "prof" / "{job}.pstats"
+    options = RunOptions(output=str(tmp_path / "out"), units_per_task=3, progress=False,
+                         profile_tasks=str(path))  # fmt: skip
+    s = run_job(w, options, client, echo=lambda m: None)
+    assert s.complete and s.tasks == 3
+    assert s.details["task_profile"] == str(tmp_path / "prof" / "reg.pstats")
+    stats = pstats.Stats(s.details["task_profile"]).stats
+    calls = {(f.rsplit("/", 1)[-1], name): nc for (f, _line, name), (_cc, nc, *_) in stats.items()}
+    assert calls[("engine.py", "fit_task")] == 3  # one per task, from both workers
+    assert calls[("batched.py", "_solve_stack")] >= 3
+    assert calls[("runner.py", "execute_task")] == 3
+    # without the setting, receipts carry no statistics and no file is written
+    s = run_job(w, RunOptions(output=str(tmp_path / "out2"), units_per_task=3, progress=False),
+                client, echo=lambda m: None)  # fmt: skip
+    assert "task_profile" not in s.details
+
+
+def test_dictionary_strings_code_like_patsy_on_the_rows_read():
+    """String columns read as dictionaries: levels are the values the rows use, sorted,
+    whatever each row group's dictionary holds (here an unused "zz" and other orders)."""
+    from pipeline.regress.design import _coded_columns
+
+    a = pa.array(["b", "a", "b"]).dictionary_encode()
+    b = pa.DictionaryArray.from_arrays(pa.array([2, 1, 2], pa.int32()), pa.array(["zz", "é", "c"]))
+    table = pa.table({"s": pa.chunked_array([a, b])})
+    coded = _coded_columns(table)["s"]
+    assert list(coded.categories) == ["a", "b", "c", "é"]
+    assert list(coded) == ["b", "a", "b", "c", "é", "c"]

@@ -27,9 +27,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
-__all__ = ["BatchedOLSResult", "Unsupported", "fit_ols_batch", "COV_TYPES"]
+__all__ = [
+    "BatchedOLSResult",
+    "StackFit",
+    "Unsupported",
+    "fit_ols_batch",
+    "fit_ols_stack",
+    "COV_TYPES",
+]
 
 COV_TYPES = ("nonrobust", "HC0", "HC1", "HC2", "HC3")
 # statsmodels OLS covariance types this engine knows but does not implement (they need keywords
@@ -155,7 +162,7 @@ def fit_ols_batch(
             groups[c[0].shape].append(i)
     for idx in groups.values():
         n, k = checked[idx[0]][0].shape
-        size = min(1024, max(8, BATCH_CELLS // max(n * k, 1)))
+        size = batch_size(n, k)
         for start in range(0, len(idx), size):
             part = idx[start : start + size]
             X = np.stack([checked[i][0] for i in part])
@@ -165,19 +172,172 @@ def fit_ols_batch(
     return out  # type: ignore[return-value]
 
 
+def batch_size(n: int, k: int) -> int:
+    """Chunks of shape (n, k) per stacked solve (see ``BATCH_CELLS``)."""
+    return min(1024, max(8, BATCH_CELLS // max(n * k, 1)))
+
+
+@dataclass
+class StackFit:
+    """The results of a (B, n, k) stack as arrays over the stack (a chunk's row holds NaN
+    where ``ok`` is False; ``reasons`` says why for those)."""
+
+    ok: np.ndarray  # (B,) bool
+    reasons: dict[int, str]
+    nobs: int
+    df_model: float
+    df_resid: float
+    params: np.ndarray  # (B, k), and bse, tvalues, pvalues, ci_low, ci_high
+    bse: np.ndarray
+    tvalues: np.ndarray
+    pvalues: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    rsquared: np.ndarray  # (B,), and the other scalars
+    rsquared_adj: np.ndarray
+    llf: np.ndarray
+    aic: np.ndarray
+    bic: np.ndarray
+    condition_number: np.ndarray
+    fvalue: np.ndarray
+    f_pvalue: np.ndarray
+    no_f: np.ndarray  # (B,) bool: fvalue/f_pvalue undefined (None)
+
+    _ROWS = ("params", "bse", "tvalues", "pvalues", "ci_low", "ci_high")
+    _SCALARS = ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number",
+                "fvalue", "f_pvalue")  # fmt: skip
+
+    @classmethod
+    def empty(cls, B: int, n: int, k: int, df_model: float, df_resid: float) -> StackFit:
+        rows = {name: np.full((B, k), np.nan) for name in cls._ROWS}
+        scalars = {name: np.full(B, np.nan) for name in cls._SCALARS}
+        return cls(np.zeros(B, dtype=bool), {}, n, df_model, df_resid, **rows, **scalars,
+                   no_f=np.zeros(B, dtype=bool))  # fmt: skip
+
+    def put(self, where, other: StackFit, other_where=slice(None)) -> None:
+        """Copy ``other``'s chunks ``other_where`` into this stack's chunks ``where``."""
+        for name in (*self._ROWS, *self._SCALARS, "ok", "no_f"):
+            getattr(self, name)[where] = getattr(other, name)[other_where]
+
+    @staticmethod
+    def concat(parts: list[StackFit]) -> StackFit:
+        if len(parts) == 1:
+            return parts[0]
+        first, offset, reasons = parts[0], 0, {}
+        for p in parts:
+            reasons.update({offset + b: r for b, r in p.reasons.items()})
+            offset += len(p.ok)
+        arrays = {
+            name: np.concatenate([getattr(p, name) for p in parts])
+            for name in (*StackFit._ROWS, *StackFit._SCALARS, "ok", "no_f")
+        }
+        return StackFit(reasons=reasons, nobs=first.nobs, df_model=first.df_model,
+                        df_resid=first.df_resid, **arrays)  # fmt: skip
+
+    def take(self, mask: np.ndarray) -> StackFit:
+        """The chunks where ``mask`` is True, as a stack of their own."""
+        where = np.flatnonzero(mask)
+        arrays = {
+            name: getattr(self, name)[where] for name in (*self._ROWS, *self._SCALARS, "ok", "no_f")
+        }
+        reasons = {j: self.reasons[int(b)] for j, b in enumerate(where) if int(b) in self.reasons}
+        return StackFit(reasons=reasons, nobs=self.nobs, df_model=self.df_model,
+                        df_resid=self.df_resid, **arrays)  # fmt: skip
+
+    def result(self, b: int) -> BatchedOLSResult | Unsupported:
+        if not self.ok[b]:
+            return Unsupported(self.reasons[b])
+        no_f = bool(self.no_f[b])
+        return BatchedOLSResult(
+            params=self.params[b],
+            bse=self.bse[b],
+            tvalues=self.tvalues[b],
+            pvalues=self.pvalues[b],
+            conf_int=np.stack([self.ci_low[b], self.ci_high[b]], axis=1),
+            nobs=self.nobs,
+            df_model=self.df_model,
+            df_resid=self.df_resid,
+            rsquared=float(self.rsquared[b]),
+            rsquared_adj=float(self.rsquared_adj[b]),
+            llf=float(self.llf[b]),
+            aic=float(self.aic[b]),
+            bic=float(self.bic[b]),
+            condition_number=float(self.condition_number[b]),
+            fvalue=None if no_f else float(self.fvalue[b]),
+            f_pvalue=None if no_f else float(self.f_pvalue[b]),
+        )
+
+
+def fit_ols_stack(
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    cov_type: str = "nonrobust",
+    has_constant: bool = True,
+    alpha: float = 0.05,
+    with_f: bool = True,
+    weights: np.ndarray | None = None,
+) -> StackFit:
+    """Fit a stack of same-shape chunks, X (B, n, k) and y (B, n) float64 (views are fine:
+    each stacked solve of ``batch_size`` chunks works on slices of them), like
+    :func:`fit_ols_batch` but with the results as arrays and intervals at ``1 - alpha``
+    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``."""
+    canonical = _canonical_cov_type(cov_type)
+    B, n, k = X.shape
+    if canonical is None:
+        raise ValueError(f"cov_type {cov_type!r} is not implemented by the batched engine")
+    size = batch_size(n, k)
+    parts = [
+        _solve_stack(
+            X[a : a + size],
+            y[a : a + size],
+            canonical,
+            has_constant,
+            alpha,
+            with_f,
+            None if weights is None else weights[a : a + size],
+        )
+        for a in range(0, B, size)
+    ]
+    if not parts:
+        k_const = 1 if has_constant else 0
+        return StackFit.empty(0, n, k, float(k - k_const), float(n - k))
+    return StackFit.concat(parts)
+
+
 def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) -> list:
     """Fit a (B, n, k) stack; chunks failing a check become Unsupported, the rest are solved."""
+    fit = _solve_stack(X, y, cov_type, has_constant, 0.05)
+    return [fit.result(b) for b in range(len(fit.ok))]
+
+
+def _solve_stack(
+    X: np.ndarray,
+    y: np.ndarray,
+    cov_type: str,
+    has_constant: bool,
+    alpha: float,
+    with_f: bool = True,
+    w: np.ndarray | None = None,
+) -> StackFit:
+    """Fit a (B, n, k) stack: OLS, or WLS with weights ``w`` (B, n) as statsmodels'
+    WLS does it (OLS of the whitened sqrt(w) y on sqrt(w) X, with the weighted centered
+    total sum of squares and the weights' term in the log-likelihood)."""
     B, n, k = X.shape
-    out: list = [None] * B
+    k_const = 1 if has_constant else 0
+    df_resid, df_model = float(n - k), float(k - k_const)
+    out = StackFit.empty(B, n, k, df_model, df_resid)
     live = np.ones(B, dtype=bool)  # over the stack; later checks only look at live chunks
 
     def reject(mask, reason):
         for b in np.flatnonzero(mask & live):
-            out[b] = Unsupported(reason(b) if callable(reason) else reason)
+            out.reasons[int(b)] = reason(b) if callable(reason) else reason
         live[mask] = False
 
     reject(~np.isfinite(X).all(axis=(1, 2)), "non-finite values (NaN/inf) in X")
     reject(~np.isfinite(y).all(axis=1), "non-finite values (NaN/inf) in y")
+    if w is not None:
+        reject(~(w > 0).all(axis=1) | ~np.isfinite(w).all(axis=1), "weights not positive")
     if n <= k:
         reject(live, f"n = {n} <= k = {k}: no residual degrees of freedom")
     # statsmodels' constant detection (data._handle_constant with hasconst=None)
@@ -197,14 +357,24 @@ def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) 
     if not live.any():
         return out
     sel = np.flatnonzero(live)  # linear algebra only on clean chunks (NaN breaks the SVD)
+    Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
+    if w is not None:  # statsmodels' WLS.whiten; the constant was detected on X itself
+        ws = w[sel] if len(sel) < B else w
+        sw = np.sqrt(ws)
+        Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        u, s, vt = np.linalg.svd(X[sel] if len(sel) < B else X, full_matrices=False)
+        u, s, vt = np.linalg.svd(Xs, full_matrices=False)
     except np.linalg.LinAlgError:
         if len(sel) == 1:
-            out[sel[0]] = Unsupported("SVD did not converge")
+            out.reasons[int(sel[0])] = "SVD did not converge"
         else:  # isolate the chunk that does not converge
             for b in sel:
-                out[b] = _fit_stack(X[b : b + 1], y[b : b + 1], cov_type, has_constant)[0]
+                one = _solve_stack(
+                    X[b : b + 1], y[b : b + 1], cov_type, has_constant, alpha, with_f,
+                    None if w is None else w[b : b + 1],
+                )  # fmt: skip
+                out.put(b, one, 0)
+                out.reasons.update({int(b): r for r in one.reasons.values()})
         return out
 
     def reject_sel(mask_sel, reason):
@@ -232,9 +402,6 @@ def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) 
     if not live.any():
         return out
 
-    Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
-    k_const = 1 if has_constant else 0
-    df_resid, df_model = float(n - k), float(k - k_const)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         # pinv_extended: cutoff 1e-15 * max(s); normalized_cov_params = pinv @ pinv.T
         s_inv = np.where(s > 1e-15 * s.max(axis=1, keepdims=True), 1.0 / s, 0.0)
@@ -245,8 +412,15 @@ def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) 
         resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
         ssr = np.einsum("bi,bi->b", resid, resid)
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
-        yc = ys - ys.mean(axis=1, keepdims=True)
-        tss = np.einsum("bi,bi->b", yc, yc) if has_constant else uncentered_tss
+        if not has_constant:
+            tss = uncentered_tss
+        elif w is None:
+            yc = ys - ys.mean(axis=1, keepdims=True)
+            tss = np.einsum("bi,bi->b", yc, yc)
+        else:  # RegressionResults.centered_tss with weights (np.average, then the sum)
+            y0 = y[sel] if len(sel) < B else y
+            mean = np.multiply(y0, ws).sum(axis=1) / ws.sum(axis=1)
+            tss = np.sum(ws * (y0 - mean[:, None]) ** 2, axis=1)
         reject_sel(
             ~(ssr > MIN_RESID_RATIO * uncentered_tss),
             "perfect fit: residuals are at rounding level",
@@ -274,59 +448,46 @@ def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) 
             "non-finite or zero standard errors",
         )
         tvalues = params / bse
-        if cov_type == "nonrobust":  # statsmodels' use_t: True for nonrobust, else False
-            pvalues = stats.t.sf(np.abs(tvalues), df_resid) * 2
-            q = stats.t.ppf(1 - 0.05 / 2, df_resid)
+        # statsmodels' use_t: True for nonrobust, else False. scipy.special's functions are
+        # what stats.t/stats.norm call (same values) without their per-call overhead.
+        if cov_type == "nonrobust":
+            pvalues = special.stdtr(df_resid, -np.abs(tvalues)) * 2
+            q = special.stdtrit(df_resid, 1 - alpha / 2)
         else:
-            pvalues = stats.norm.sf(np.abs(tvalues)) * 2
-            q = stats.norm.ppf(1 - 0.05 / 2)
-        conf_int = np.stack([params - q * bse, params + q * bse], axis=2)
+            pvalues = special.ndtr(-np.abs(tvalues)) * 2
+            q = special.ndtri(1 - alpha / 2)
 
         rsquared = 1 - ssr / tss
         rsquared_adj = 1 - (n - k_const) / df_resid * (1 - rsquared)
         ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
-        llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
+        if w is None:
+            llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
+        else:  # WLS.loglike
+            nobs2 = n / 2.0
+            llf = -np.log(ssr_llf) * nobs2
+            llf -= (1 + np.log(np.pi / nobs2)) * nobs2
+            llf += 0.5 * np.sum(np.log(ws), axis=1)
         aic = -2 * llf + 2 * (df_model + k_const)
         bic = -2 * llf + np.log(n) * (df_model + k_const)
         alive = live[sel]
-        const_idx = np.argmax(const_col[sel], axis=1) if has_constant else None
-        fvalue, f_pvalue, no_f = _fvalue(
-            cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive
-        )
-
-    scalars = zip(
-        rsquared.tolist(),
-        rsquared_adj.tolist(),
-        llf.tolist(),
-        aic.tolist(),
-        bic.tolist(),
-        cond.tolist(),
-        fvalue.tolist(),
-        f_pvalue.tolist(),
-        no_f.tolist(),
-        alive.tolist(),
-        strict=True,
-    )
-    for j, (r2, r2a, ll, ai, bi, cn, fv, fp, nf, al) in enumerate(scalars):
-        if al:
-            out[sel[j]] = BatchedOLSResult(
-                params=params[j],
-                bse=bse[j],
-                tvalues=tvalues[j],
-                pvalues=pvalues[j],
-                conf_int=conf_int[j],
-                nobs=n,
-                df_model=df_model,
-                df_resid=df_resid,
-                rsquared=r2,
-                rsquared_adj=r2a,
-                llf=ll,
-                aic=ai,
-                bic=bi,
-                condition_number=cn,
-                fvalue=None if nf else fv,
-                f_pvalue=None if nf else fp,
+        if with_f:
+            const_idx = np.argmax(const_col[sel], axis=1) if has_constant else None
+            fvalue, f_pvalue, no_f = _fvalue(
+                cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive
             )
+        else:  # not asked for: the tables have no F test (and the robust one costs an SVD)
+            fvalue = f_pvalue = np.full(len(sel), np.nan)
+            no_f = np.ones(len(sel), dtype=bool)
+        ci_low, ci_high = params - q * bse, params + q * bse
+
+    done = sel[alive]
+    computed = dict(params=params, bse=bse, tvalues=tvalues, pvalues=pvalues, ci_low=ci_low,
+                    ci_high=ci_high, rsquared=rsquared, rsquared_adj=rsquared_adj, llf=llf,
+                    aic=aic, bic=bic, condition_number=cond,
+                    fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f)  # fmt: skip
+    for name, values in computed.items():
+        getattr(out, name)[done] = values[alive]
+    out.ok[done] = True
     return out
 
 

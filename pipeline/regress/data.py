@@ -234,19 +234,27 @@ class TaskRows:
 
 
 def read_task_rows(
-    ds: Dataset, index: ChunkIndex, start: int, stop: int, columns: list[str]
+    ds: Dataset,
+    index: ChunkIndex,
+    start: int,
+    stop: int,
+    columns: list[str],
+    dictionary: tuple[str, ...] = (),
 ) -> TaskRows:
-    """Worker: read the row groups and columns chunks ``start..stop-1`` need."""
+    """Worker: read the row groups and columns chunks ``start..stop-1`` need; the
+    ``dictionary`` columns (strings) as dictionary arrays, as parquet stores them
+    (decoding them to strings costs more than the rest of the read)."""
     store = open_store(ds.url)
     rgs = index.row_groups(start, stop, ds)
     wanted = list(dict.fromkeys([*columns, *index.by]))
+    as_dictionary = [c for c in dictionary if c in columns and c not in index.by] or None
     tables = []
     for f in np.unique(ds.rg_file[rgs]):
         key = ds.keys[f]
         local = ds.rg_local[rgs[ds.rg_file[rgs] == f]].tolist()
         meta = _footer(ds.url, key, ds.versions[f])
         with store.open_input(key) as fh:
-            pf = pq.ParquetFile(fh, metadata=meta)
+            pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=as_dictionary)
             tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     n = stop - start
@@ -260,7 +268,10 @@ def read_task_rows(
     pos = _chunk_positions(table, index, start, stop)
     keep = np.flatnonzero(pos >= 0)
     order = keep[np.argsort(pos[keep], kind="stable")]
-    table = table.select(columns).take(pa.array(order))
+    if len(order) and (np.diff(order) == 1).all():  # rows already in order: no copy
+        table = table.select(columns).slice(int(order[0]), len(order))
+    else:
+        table = table.select(columns).take(pa.array(order))
     offsets = np.searchsorted(pos[order], np.arange(n + 1), side="left").astype(np.int64)
     return TaskRows(table, offsets, start)
 

@@ -6,6 +6,7 @@ the matrices statsmodels would build chunk by chunk, else per chunk.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ class Prepared:
     weights: np.ndarray | None = None
     groups: np.ndarray | None = None
     dropped: int = 0
+    finite: bool = False  # known to hold no NaN/inf (checks may skip scanning for them)
 
 
 class _RecordingNA:
@@ -55,9 +57,11 @@ class _RecordingNA:
 
 
 def _keep_all_na():
+    """No value is NA: patsy keeps every row. (``on_NA="raise"`` then returns the values
+    as they are, where the default ``"drop"`` copies every factor's values.)"""
     import patsy.missing
 
-    return patsy.missing.NAAction(NA_types=[])
+    return patsy.missing.NAAction(on_NA="raise", NA_types=[])
 
 
 class TaskDesign:
@@ -78,13 +82,25 @@ class TaskDesign:
         if spec.formula is None:
             self._arrays(table)
         else:
-            self.df = table.to_pandas()
+            self.table = table
             self.exact = info.exact_only if info is not None else False
             if not self.exact:
                 try:
                     self._formula_once()
                 except Exception:
                     self.exact = True  # e.g. missing categories: per chunk, as statsmodels would
+
+    @functools.cached_property
+    def df(self):
+        """The task's rows as pandas, for designs built per chunk (only those need it);
+        columns read as dictionaries are strings again, as a chunk alone would have them."""
+        import pyarrow as pa
+
+        table = self.table
+        for j, field in enumerate(table.schema):
+            if pa.types.is_dictionary(field.type):
+                table = table.set_column(j, field.name, table.column(j).cast(field.type.value_type))
+        return table.to_pandas()
 
     @staticmethod
     def _float(table, name):
@@ -106,24 +122,15 @@ class TaskDesign:
 
     def _formula_once(self) -> None:
         import patsy
-        from patsy.categorical import categorical_to_int
 
         from .spec import model_desc
 
         desc = model_desc(self.spec.formula)
-        coded = _sorted_categoricals(self.df)
-        y, X = patsy.dmatrices(
-            desc,
-            coded,
-            eval_env=_fast_env(),
-            NA_action=_keep_all_na(),
-            return_type="matrix",
-        )
+        y, X, info, values = _design_once(desc, _coded_columns(self.table))
         if y.shape[1] != 1:
             raise ValueError("categorical response")
-        self.yg = np.ascontiguousarray(np.asarray(y)[:, 0], dtype=np.float64)
-        self.Xg = np.ascontiguousarray(np.asarray(X), dtype=np.float64)
-        info = X.design_info
+        self.yg = np.ascontiguousarray(y[:, 0])
+        self.Xg = X
         self.names = tuple(info.column_names)
         self.rhs = patsy.ModelDesc([], desc.rhs_termlist)
         # Per categorical factor, each row's level; a chunk missing some levels gets the
@@ -134,13 +141,7 @@ class TaskDesign:
         for factor, fi in info.factor_infos.items():
             if fi.type != "categorical":
                 continue
-            values = factor.eval(fi.state, coded)
-            values = (
-                getattr(values, "data", values)
-                if type(values).__name__ == "_CategoricalBox"
-                else values
-            )
-            codes = np.asarray(categorical_to_int(values, fi.categories, _keep_all_na(), factor))
+            codes = values[factor]
             n_levels = len(fi.categories)
             present = (
                 np.bincount(chunk_of_row * n_levels + codes, minlength=self.n * n_levels).reshape(
@@ -172,6 +173,34 @@ class TaskDesign:
             )
         return self._columns[sig]
 
+    def plain_chunks(self) -> np.ndarray:
+        """Chunks whose rows of the task's design are their design as they are: the design
+        is built once per task and the chunk has every categorical level (so a design
+        built on it alone has the same columns). Rows with missing values are not looked
+        for here."""
+        if self.exact:
+            return np.zeros(self.n, dtype=bool)
+        ok = np.diff(self.offsets) > 0
+        if self.factor_codes:
+            ok &= self.full
+        return ok
+
+    def stack(self, chunks: np.ndarray, rows: int):
+        """X (B, rows, k), y (B, rows) and the weights (B, rows) or None of ``chunks``
+        (each of ``rows`` rows): views of the task's arrays when the chunks are
+        consecutive, else gathered once."""
+        k = self.Xg.shape[1]
+        starts = self.offsets[chunks]
+        B = len(chunks)
+        w = self.weights
+        if B and (B == 1 or np.all(np.diff(starts) == rows)):
+            a, e = int(starts[0]), int(starts[0]) + B * rows
+            return (self.Xg[a:e].reshape(B, rows, k), self.yg[a:e].reshape(B, rows),
+                    None if w is None else w[a:e].reshape(B, rows))  # fmt: skip
+        at = (starts[:, None] + np.arange(rows)).ravel()
+        return (self.Xg[at].reshape(B, rows, k), self.yg[at].reshape(B, rows),
+                None if w is None else w[at].reshape(B, rows))  # fmt: skip
+
     def prepare(self, i: int) -> Prepared:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
         s, e = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -186,7 +215,22 @@ class TaskDesign:
         y = self.yg[s:e]
         w = self.weights[s:e] if self.weights is not None else None
         g = self.groups[s:e] if self.groups is not None else None
+        if not self._nonfinite_chunks[i]:
+            return Prepared(y, X, names, w, g, finite=True)
         return self._drop_missing(y, X, names, w, g)
+
+    @functools.cached_property
+    def _nonfinite_chunks(self) -> np.ndarray:
+        """Per chunk: whether a row holds a NaN or inf (or a null group): found once
+        for the task rather than scanned for in each chunk."""
+        bad = ~np.isfinite(self.yg) | ~np.isfinite(self.Xg).all(axis=1)
+        if self.weights is not None:
+            bad |= ~np.isfinite(self.weights)
+        if self.groups is not None:
+            bad |= _isnull(self.groups)
+        out = np.zeros(self.n, dtype=bool)
+        out[np.searchsorted(self.offsets, np.flatnonzero(bad), side="right") - 1] = True
+        return out
 
     def _drop_missing(self, y, X, names, w, g, dropped: int = 0) -> Prepared:
         if self.spec.missing == "drop":
@@ -245,23 +289,130 @@ def _isnull(a: np.ndarray) -> np.ndarray:
     return np.zeros(a.shape, dtype=bool)
 
 
-def _sorted_categoricals(df):
-    """``df`` with its string columns as categoricals whose categories are the sorted
-    distinct values: patsy then codes them as it codes the strings (levels sorted),
-    but vectorized instead of one Python call per row."""
-    import pandas as pd
+def _design_once(desc, data):
+    """patsy's design matrices of ``desc`` on ``data``: y and X, X's design info and
+    each factor's values (codes for categoricals).
 
-    out = df.copy(deep=False)
-    for name in df.columns:
-        col = df[name]
-        if pd.api.types.is_string_dtype(col.dtype) and not isinstance(
-            col.dtype, pd.CategoricalDtype
-        ):
-            if col.isna().any():
-                continue  # patsy's own NA handling decides
-            levels = sorted(pd.unique(col))
-            out[name] = pd.Categorical(col, categories=levels)
+    patsy fills its row-major matrix a column at a time, a strided pass over the whole
+    matrix per column (the most expensive step of a task's design); this fills it a
+    block of rows at a time, with the same products in the same order, so the values
+    are patsy's bit for bit. patsy still learns the design (levels, contrasts, column
+    names) and evaluates the factors."""
+    import patsy
+    from patsy.build import _eval_factor
+
+    na = _keep_all_na()
+    y_info, x_info = patsy.design_matrix_builders(
+        [desc.lhs_termlist, desc.rhs_termlist], lambda: iter([data]), _fast_env(), na
+    )
+    values = {}
+    for info in (y_info, x_info):
+        for factor, fi in info.factor_infos.items():
+            if factor not in values:
+                value, is_na = _eval_factor(fi, data, na)
+                if fi.type == "categorical" and np.any(is_na):
+                    raise ValueError(f"{factor.name()}: missing values")
+                values[factor] = np.asarray(value)
+    rows = len(next(iter(values.values())))  # the response is a factor: never empty
+    return _columns(y_info, values, rows), _columns(x_info, values, rows), x_info, values
+
+
+def _columns(info, values: dict, rows: int) -> np.ndarray:
+    """What patsy's ``_build_subterm`` computes, into a row-major (rows, columns) matrix
+    a block of rows at a time, so that the column-by-column passes stay in cache."""
+    from patsy.build import _subterm_column_combinations
+
+    plan = []  # per column: [(values, contrast matrix or None, column index)]
+    for subterms in info.term_codings.values():
+        for subterm in subterms:
+            for idxs in _subterm_column_combinations(info.factor_infos, subterm):
+                plan.append(
+                    [
+                        (values[f], subterm.contrast_matrices[f].matrix, i)
+                        if info.factor_infos[f].type == "categorical"
+                        else (values[f], None, i)
+                        for f, i in zip(subterm.factors, idxs, strict=True)
+                    ]
+                )
+    out = np.empty((rows, len(plan)))
+    for a in range(0, rows, _FILL_ROWS):
+        b = min(rows, a + _FILL_ROWS)
+        block = out[a:b]
+        for j, factors in enumerate(plan):
+            column = block[:, j]
+            if not factors:  # the intercept
+                column[...] = 1
+            for f, (v, contrast, i) in enumerate(factors):
+                value = v[a:b, i] if contrast is None else contrast[v[a:b], i]
+                if f == 0:
+                    column[...] = value  # patsy: 1 * value, the same bits
+                else:
+                    column *= value
     return out
+
+
+_FILL_ROWS = 16_384  # rows filled at a time (measured: 4096 pays Python overhead)
+
+
+def _coded_columns(table) -> dict:
+    """The task's columns for the design built once: numbers as pandas Series of the
+    arrays (not a frame, which would copy them: patsy reads a dict of columns), strings
+    as pandas categoricals whose categories are the sorted distinct values, so that patsy
+    codes them as it codes the strings (levels sorted, as UTF-8 bytes sort like code
+    points) but vectorized instead of one Python call per row. Columns with nulls and
+    other types go through pandas, as in a frame (patsy's own NA handling decides)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        t = col.type
+        if col.null_count == 0 and (pa.types.is_floating(t) or pa.types.is_integer(t)):
+            # a Series, as in a frame: patsy names the levels of C(int_column) after
+            # Python scalars then ("C(g)[T.1]", not "C(g)[T.np.int64(1)]")
+            out[name] = pd.Series(col.to_numpy(), copy=False)
+        elif col.null_count == 0 and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            levels = pc.unique(col)
+            levels = levels.take(pc.array_sort_indices(levels))
+            codes = pc.index_in(col, value_set=levels).to_numpy()
+            out[name] = pd.Categorical.from_codes(codes, levels.to_pylist())
+        elif col.null_count == 0 and pa.types.is_dictionary(t) and _is_text(t.value_type):
+            out[name] = _dictionary_categorical(col)
+        else:
+            out[name] = col.to_pandas()
+    return out
+
+
+def _is_text(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _dictionary_categorical(col):
+    """A dictionary-encoded string column as a pandas categorical of the values its rows
+    use, sorted (a row group's dictionary may hold values of rows read and dropped)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = [c for c in col.chunks if len(c)]
+    used = [np.unique(c.indices.to_numpy()) for c in chunks]
+    levels = pa.concat_arrays(
+        [c.dictionary.take(pa.array(u)) for c, u in zip(chunks, used, strict=True)]
+        or [pa.array([], pa.string())]
+    ).cast(pa.string())
+    levels = pc.unique(levels)
+    levels = levels.take(pc.array_sort_indices(levels))
+    codes = np.empty(len(col), dtype=np.int64)
+    at = 0
+    for c in chunks:
+        remap = pc.index_in(c.dictionary.cast(pa.string()), value_set=levels)
+        remap = np.asarray(pc.fill_null(remap, -1).to_numpy(zero_copy_only=False))
+        codes[at : at + len(c)] = remap[c.indices.to_numpy()]
+        at += len(c)
+    return pd.Categorical.from_codes(codes, levels.to_pylist())
 
 
 def _fast_env():

@@ -40,6 +40,7 @@ class ChunkFit:
     fit_seconds: float = 0.0
     error_type: str | None = None
     error_message: str | None = None
+    engine: str | None = None  # "statsmodels" or "batched": what fitted it (None: nothing did)
     terms: tuple[str, ...] = ()
     params: np.ndarray | None = None
     bse: np.ndarray | None = None
@@ -74,11 +75,11 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
         extra = f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""
         raise ChunkError("EmptyChunk", f"no rows to fit{extra}")
     problems = []
-    for label, arr in (("response", p.y), ("weights", p.weights)):
+    for label, arr in () if p.finite else (("response", p.y), ("weights", p.weights)):
         if arr is not None and not np.isfinite(arr).all():
             nan, inf = _count_bad(arr)
             problems.append(f"{label}: {nan} NaN, {inf} inf")
-    if not np.isfinite(p.X).all():
+    if not p.finite and not np.isfinite(p.X).all():
         for j, name in enumerate(p.names):
             col = p.X[:, j]
             if not np.isfinite(col).all():
@@ -205,6 +206,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             out = ChunkFit.failed(*_classify(exc))
     out.nobs = len(p.y)
     out.nobs_dropped = p.dropped
+    out.engine = "statsmodels"
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     if p.dropped:
         messages.insert(0, f"dropped {p.dropped} rows with missing values")
@@ -356,6 +358,7 @@ def from_batched(r, p: Prepared, alpha: float, use_t: bool, seconds: float) -> C
         bse=np.asarray(r.bse),
         statistic=np.asarray(r.tvalues),
         fit_seconds=seconds,
+        engine="batched",
         warnings=f"dropped {p.dropped} rows with missing values" if p.dropped else None,
     )
     if alpha == 0.05:

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "COV_TYPES",
+    "ENGINES",
     "MODELS",
     "FormulaInfo",
     "ModelSpec",
@@ -65,6 +66,8 @@ NORMS = (
     "LeastSquares",
 )
 #: Models whose ``fit`` takes ``cov_type``; quantreg and rlm have their own covariance.
+#: ``auto``: the batched engine wherever it applies (see :mod:`.engine`), else statsmodels.
+ENGINES = ("auto", "statsmodels", "batched")
 _COV_MODELS = {"ols", "wls", "glm", "logit", "probit", "poisson"}
 _LINEAR = {"ols", "wls"}
 
@@ -122,11 +125,13 @@ class RegressionJob:
         choices=("drop", "fail"),
     )
     engine: str = setting(
-        "statsmodels",
+        "auto",
         str,
-        "statsmodels: one statsmodels fit per chunk; batched: numpy OLS over many chunks "
-        "at once (ols only; falls back to statsmodels per chunk where it must).",
-        choices=("statsmodels", "batched"),
+        "auto: the batched engine (numpy, many chunks at once) for the chunks it covers "
+        "(ols and wls with nonrobust or HC0-HC3 covariances), statsmodels for the rest; "
+        "statsmodels: statsmodels for every chunk; batched: as auto, for ols/wls jobs only. "
+        "Results equal statsmodels' within 1e-8 relative.",
+        choices=ENGINES,
     )
     plots: bool = setting(
         False, bool, "Write a diagnostic PDF per chunk and a summary figure of the coefficients."
@@ -222,8 +227,8 @@ class ModelSpec:
             raise ConfigError("cov_type cluster needs cluster = the column to cluster by")
         if job.cluster and job.cov_type != "cluster":
             raise ConfigError(f"cluster applies to cov_type cluster, not {job.cov_type}")
-        if job.engine == "batched" and job.model != "ols":
-            raise ConfigError(f"engine batched fits ols only, not {job.model}")
+        if job.engine == "batched" and job.model not in ("ols", "wls"):
+            raise ConfigError(f"engine batched fits ols and wls only, not {job.model}")
         if not 0.0 < job.alpha < 1.0:
             raise ConfigError(f"alpha must be between 0 and 1, got {job.alpha}")
         options = parse_fit_options(job.fit_options)

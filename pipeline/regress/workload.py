@@ -30,40 +30,20 @@ from ..storage import Store, join, write_parquet
 from ..workload import Task, TaskOutput, UnitFailure, Workload
 from .data import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
 from .design import ChunkError, TaskDesign
-from .fit import ChunkFit, check_chunk, finish_inference, fit_chunk
+from .engine import fit_task
+from .fit import ChunkFit
 from .options import check_fit_options, check_trial_fit
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
+from .taskfits import COEF_COLUMNS, TaskFits, models_schema
 
-__all__ = ["PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
+__all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
 
-_FLOATS = (
-    "df_model",
-    "df_resid",
-    "rsquared",
-    "rsquared_adj",
-    "llf",
-    "aic",
-    "bic",
-    "condition_number",
-)
 #: The tables each task writes, one part per task.
 PART_TABLES = ("coefficients", "models", "timings")
-COEF_COLUMNS = ("estimate", "std_error", "statistic", "p_value", "ci_low", "ci_high")
-_COEF_FIELDS = ("params", "bse", "statistic", "p_value", "ci_low", "ci_high")
 
 
 def part_key(job_id: str, table: str, index: int) -> str:
     return join(job_id, table, f"part-{index:06d}.parquet")
-
-
-def models_schema() -> list[tuple[str, pa.DataType]]:
-    return [
-        ("nobs", pa.int64()), ("nobs_dropped", pa.int64()),
-        *[(n, pa.float64()) for n in _FLOATS[:4]], ("rsquared_kind", pa.string()),
-        *[(n, pa.float64()) for n in _FLOATS[4:]],
-        ("converged", pa.bool_()), ("warnings", pa.string()),
-        ("error_type", pa.string()), ("error_message", pa.string()),
-    ]  # fmt: skip
 
 
 class RegressionWorkload(Workload):
@@ -187,60 +167,30 @@ class RegressionWorkload(Workload):
 
     # -- worker ---------------------------------------------------------------------------
 
-    def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> list[ChunkFit]:
-        """Fit chunks ``start..stop-1`` (reads their rows); one ChunkFit per chunk."""
-        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
-        design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
-        if self.spec.engine == "batched":
-            fits = self._fit_batched(design)
-        else:
-            fits = []
-            for i in range(design.n):
-                t0 = time.perf_counter()
-                try:
-                    p = design.prepare(i)
-                except ChunkError as exc:
-                    fits.append(
-                        ChunkFit.failed(
-                            exc.error_type, exc.message, fit_seconds=time.perf_counter() - t0
-                        )
-                    )
-                    continue
-                fit = fit_chunk(self.spec, p, keep_resid=keep_resid)
-                fit.fit_seconds = time.perf_counter() - t0
-                fits.append(fit)
-        finish_inference(fits, self.spec.alpha)
-        return fits
-
-    def _fit_batched(self, design: TaskDesign) -> list[ChunkFit]:
-        from .batched import fit_ols_batch
-        from .fit import from_batched
-
+    def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> TaskFits:
+        """Fit chunks ``start..stop-1`` (reads their rows); their results by local position."""
         spec = self.spec
-        fits: list[ChunkFit | None] = [None] * design.n
-        todo, Xs, ys, preps = [], [], [], {}
-        t0 = time.perf_counter()
-        for i in range(design.n):
-            try:
-                p = design.prepare(i)
-                check_chunk(p, spec, svd=False)  # the engine flags rank deficiency itself
-            except ChunkError as exc:
-                fits[i] = ChunkFit.failed(exc.error_type, exc.message)
-                continue
-            preps[i] = p
-            todo.append(i)
-            Xs.append(p.X)
-            ys.append(p.y)
+        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns),
+                              dictionary=self._text_columns())  # fmt: skip
+        design = TaskDesign(spec, rows.table, rows.offsets, self.info)
         has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
-        results = fit_ols_batch(Xs, ys, cov_type=spec.cov_type, has_constant=has_constant)
-        per_chunk = (time.perf_counter() - t0) / max(1, len(todo))
-        use_t = spec.cov_type == "nonrobust"
-        for i, r in zip(todo, results, strict=True):
-            if isinstance(r, Exception):
-                fits[i] = fit_chunk(spec, preps[i])
-            else:
-                fits[i] = from_batched(r, preps[i], spec.alpha, use_t, per_chunk)
-        return fits
+        return fit_task(spec, design, has_constant, keep_resid=keep_resid)
+
+    def _text_columns(self) -> tuple[str, ...]:
+        """The formula's string columns (not the cluster groups): read as dictionaries,
+        the task's design codes them without decoding a string per row."""
+        if self.spec.formula is None:
+            return ()
+        schema = self.dataset.schema
+        return tuple(
+            c
+            for c in self.columns
+            if c != self.spec.cluster
+            and (
+                pa.types.is_string(schema.field(c).type)
+                or pa.types.is_large_string(schema.field(c).type)
+            )
+        )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         t0 = time.perf_counter()
@@ -310,23 +260,22 @@ class RegressionWorkload(Workload):
             )
         return cols
 
-    def tables(self, start: int, fits: list[ChunkFit]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    def tables(
+        self, start: int, fits: TaskFits | list[ChunkFit]
+    ) -> tuple[pa.Table, pa.Table, pa.Table]:
         """The coefficients, models and timings tables of chunks ``start..``."""
+        if not isinstance(fits, TaskFits):
+            fits = TaskFits.of(fits)
         n = len(fits)
         timings = {
             "chunk_id": pa.array(start + np.arange(n), pa.int64()),
-            "fit_seconds": pa.array([f.fit_seconds for f in fits], pa.float64()),
+            "fit_seconds": pa.array(fits.fit_seconds(), pa.float64()),
         }
         models = self._key_columns(start, np.arange(n))
-        for name, typ in models_schema():
-            models[name] = pa.array([getattr(f, name) for f in fits], typ)
-        sizes = np.array([len(f.terms) if f.ok else 0 for f in fits], dtype=np.int64)
-        ok = [f for f in fits if f.ok and len(f.terms)]
-        coefs = self._key_columns(start, np.repeat(np.arange(n), sizes))
-        coefs["term"] = pa.array([t for f in ok for t in f.terms], pa.string())
-        for col, attr in zip(COEF_COLUMNS, _COEF_FIELDS, strict=True):
-            values = np.concatenate([getattr(f, attr) for f in ok]) if ok else np.empty(0)
-            coefs[col] = pa.array(values, pa.float64())
+        models.update(fits.models_columns())
+        positions, values = fits.coefficient_columns()
+        coefs = self._key_columns(start, positions)
+        coefs.update(values)
         return pa.table(coefs), pa.table(models), pa.table(timings)
 
     # -- after the run --------------------------------------------------------------------
