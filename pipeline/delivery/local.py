@@ -122,7 +122,7 @@ class LocalDelivery:
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         try:
             for worker in workers:
-                self._submit_producer(workers=[worker])
+                self._submit_producer(worker)
             delivered = 0
             while delivered < self.n_batches:
                 self._take_releases()
@@ -151,16 +151,13 @@ class LocalDelivery:
         for i, cube_id in enumerate(self._batch_range(batch)):
             yield cube_id, cubes[..., i]
 
-    def _submit_producer(self, **restrictions) -> None:
+    def _submit_producer(self, worker: str | None = None) -> None:
+        # Pinned to a worker at the start (one producer each), but free to run
+        # elsewhere if that worker dies before starting it.
+        where = {"workers": [worker], "allow_other_workers": True} if worker else {}
         self.futures.append(
             self.client.submit(
-                produce,
-                self.address,
-                self.workload,
-                self.batch_cubes,
-                pure=False,
-                allow_other_workers=True,
-                **restrictions,
+                produce, self.address, self.workload, self.batch_cubes, pure=False, **where
             )
         )
 

@@ -36,7 +36,7 @@ def _warn_relayed(cube_bytes: int) -> None:
         return
     _warned = True
     warnings.warn(
-        "iter_cubes: the workers are not on this host, and this client fetches results "
+        "iter_cubes: cubes come as Dask results, and this client fetches results "
         "through the scheduler (direct_to_workers is off): each cube "
         f"({cube_bytes / 1e6:.1f} MB) goes worker -> scheduler -> here, twice the "
         "network traffic, all of it through the scheduler's single event loop, which "
