@@ -119,7 +119,9 @@ def test_cube_shards_refuses_an_incomplete_or_absent_job(tmp_path):
 
 
 @pytest.mark.integration
-def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(s3, s3_bucket, tmp_path, frames_dir, client):
+def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(
+    s3, s3_bucket, tmp_path, frames_dir, client
+):
     stored_job(s3_bucket, frames_dir, None, cubes=13)
     local = tmp_path / "local"
     stored_job(local, frames_dir, client, cubes=13)  # the same job, for reference
