@@ -4,7 +4,9 @@
   ``DataLoader(num_workers=N)`` loader worker ``w`` builds cubes ``w, w + N, ...``,
   so the workers share the ids without overlap, and a cube depends only on
   (seed, cube id), never on N. Each worker process builds from the frames'
-  layout, memory-mapped from the per-host cache, one cube at a time.
+  layout, memory-mapped from the per-host cache, one cube at a time; or, with
+  ``batch_size``, whole batches in place in shared memory (use it with
+  ``DataLoader(batch_size=None)``: the default collate copies every cube again).
 - :class:`CubeShards`: a map-style ``Dataset`` over a stored cube job:
   ``len(ds)`` cubes, ``ds[k]`` is cube k. Local shards are memory-mapped; on S3
   each cube is one ranged GET of its bytes. ``verify=True`` checks every cube read
@@ -19,6 +21,7 @@ is False; the DataLoader's collate copies them into one batch tensor anyway.
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -39,28 +42,67 @@ class CubeStream(IterableDataset):
     is ``(cube_id, cube)``. Nothing is written anywhere (except the default frames
     of a job that names none, made once under ``output``)."""
 
-    def __init__(self, job: CubeJob, *, output: str = "results", with_ids: bool = False):
+    def __init__(
+        self,
+        job: CubeJob,
+        *,
+        output: str = "results",
+        with_ids: bool = False,
+        batch_size: int | None = None,
+    ):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"CubeStream: batch_size={batch_size}; expected at least 1")
         frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
         self.workload = CubeWorkload(job, job.name or "cubes", frames)
         self.workload.writes_output = False
         self.workload.preflight()  # bad frames fail here, before any loader starts
         self.with_ids = with_ids
+        self.batch_size = batch_size
 
     def __len__(self) -> int:
-        return self.workload.n_units
+        n, b = self.workload.n_units, self.batch_size
+        return n if b is None else -(-n // b)
 
     def __iter__(self):
         info = get_worker_info()
         first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        ids = range(first, self.workload.n_units, step)
+        if self.batch_size is None:
+            yield from self._cubes(ids)
+        else:
+            for i in range(0, len(ids), self.batch_size):
+                yield self._batch(ids[i : i + self.batch_size], shared=info is not None)
+
+    def _cubes(self, ids: range):
         workload = self.workload
         layout = workload._layout()
         d, dtype = workload.job.dim, workload.job.dtype
-        for cube_id in range(first, workload.n_units, step):
+        for cube_id in ids:
             # A fresh array per cube: the loader may still hold the previous one.
             out = np.empty((d, d, d), dtype=dtype)
             build_cube(layout, workload.columns(cube_id), out)
             cube = torch.from_numpy(out.T)  # axes (frame, row, column)
             yield (cube_id, cube) if self.with_ids else cube
+
+    def _batch(self, ids: range, shared: bool):
+        """Cubes ``ids`` built in place in one (n, d, d, d) tensor, in shared memory in
+        a loader worker (as the DataLoader's collate would put it), so reaching the
+        training loop costs no copy: collating cubes instead copies each one again,
+        transposing it."""
+        workload = self.workload
+        layout = workload._layout()
+        d, dtype = workload.job.dim, getattr(torch, workload.job.dtype)
+        shape = (len(ids), d, d, d)
+        if shared:
+            storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+            base = torch.empty(0, dtype=dtype).set_(storage).view(shape)
+        else:
+            base = torch.empty(shape, dtype=dtype)
+        out = base.numpy()  # (cube, column, row, frame), C order: what build_cube fills
+        for i, cube_id in enumerate(ids):
+            build_cube(layout, workload.columns(cube_id), out[i])
+        batch = base.permute(0, 3, 2, 1)  # axes (cube, frame, row, column)
+        return (torch.tensor(list(ids)), batch) if self.with_ids else batch
 
 
 class CubeShards(Dataset):

@@ -46,6 +46,26 @@ def test_cube_stream_gives_the_same_cubes_whatever_the_loader_workers(frames_dir
     assert len(CubeStream(job)) == 30
 
 
+def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=23, dim=10, seed=5)
+    want = expected(job)
+    for workers in (0, 2):
+        stream = CubeStream(job, with_ids=True, batch_size=4)
+        got: dict[int, str] = {}
+        sizes = []
+        for ids, batch in DataLoader(stream, batch_size=None, num_workers=workers):
+            sizes.append(len(batch))
+            assert batch.shape[1:] == (10, 10, 10)
+            for cube_id, cube in zip(ids.tolist(), batch, strict=True):
+                assert cube_id not in got
+                got[cube_id] = digest(cube)
+        assert got == want
+        assert sum(sizes) == 23 and max(sizes) == 4
+    assert len(CubeStream(job, batch_size=4)) == 6
+    with pytest.raises(ValueError, match="batch_size=0"):
+        CubeStream(job, batch_size=0)
+
+
 def test_cube_stream_without_ids_yields_cube_tensors(frames_dir):
     job = CubeJob(frames=str(frames_dir), cubes=5, dim=6, seed=1, dtype="float32")
     cubes = list(CubeStream(job))
