@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..cubes import CubeJob, CubeWorkload, ensure_auto_frames
-from ..errors import ConfigError
+from ..errors import ClusterError, ConfigError
 from . import channel
 from .local import LocalDelivery
 from .producer import reachable
@@ -30,6 +30,7 @@ DELIVERIES = ("auto", "shared-memory", "dask")
 #: Target bytes of one batch: large enough that per-batch messages cost nothing
 #: next to building it, small enough that a few per worker fit in memory.
 BATCH_BYTES = 32 << 20
+WAIT_FOR_WORKERS = 60
 
 
 def batch_cubes_for(dim: int, dtype: str) -> int:
@@ -71,6 +72,12 @@ def iter_cubes(
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(connect(RunOptions()))
+        try:  # a remote cluster may still be starting
+            client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
+        except TimeoutError as exc:
+            raise ClusterError(
+                f"iter_cubes: no worker joined the scheduler within {WAIT_FOR_WORKERS} s"
+            ) from exc
         address = channel.new_address()
         listener = stack.enter_context(channel.listen(address))
         if delivery == "auto":
