@@ -4,7 +4,8 @@ __version__ = "0.1.0"
 
 from .cluster import connect
 from .config import RunOptions
-from .cubes import CubeJob, CubeWorkload, iter_cubes
+from .cubes import CubeJob, CubeWorkload
+from .delivery import iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import run_job

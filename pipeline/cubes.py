@@ -13,7 +13,6 @@ is cube i with axes (frame, row, column), without a copy.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from .shards import ShardSpec, read_shard, write_shards
 from .storage import Store, join, open_store, write_parquet
 from .workload import Task, TaskOutput, UnitFailure, Workload
 
-__all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "iter_cubes", "read_shard"]
+__all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
 
 #: Frames made for a cube job that names none.
 AUTO_FRAME_ROWS = 1000
@@ -286,46 +285,3 @@ def ensure_auto_frames(output: str, dim: int, seed: int, echo=print) -> str:
         )
         write_frames(store, "", count=dim, rows=AUTO_FRAME_ROWS, cols=AUTO_FRAME_COLS, seed=seed)
     return url
-
-
-def _cube_batch(workload: CubeWorkload, task: Task) -> tuple[range, np.ndarray]:
-    """Worker: the cubes of ``task`` as one fresh (d, d, d, n) Fortran-ordered array."""
-    d = workload.job.dim
-    layout = workload._layout()
-    batch = np.empty((d, d, d, len(task.units)), dtype=workload.job.dtype, order="F")
-    for i, cube_id in enumerate(task.units):
-        build_cube(layout, workload.columns(cube_id), batch[..., i].T)
-    return task.units, batch
-
-
-def iter_cubes(job: CubeJob, *, client=None, cubes_per_task: int = 8, output: str = "results"):
-    """Yield ``(cube_id, cube)`` pairs as the cluster builds them, in completion order.
-
-    For feeding a training loop: cubes arrive as arrays with axes (frame, row,
-    column) and are never written anywhere. At most a few tasks per worker are
-    in flight, so memory stays bounded however many cubes the job has. With no
-    ``client``, an embedded cluster runs for the duration of the iteration.
-    """
-    from joblib import Parallel, delayed, parallel_config
-
-    from ._joblib_dask import DaskBackend
-    from .cluster import connect
-    from .config import RunOptions
-    from .workload import plan_tasks
-
-    frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
-    workload = CubeWorkload(job, job.name or "cubes", frames)
-    workload.writes_output = False
-    workload.preflight()
-    tasks = plan_tasks(job.cubes, cubes_per_task)
-    with contextlib.ExitStack() as stack:
-        if client is None:
-            client = stack.enter_context(connect(RunOptions()))
-        backend = DaskBackend(client=client, wait_for_workers_timeout=60, pure=False)
-        stack.enter_context(parallel_config(backend=backend))
-        batches = Parallel(
-            n_jobs=-1, return_as="generator_unordered", batch_size=1, pre_dispatch="2*n_jobs"
-        )(delayed(_cube_batch)(workload, t) for t in tasks)
-        for ids, batch in batches:
-            for i, cube_id in enumerate(ids):
-                yield cube_id, batch[..., i]

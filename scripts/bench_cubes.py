@@ -13,7 +13,14 @@ on the same frames and machine.
   (e) the same to the local store, next to (f) the machine's sequential write rate
       for the same number of bytes (the better of through the page cache and direct
       I/O), measured right before and after; in rounds (--store-rounds), the median
-      round reported.
+      round reported;
+  (h) `iter_cubes` on the embedded cluster: cubes delivered into this process, the
+      consumer reading each one (float(cube.sum())), timed from the call (which
+      checks the frames' footers) to the last cube; next to (a+), the reference with
+      the same consumer;
+  (i) a torch DataLoader over pipeline.torch.CubeStream, one loader worker per core,
+      batches of 8 built in place (and (i') cubes stacked by the default collate),
+      the same consumer reading each batch (when torch is installed).
 
   python scripts/bench_cubes.py                 # 100 frames of 1000x1000, d = 100
   python scripts/bench_cubes.py --store-cubes 500 --none-cubes 20000
@@ -117,6 +124,104 @@ def runner(frames_dir: Path, d: int, n: int, sink: str, output: Path, workers: i
     }
 
 
+def reference_read(arr: np.ndarray, d: int, n: int, threads: int) -> float:
+    """(a+): the reference method with the consumer of (h): each cube read once."""
+    ncols = arr.shape[2]
+
+    def make_cube(_i):
+        return arr[:, :d, random.sample(range(1, ncols), d)]
+
+    random.seed(0)
+    t0 = time.perf_counter()
+    total = 0.0
+    with ThreadPool(threads) as pool:
+        for cube in pool.imap_unordered(make_cube, range(n)):
+            total += float(cube.sum())
+    return n / (time.perf_counter() - t0)
+
+
+def delivered(frames_dir: Path, d: int, n: int, workers: int, rounds: int) -> dict:
+    """(h): iter_cubes on an embedded cluster, the consumer reading every cube; the
+    best of ``rounds`` rounds on one cluster (the first also starts the producers)."""
+    from pipeline import CubeJob, RunOptions, connect, iter_cubes
+
+    rates, steady = [], []
+    with connect(RunOptions(workers=workers)) as client:
+        for r in range(rounds):
+            job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=10 + r)
+            t0 = time.perf_counter()
+            t_first, count, total = None, 0, 0.0
+            for _cube_id, cube in iter_cubes(job, client=client):
+                total += float(cube.sum())
+                count += 1
+                if t_first is None:
+                    t_first = time.perf_counter()
+            t_end = time.perf_counter()
+            assert count == n
+            rates.append(n / (t_end - t0))
+            steady.append((n - 1) / (t_end - t_first) if n > 1 else 0.0)
+    return {"cubes_per_s": max(rates), "rounds": rates, "from_first_cube": steady}
+
+
+def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
+    """(i): DataLoader(CubeStream) with ``workers`` loader processes, batches of 8,
+    each batch read once: built in place by CubeStream(batch_size=8), and (i') cubes
+    collated by the DataLoader; None when torch is not installed."""
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return None
+    from pipeline import CubeJob
+    from pipeline.torch import CubeStream
+
+    rates = {}
+    for name, batched in (("in_place", True), ("collated", False)):
+        job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=20)
+        if batched:  # batches built in place in shared memory by CubeStream
+            stream, batch_size = CubeStream(job, batch_size=8), None
+        else:  # cubes, stacked by the DataLoader's default collate
+            stream, batch_size = CubeStream(job), 8
+        t0 = time.perf_counter()
+        count, total = 0, 0.0
+        for batch in DataLoader(stream, batch_size=batch_size, num_workers=workers):
+            total += float(batch.sum())
+            count += len(batch)
+        assert count == n
+        rates[name] = n / (time.perf_counter() - t0)
+    return rates
+
+
+def print_delivery(h: dict, i: dict | None, a: float, a_read: float, dd: dict, n: int) -> dict:
+    """Print (a+), (h), (i) and the ratios (h)/(d), (h)/(a); return them for --json."""
+    rounds = ", ".join(f"{x:,.0f}" for x in h["rounds"])
+    steady = ", ".join(f"{x:,.0f}" for x in h["from_first_cube"])
+    print(f"(a+) reference, consumer reads cubes  {a_read:10,.0f} cubes/s", flush=True)
+    print(
+        f"(h) iter_cubes delivered, read        {h['cubes_per_s']:10,.0f} cubes/s "
+        f"({n} cubes, best of rounds {rounds}; from the first cube: {steady})",
+        flush=True,
+    )
+    if i is None:
+        print("(i) DataLoader(CubeStream)            n/a (torch not installed)")
+    else:
+        print(
+            f"(i) DataLoader(CubeStream), read      {i['in_place']:10,.0f} cubes/s "
+            "(CubeStream(batch_size=8): batches built in place in shared memory)\n"
+            f"(i') same, cubes collated by DataLoader {i['collated']:9,.0f} cubes/s",
+            flush=True,
+        )
+    ratios = {
+        "h/d": h["cubes_per_s"] / dd["cubes_per_s"],
+        "h/a": h["cubes_per_s"] / a,
+        "h/a_read": h["cubes_per_s"] / a_read,
+    }
+    print(
+        f"ratios: (h)/(d) = {ratios['h/d']:.2f} (target >= 0.5), "
+        f"(h)/(a) = {ratios['h/a']:.1f}, (h)/(a+) = {ratios['h/a_read']:.1f} (target >= 8)"
+    )
+    return {"a_read": a_read, "h": h, "i": i, "ratios": ratios}
+
+
 def write_rate(path: Path, nbytes: int, chunk: int = 128 << 20) -> tuple[float, float]:
     """The machine's sequential write rate, (through the page cache, direct I/O): one
     stream of ``chunk``-sized writes from one buffer. (e) is held to the better of the
@@ -162,6 +267,9 @@ def main() -> None:
     ap.add_argument("--none-cubes", type=int, default=20000)
     ap.add_argument("--store-cubes", type=int, default=2000)
     ap.add_argument("--store-rounds", type=int, default=3)
+    ap.add_argument("--deliver-cubes", type=int, default=8000, help="(h)")
+    ap.add_argument("--deliver-rounds", type=int, default=2, help="(h)")
+    ap.add_argument("--loader-cubes", type=int, default=2000, help="(i)")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--workdir", type=Path, help="scratch space (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -183,6 +291,7 @@ def main() -> None:
         arr = load_reference_array(files, d, column_major=False)
         a = reference(arr, d, args.ref_cubes, cores)
         print(f"(a) reference, ThreadPool({cores})       {a:10,.0f} cubes/s", flush=True)
+        a_read = reference_read(arr, d, args.ref_cubes, cores)
         arr = load_reference_array(files, d, column_major=True)
         a_cm = reference(arr, d, args.ref_cubes, cores)
         del arr
@@ -198,6 +307,9 @@ def main() -> None:
             f"{dd['units_per_task']}, {dd['wall_s']:.1f} s, frames read cold)",
             flush=True,
         )
+        h = delivered(frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds)
+        i = loader_rate(frames_dir, d, args.loader_cubes, args.workers)
+        delivery = print_delivery(h, i, a, a_read, dd, args.deliver_cubes)
         # A virtual disk's write rate swings 2x from one minute to the next, so (e)
         # runs in rounds, each between two measurements of the write rate into the
         # space the step before freed (after one warm-up write); the median round counts.
@@ -264,6 +376,7 @@ def main() -> None:
                         "e_rounds": rounds,
                         "write_rate": f,
                         "ratios": ratios,
+                        "delivery": delivery,
                     },
                     indent=2,
                 )

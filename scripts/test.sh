@@ -22,6 +22,10 @@ fi
 .venv/bin/python -m pip install -q -e '.[dev]'
 # The example workload plug-in: the contract tests run it as a third party's.
 .venv/bin/python -m pip install -q --no-deps -e examples/plugin
+# The torch extra's tests (tests/test_torch.py) run when torch is there; the core
+# installs and tests without it. 2.13.0 is the CPU build this machine installs
+# from local disk (other versions download gigabytes).
+.venv/bin/python -m pip install -q torch==2.13.0
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -1,0 +1,90 @@
+"""Cubes delivered to the consumer's process as fast as the workers build them.
+
+:func:`iter_cubes` picks the path:
+
+- **shared memory** (``delivery="shared-memory"``), when every worker runs on this
+  host (the embedded cluster, or workers started on this machine): workers build
+  batches in place in shared-memory buffers and the consumer gets numpy views of
+  them, no copy and no Dask transfer (:mod:`.local`, :mod:`.producer`, :mod:`.channel`);
+- **Dask** (``delivery="dask"``) otherwise: batches are task results, fetched from the
+  workers with ``direct_to_workers`` or relayed by the scheduler (:mod:`.remote`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..cubes import CubeJob, CubeWorkload, ensure_auto_frames
+from ..errors import ClusterError, ConfigError
+from . import channel
+from .local import LocalDelivery
+from .producer import reachable
+from .remote import RelayedThroughSchedulerWarning, remote_cubes
+
+__all__ = ["RelayedThroughSchedulerWarning", "batch_cubes_for", "iter_cubes"]
+
+DELIVERIES = ("auto", "shared-memory", "dask")
+#: Target bytes of one batch: large enough that per-batch messages cost nothing
+#: next to building it, small enough that a few per worker fit in memory.
+BATCH_BYTES = 32 << 20
+WAIT_FOR_WORKERS = 60
+
+
+def batch_cubes_for(dim: int, dtype: str) -> int:
+    return max(1, min(256, BATCH_BYTES // (dim**3 * np.dtype(dtype).itemsize)))
+
+
+def iter_cubes(
+    job: CubeJob,
+    *,
+    client=None,
+    cubes_per_task: int | None = None,
+    output: str = "results",
+    delivery: str = "auto",
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield ``(cube_id, cube)`` pairs as the cluster builds them, in completion order.
+
+    For feeding a training loop: each cube is a (d, d, d) array with axes (frame,
+    row, column), never written anywhere. With workers on this host the cubes are
+    views of shared memory the workers built them in; a batch's memory goes back
+    to its worker when the consumer drops the last view of it, so keep a cube past
+    the next iteration only if you mean to hold its memory (``cube.copy()`` holds
+    only its own). A bounded number of batches (``cubes_per_task`` cubes each,
+    default about 32 MB) is in flight, so memory stays bounded however many cubes
+    the job has. With no ``client``, an embedded cluster runs for the duration of
+    the iteration.
+    """
+    from ..cluster import connect
+    from ..config import RunOptions
+
+    if delivery not in DELIVERIES:
+        raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
+    if cubes_per_task is not None and cubes_per_task < 1:
+        raise ConfigError(f"iter_cubes: cubes_per_task={cubes_per_task}; expected at least 1")
+    frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
+    workload = CubeWorkload(job, job.name or "cubes", frames)
+    workload.writes_output = False
+    workload.preflight()
+    batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype)
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(connect(RunOptions()))
+        try:  # a remote cluster may still be starting
+            client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
+        except TimeoutError as exc:
+            raise ClusterError(
+                f"iter_cubes: no worker joined the scheduler within {WAIT_FOR_WORKERS} s"
+            ) from exc
+        address = channel.new_address()
+        listener = stack.enter_context(channel.listen(address))
+        if delivery == "auto":
+            here = client.run(reachable, address)
+            delivery = "shared-memory" if here and all(here.values()) else "dask"
+        if delivery == "shared-memory":
+            yield from LocalDelivery(client, workload, batch, listener, address).cubes()
+        else:
+            listener.close()
+            yield from remote_cubes(client, workload, batch)

@@ -1,0 +1,291 @@
+"""Consumer side of local delivery: cubes built by the workers of this host arrive
+as numpy views of shared memory, without a copy and without passing through Dask.
+
+Dask starts one producer task per worker (:func:`.producer.produce`); from then
+on the consumer talks to the producers over :mod:`.channel`. Each producer has a
+few buffers (``SLOTS``); the consumer asks for a batch to be built into a buffer
+only when that buffer is free, keeps ``DEPTH`` requests queued per producer so
+none idles, and yields each cube as a view of its buffer. A buffer is free again
+when the last view of its batch is gone (a ``weakref.finalize`` on the object
+that owns the views' memory), so memory stays bounded: producers wait for the
+consumer, not the other way round.
+
+If the consumer keeps every cube (``list(iter_cubes(...))``), buffers are never
+released; the consumer then grants producers new buffers one at a time instead
+of waiting forever, so memory grows with what the consumer keeps, as it would
+with copies.
+
+A producer that dies (its worker killed) loses only the batches it was asked for
+and had not delivered: they go back to the queue, and a replacement producer task
+is submitted. Batches it delivered stay readable: the consumer's mapping keeps
+their memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import itertools
+import mmap
+import os
+import selectors
+import socket
+import weakref
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..cubes import CubeWorkload
+from ..errors import ClusterError, PipelineError
+from . import channel
+from .producer import produce
+
+__all__ = ["LocalDelivery"]
+
+#: Buffers per producer: one being built, one queued, one being read.
+SLOTS = 3
+#: Build requests queued per producer.
+DEPTH = 2
+#: Replacement producers submitted for dead ones, per worker, before giving up.
+MAX_RESTARTS_PER_WORKER = 3
+
+
+_ids = itertools.count()
+
+
+class _Producer:
+    def __init__(self, conn: channel.Channel):
+        self.id = next(_ids)  # not the fileno: a new connection may reuse that
+        self.conn = conn
+        self.ready = False  # after its hello; probes never say hello
+        self.mappings: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self.free = list(range(SLOTS))
+        self.next_slot = SLOTS
+        self.requested: dict[int, int] = {}  # batch -> buffer slot
+
+
+class _BatchMemory:
+    """Owns one delivered batch's memory for numpy: every cube view's ``base``."""
+
+    def __init__(self, mapping: np.ndarray, shape: tuple, dtype: np.dtype):
+        itemsize = dtype.itemsize
+        strides, step = [], itemsize
+        for n in shape:  # Fortran order: the first axis varies fastest
+            strides.append(step)
+            step *= n
+        self._mapping = mapping  # keeps the mapping open while views exist
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "strides": tuple(strides),
+            "data": (mapping.ctypes.data, False),
+            "version": 3,
+        }
+
+
+def _release(released: collections.deque, wake: socket.socket, key: tuple) -> None:
+    # Runs wherever the last view dies (any thread): hand the buffer back to the
+    # consumer loop and wake it if it is waiting.
+    released.append(key)
+    with contextlib.suppress(OSError):
+        wake.send(b"\0")
+
+
+class LocalDelivery:
+    def __init__(self, client, workload: CubeWorkload, batch_cubes: int, listener, address: str):
+        self.client = client
+        self.workload = workload
+        self.batch_cubes = batch_cubes
+        self.listener = listener
+        self.address = address
+        d = workload.job.dim
+        self.dtype = np.dtype(workload.job.dtype)
+        self.cube_shape = (d, d, d)
+        self.buffer_bytes = batch_cubes * d**3 * self.dtype.itemsize
+        self.n_batches = -(-workload.n_units // batch_cubes)
+        self.next_batch = 0
+        self.retry: collections.deque[int] = collections.deque()
+        self.ready: collections.deque[tuple[_Producer, int, int]] = collections.deque()
+        self.released: collections.deque[tuple[int, int]] = collections.deque()
+        self.producers: dict[int, _Producer] = {}  # by id
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.futures: list = []
+        self.restarts_left = 0
+
+    def cubes(self) -> Iterator[tuple[int, np.ndarray]]:
+        workers = list(self.client.scheduler_info()["workers"])
+        self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        try:
+            for worker in workers:
+                self._submit_producer(worker)
+            delivered = 0
+            while delivered < self.n_batches:
+                self._take_releases()
+                self._assign()
+                if self.ready:
+                    producer, batch, slot = self.ready.popleft()
+                    delivered += 1
+                    yield from self._batch_cubes(producer, batch, slot)
+                else:
+                    self._wait()
+        finally:
+            self._close()
+
+    def _batch_range(self, batch: int) -> range:
+        start = batch * self.batch_cubes
+        return range(start, min(self.workload.n_units, start + self.batch_cubes))
+
+    def _batch_cubes(self, producer: _Producer, batch: int, slot: int):
+        memory = _BatchMemory(
+            producer.mappings[slot][1], (*self.cube_shape, self.batch_cubes), self.dtype
+        )
+        key = (producer.id, slot)
+        weakref.finalize(memory, _release, self.released, self.wake_w, key)
+        cubes = np.asarray(memory)
+        del memory  # the views hold it now; the last one gone frees the buffer
+        for i, cube_id in enumerate(self._batch_range(batch)):
+            yield cube_id, cubes[..., i]
+
+    def _submit_producer(self, worker: str | None = None) -> None:
+        # Pinned to a worker at the start (one producer each), but free to run
+        # elsewhere if that worker dies before starting it.
+        where = {"workers": [worker], "allow_other_workers": True} if worker else {}
+        self.futures.append(
+            self.client.submit(
+                produce, self.address, self.workload, self.batch_cubes, pure=False, **where
+            )
+        )
+
+    def _take_releases(self) -> None:
+        while self.released:
+            producer_id, slot = self.released.popleft()
+            producer = self.producers.get(producer_id)
+            if producer is not None:
+                producer.free.append(slot)
+
+    def _work_left(self) -> bool:
+        return bool(self.retry) or self.next_batch < self.n_batches
+
+    def _assign(self) -> None:
+        for producer in self.producers.values():
+            if not producer.ready:
+                continue
+            while len(producer.requested) < DEPTH and producer.free and self._work_left():
+                if self.retry:
+                    batch = self.retry.popleft()
+                else:
+                    batch, self.next_batch = self.next_batch, self.next_batch + 1
+                slot = producer.free.pop()
+                ids = self._batch_range(batch)
+                message = {"op": "build", "batch": batch, "buffer": slot}
+                message.update(start=ids.start, stop=ids.stop)
+                try:
+                    producer.conn.send(message)
+                except OSError:
+                    self.retry.appendleft(batch)
+                    break  # its end of the connection shows up as closed in _wait
+                producer.requested[batch] = slot
+
+    def _wait(self) -> None:
+        if self._work_left() and self._stalled():
+            self._grow()
+        events = self.selector.select(timeout=1.0)
+        for key, _mask in events:
+            if key.data == "accept":
+                with contextlib.suppress(BlockingIOError):
+                    sock, _ = self.listener.accept()
+                    sock.setblocking(True)
+                    producer = _Producer(channel.Channel(sock))
+                    self.producers[producer.id] = producer
+                    self.selector.register(sock, selectors.EVENT_READ, producer)
+            elif key.data == "wake":
+                self.wake_r.recv(4096)
+            else:
+                self._receive(key.data)
+        if not events:
+            self._check_producers_alive()
+
+    def _stalled(self) -> bool:
+        """Nothing requested, nothing ready, and no producer has a free buffer."""
+        ready = [p for p in self.producers.values() if p.ready]
+        return bool(ready) and not any(p.requested or p.free for p in ready)
+
+    def _grow(self) -> None:
+        gc.collect()  # views in reference cycles
+        self._take_releases()
+        if not self._stalled():
+            return
+        producer = min(
+            (p for p in self.producers.values() if p.ready), key=lambda p: len(p.mappings)
+        )
+        producer.free.append(producer.next_slot)
+        producer.next_slot += 1
+
+    def _receive(self, producer: _Producer) -> None:
+        message, fd = producer.conn.receive()
+        if message is None:
+            self._lost(producer)
+            return
+        op = message["op"]
+        if op == "hello":
+            producer.ready = True
+        elif op in ("built", "failed"):
+            slot = message["buffer"]
+            if fd is not None:
+                region = channel.map_buffer(fd, self.buffer_bytes)
+                producer.mappings[slot] = (region, np.frombuffer(region, dtype=np.uint8))
+            batch = message["batch"]
+            del producer.requested[batch]
+            if op == "failed":
+                ids = self._batch_range(batch)
+                raise PipelineError(
+                    f"building cubes {ids.start}..{ids.stop - 1} failed on a worker: "
+                    f"{message['error']}\n{message['traceback']}"
+                )
+            self.ready.append((producer, batch, slot))
+        elif fd is not None:
+            os.close(fd)
+
+    def _lost(self, producer: _Producer) -> None:
+        """A producer's connection closed: its worker died (or it was a probe)."""
+        self.selector.unregister(producer.conn.sock)
+        producer.conn.close()
+        del self.producers[producer.id]
+        if not producer.ready:
+            return
+        self.retry.extend(sorted(producer.requested))
+        # Buffers it delivered stay mapped here: views and queued batches still read them.
+        if self._work_left():
+            if self.restarts_left <= 0:
+                raise ClusterError("cube producers keep dying; their workers were killed")
+            self.restarts_left -= 1
+            self._submit_producer()
+
+    def _check_producers_alive(self) -> None:
+        if any(p.ready for p in self.producers.values()):
+            return
+        if all(f.done() for f in self.futures):
+            errors = [f.exception() for f in self.futures if f.status == "error"]
+            raise ClusterError(
+                "no cube producer is running on the workers"
+                + (f": {errors[-1]!r}" if errors else "")
+            )
+
+    def _close(self) -> None:
+        for producer in self.producers.values():
+            with contextlib.suppress(OSError):
+                producer.conn.send({"op": "stop"})
+            producer.conn.close()
+        self.producers.clear()
+        self.selector.close()
+        self.listener.close()
+        self.wake_r.close()
+        self.wake_w.close()
+        # Running tasks are not interrupted: each returns when its connection closes.
+        with contextlib.suppress(Exception):
+            self.client.cancel(self.futures)

@@ -1,0 +1,190 @@
+"""PyTorch datasets of cubes (the ``pipeline[torch]`` extra).
+
+- :class:`CubeStream`: an ``IterableDataset`` of freshly built cubes. Under
+  ``DataLoader(num_workers=N)`` loader worker ``w`` builds cubes ``w, w + N, ...``,
+  so the workers share the ids without overlap, and a cube depends only on
+  (seed, cube id), never on N. Each worker process builds from the frames'
+  layout, memory-mapped from the per-host cache, one cube at a time; or, with
+  ``batch_size``, whole batches in place in shared memory (use it with
+  ``DataLoader(batch_size=None)``: the default collate copies every cube again).
+- :class:`CubeShards`: a map-style ``Dataset`` over a stored cube job:
+  ``len(ds)`` cubes, ``ds[k]`` is cube k. Local shards are memory-mapped; on S3
+  each cube is one ranged GET of its bytes. ``verify=True`` checks every cube read
+  against the manifest's checksum.
+
+Cubes are ``torch.float64`` (or ``float32``) tensors of shape (d, d, d), axes
+(frame, row, column). They share memory with the arrays they were built in (no
+copy), laid out as stored: Fortran order over those axes, so ``is_contiguous()``
+is False; the DataLoader's collate copies them into one batch tensor anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import xxhash
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from .cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
+from .errors import InputError, StorageError
+from .shards import npy_header
+from .storage import join, open_store
+
+__all__ = ["CubeShards", "CubeStream"]
+
+
+class CubeStream(IterableDataset):
+    """Cubes ``0 .. job.cubes - 1`` built as they are read; with ``with_ids`` each item
+    is ``(cube_id, cube)``. Nothing is written anywhere (except the default frames
+    of a job that names none, made once under ``output``)."""
+
+    def __init__(
+        self,
+        job: CubeJob,
+        *,
+        output: str = "results",
+        with_ids: bool = False,
+        batch_size: int | None = None,
+    ):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"CubeStream: batch_size={batch_size}; expected at least 1")
+        frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
+        self.workload = CubeWorkload(job, job.name or "cubes", frames)
+        self.workload.writes_output = False
+        self.workload.preflight()  # bad frames fail here, before any loader starts
+        self.with_ids = with_ids
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        n, b = self.workload.n_units, self.batch_size
+        return n if b is None else -(-n // b)
+
+    def __iter__(self):
+        info = get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        ids = range(first, self.workload.n_units, step)
+        if self.batch_size is None:
+            yield from self._cubes(ids)
+        else:
+            for i in range(0, len(ids), self.batch_size):
+                yield self._batch(ids[i : i + self.batch_size], shared=info is not None)
+
+    def _cubes(self, ids: range):
+        workload = self.workload
+        layout = workload._layout()
+        d, dtype = workload.job.dim, workload.job.dtype
+        for cube_id in ids:
+            # A fresh array per cube: the loader may still hold the previous one.
+            out = np.empty((d, d, d), dtype=dtype)
+            build_cube(layout, workload.columns(cube_id), out)
+            cube = torch.from_numpy(out.T)  # axes (frame, row, column)
+            yield (cube_id, cube) if self.with_ids else cube
+
+    def _batch(self, ids: range, shared: bool):
+        """Cubes ``ids`` built in place in one (n, d, d, d) tensor, in shared memory in
+        a loader worker (as the DataLoader's collate would put it), so reaching the
+        training loop costs no copy: collating cubes instead copies each one again,
+        transposing it."""
+        workload = self.workload
+        layout = workload._layout()
+        d, dtype = workload.job.dim, getattr(torch, workload.job.dtype)
+        shape = (len(ids), d, d, d)
+        if shared:
+            storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+            base = torch.empty(0, dtype=dtype).set_(storage).view(shape)
+        else:
+            base = torch.empty(shape, dtype=dtype)
+        out = base.numpy()  # (cube, column, row, frame), C order: what build_cube fills
+        for i, cube_id in enumerate(ids):
+            build_cube(layout, workload.columns(cube_id), out[i])
+        batch = base.permute(0, 3, 2, 1)  # axes (cube, frame, row, column)
+        return (torch.tensor(list(ids)), batch) if self.with_ids else batch
+
+
+class CubeShards(Dataset):
+    """The cubes of job ``job`` stored under ``output`` (a folder or ``s3://`` prefix),
+    as written by ``pipeline run`` with ``sink = "store"``."""
+
+    def __init__(self, output: str, job: str = "cubes", *, verify: bool = False):
+        self.output, self.job, self.verify = output, job, verify
+        store = open_store(output)
+        record_key, manifest_key = join(job, "job.json"), join(job, "manifest.parquet")
+        if not store.exists(manifest_key):
+            raise InputError(
+                f"{store.describe(manifest_key)} does not exist: no complete cube job "
+                f"{job!r} under {output} (run it with sink = 'store' to the end first)"
+            )
+        record = json.loads(store.read_bytes(record_key))
+        if record.get("workload") != "cubes":
+            raise InputError(f"{store.describe(record_key)}: job {job!r} is not a cube job")
+        fingerprint = record["fingerprint"]
+        self.dim, self.dtype = int(fingerprint["dim"]), np.dtype(fingerprint["dtype"])
+        manifest = pq.read_table(store.open_input(manifest_key)).sort_by("cube_id")
+        ids = manifest["cube_id"].to_numpy()
+        if not np.array_equal(ids, np.arange(len(ids))):
+            raise InputError(f"{store.describe(manifest_key)}: does not list cubes 0..n-1 once")
+        shards = manifest["shard"].to_pylist()
+        self._shard = shards
+        self._offset = manifest["offset"].to_numpy()
+        self._checksum = manifest["checksum"].to_pylist()
+        per_shard: dict[str, int] = {}
+        for key in shards:
+            per_shard[key] = per_shard.get(key, 0) + 1
+        self._cubes_in = per_shard
+        self._local = not store.url.startswith("s3://")
+        self._store = None  # reopened in each loader process (boto3 clients do not fork)
+        self._maps: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._shard)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_store=None, _maps={})
+        return state
+
+    def __getitem__(self, k: int) -> torch.Tensor:
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"cube {k} out of range: the job has {len(self)} cubes")
+        k = int(k) % len(self)
+        shard, offset = self._shard[k], int(self._offset[k])
+        raw = self._local_cube(shard, offset) if self._local else self._s3_cube(shard, offset)
+        if self.verify:
+            actual = xxhash.xxh3_64_hexdigest(raw)
+            if actual != self._checksum[k]:
+                raise StorageError(
+                    f"{self._open().describe(shard)}[{offset}] (cube {k}): checksum "
+                    f"{actual} != manifest {self._checksum[k]}"
+                )
+        d = self.dim
+        cube = raw.view(self.dtype).reshape((d, d, d), order="F")
+        return torch.from_numpy(cube)
+
+    def _open(self):
+        if self._store is None:
+            self._store = open_store(self.output)
+        return self._store
+
+    def _local_cube(self, shard: str, offset: int) -> np.ndarray:
+        array = self._maps.get(shard)
+        if array is None:
+            path = self._open().describe(shard)
+            # Copy-on-write: tensors need writable memory, and the file must not change.
+            array = self._maps[shard] = np.load(path, mmap_mode="c")
+        return array[..., offset].reshape(-1, order="F").view(np.uint8)
+
+    def _s3_cube(self, shard: str, offset: int) -> np.ndarray:
+        d, n = self.dim, self._cubes_in[shard]
+        cube_bytes = d**3 * self.dtype.itemsize
+        start = len(npy_header((d, d, d, n), self.dtype.str)) + offset * cube_bytes
+        data = self._open()._get(shard, Range=f"bytes={start}-{start + cube_bytes - 1}")
+        if len(data) != cube_bytes:
+            raise StorageError(
+                f"{self._open().describe(shard)}: asked for {cube_bytes} bytes of cube "
+                f"{offset} at {start}, got {len(data)}"
+            )
+        return np.frombuffer(bytearray(data), dtype=np.uint8)

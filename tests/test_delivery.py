@@ -1,0 +1,268 @@
+"""iter_cubes: cubes delivered from the workers' shared memory (same host) or as Dask
+results (other hosts), checked against cubes regenerated alone, and nothing left
+behind when the consumer or a worker is killed with SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from pipeline import CubeJob, CubeWorkload, iter_cubes
+from pipeline.delivery import RelayedThroughSchedulerWarning, local
+from pipeline.delivery.channel import MEMFD_NAME
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def memfd_mappings(pid: int | str = "self") -> int:
+    """Batch buffers mapped by a process (one line per mapping in /proc/PID/maps)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sum(f"memfd:{MEMFD_NAME}" in line for line in f)
+
+
+def memfd_descriptors(pid: int | str = "self") -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed while listing
+            n += f"memfd:{MEMFD_NAME}" in os.readlink(f"/proc/{pid}/fd/{fd}")
+    return n
+
+
+def shm_files() -> set[str]:
+    """Named shared memory (``/dev/shm``): delivery must never leave any. Semaphores
+    (``sem.*``) are skipped: other processes on the machine (multiprocessing locks)
+    make and remove them at any time."""
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+
+
+def held_by(pid: int) -> int:
+    return memfd_mappings(pid) + memfd_descriptors(pid)
+
+
+def worker_pids(client) -> list[int]:
+    return list(client.run(os.getpid).values())
+
+
+def wait_until_released(pids, timeout=30.0) -> dict[int, int]:
+    """Poll until no process in ``pids`` holds a batch buffer; what each still holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {pid: held_by(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+def expected_digests(job: CubeJob) -> dict[int, str]:
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    return {k: xxhash.xxh3_64_hexdigest(workload.cube(k).copy()) for k in range(job.cubes)}
+
+
+def digest(cube: np.ndarray) -> str:
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cube))
+
+
+def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames_dir, client):
+    job = CubeJob(frames=str(frames_dir), cubes=203, dim=10, seed=4)
+    want = expected_digests(job)
+    got: dict[int, str] = {}
+    most_mapped = 0
+    for cube_id, cube in iter_cubes(job, client=client, cubes_per_task=4, delivery="shared-memory"):
+        assert cube_id not in got
+        assert cube.shape == (10, 10, 10) and not cube.flags.owndata
+        got[cube_id] = digest(cube)
+        most_mapped = max(most_mapped, memfd_mappings())
+    assert got == want
+    # The cubes lived in the workers' buffers, and no more of them than the
+    # producers' slots were ever mapped: memory is bounded by slots, not by cubes.
+    assert 1 <= most_mapped <= 2 * local.SLOTS
+    del cube
+    gc.collect()
+    assert memfd_mappings() == 0
+    assert wait_until_released(worker_pids(client)) == dict.fromkeys(worker_pids(client), 0)
+
+
+def test_auto_picks_shared_memory_on_this_host_and_dask_gives_the_same_cubes(frames_dir, client):
+    job = CubeJob(frames=str(frames_dir), cubes=37, dim=9, seed=2, dtype="float32")
+    want = expected_digests(job)
+    seen_shared = False
+    auto = {}
+    for k, cube in iter_cubes(job, client=client, cubes_per_task=5):
+        auto[k] = digest(cube)
+        seen_shared |= memfd_mappings() > 0
+    assert seen_shared and auto == want
+    with warnings.catch_warnings():  # the embedded cluster's client relays results
+        warnings.simplefilter("ignore", RelayedThroughSchedulerWarning)
+        via_dask = {k: digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
+    assert via_dask == want
+
+
+def test_a_consumer_that_keeps_every_cube_gets_new_buffers_instead_of_waiting(frames_dir, client):
+    # 3 slots per producer would hold 2 x 3 x 2 = 12 cubes: keeping 40 needs more.
+    job = CubeJob(frames=str(frames_dir), cubes=40, dim=8, seed=9)
+    kept = list(iter_cubes(job, client=client, cubes_per_task=2, delivery="shared-memory"))
+    assert {k: digest(c) for k, c in kept} == expected_digests(job)
+
+
+def test_stopping_early_frees_the_workers(frames_dir, client):
+    job = CubeJob(frames=str(frames_dir), cubes=100_000, dim=10, seed=1)
+    cubes = iter_cubes(job, client=client, cubes_per_task=4, delivery="shared-memory")
+    for n, (_k, cube) in enumerate(cubes):
+        float(cube.sum())
+        if n == 50:
+            break
+    cubes.close()
+    del cube
+    gc.collect()
+    assert memfd_mappings() == 0
+    pids = worker_pids(client)
+    assert wait_until_released(pids) == dict.fromkeys(pids, 0)
+    deadline = time.monotonic() + 30
+    while any(client.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(client.processing().values()), "producer tasks still running"
+
+
+def test_bad_delivery_and_batch_size_are_refused(frames_dir, client):
+    job = CubeJob(frames=str(frames_dir), cubes=3, dim=5)
+    with pytest.raises(ConfigError, match="delivery='fast'"):
+        next(iter_cubes(job, client=client, delivery="fast"))
+    with pytest.raises(ConfigError, match="cubes_per_task=0"):
+        next(iter_cubes(job, client=client, cubes_per_task=0))
+
+
+# --- real processes: a TLS scheduler behind HAProxy, `dask worker` processes -----
+
+
+@pytest.fixture(scope="module")
+def procs_cluster(tmp_path_factory):
+    from cluster_procs import tls_cluster
+
+    tmp = tmp_path_factory.mktemp("delivery-cluster")
+    with tls_cluster(tmp, n_workers=2) as cluster:
+        yield cluster
+
+
+CONSUMER = textwrap.dedent(
+    """
+    import sys, time, warnings
+    from distributed import Client
+    from cluster_procs import client_security
+    from pipeline import CubeJob, iter_cubes
+
+    address, ca, cert, key, frames, delivery, direct, rounds, pause = sys.argv[1:]
+    certs = {"ca": ca, "client": cert, "client-key": key}
+    warnings.simplefilter("default")
+    with Client(address, security=client_security(certs), direct_to_workers=direct == "1") as c:
+        for _ in range(int(rounds)):
+            job = CubeJob(frames=frames, cubes=400, dim=10, seed=3)
+            n = 0
+            for k, cube in iter_cubes(job, client=c, cubes_per_task=4, delivery=delivery):
+                float(cube.sum())
+                n += 1
+                if n == 20:
+                    print("consuming", flush=True)
+                time.sleep(float(pause))
+            print("done", n, flush=True)
+    """
+)
+
+
+def run_consumer(cluster, frames_dir, delivery, direct="0", rounds=1, pause=0.0, **popen):
+    certs = cluster.certs
+    argv = [sys.executable, "-c", CONSUMER, cluster.address, certs["ca"], certs["client"]]
+    argv += [certs["client-key"], frames_dir, delivery, direct, rounds, pause]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    return subprocess.Popen([str(a) for a in argv], env=env, text=True, **popen)
+
+
+@pytest.mark.integration
+def test_sigkilled_consumer_leaves_no_memory_behind(procs_cluster, frames_dir):
+    shm_before = shm_files()
+    with procs_cluster.client() as client:
+        pids = worker_pids(client)
+        consumer = run_consumer(
+            procs_cluster, frames_dir, "shared-memory", pause=0.05, stdout=subprocess.PIPE
+        )
+        try:
+            assert consumer.stdout.readline().strip() == "consuming"
+            # The consumer holds buffers, and so do the producers on the workers.
+            assert memfd_mappings(consumer.pid) > 0
+            assert sum(held_by(pid) for pid in pids) > 0
+            consumer.send_signal(signal.SIGKILL)
+        finally:
+            consumer.kill()
+            consumer.wait()
+        assert wait_until_released(pids) == dict.fromkeys(pids, 0)
+        deadline = time.monotonic() + 30
+        while any(client.processing().values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(client.processing().values()), "producers outlived their consumer"
+    assert shm_files() <= shm_before
+
+
+@pytest.mark.integration
+def test_sigkilled_worker_mid_iteration_loses_no_cube_and_leaves_nothing(procs_cluster, frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=600, dim=10, seed=6)
+    want = expected_digests(job)
+    shm_before = shm_files()
+    with procs_cluster.client() as client:
+        victim, survivor = worker_pids(client)
+        got: dict[int, str] = {}
+        for cube_id, cube in iter_cubes(job, client=client, cubes_per_task=4):
+            assert cube_id not in got
+            got[cube_id] = digest(cube)
+            if len(got) == 40:
+                os.kill(victim, signal.SIGKILL)
+            time.sleep(0.002)  # slow enough that the kill lands mid-iteration
+        assert got == want
+        del cube
+        gc.collect()
+        assert memfd_mappings() == 0
+        procs_cluster.wait_for_workers(2)  # the nanny restarted the killed one
+        pids = worker_pids(client)
+        assert victim not in pids and survivor in pids
+        assert wait_until_released(pids) == dict.fromkeys(pids, 0)
+    assert shm_files() <= shm_before
+
+
+@pytest.mark.integration
+def test_remote_delivery_warns_once_when_relayed_through_the_scheduler(procs_cluster, frames_dir):
+    relayed = run_consumer(
+        procs_cluster, frames_dir, "dask", rounds=2, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = relayed.communicate(timeout=120)
+    assert relayed.returncode == 0, err
+    assert [line for line in out.splitlines() if line.startswith("done")] == ["done 400"] * 2
+    assert err.count("RelayedThroughSchedulerWarning") == 1
+    assert "worker -> scheduler -> here" in err
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    direct = run_consumer(procs_cluster, frames_dir, "dask", direct="1", **pipes)
+    out, err = direct.communicate(timeout=120)
+    assert direct.returncode == 0, err
+    assert out.splitlines()[-1:] == ["done 400"]
+    assert "RelayedThroughSchedulerWarning" not in err
+
+
+@pytest.mark.integration
+def test_remote_delivery_through_the_load_balancer_gives_the_stored_cubes(
+    procs_cluster, frames_dir
+):
+    job = CubeJob(frames=str(frames_dir), cubes=45, dim=7, seed=8)
+    with procs_cluster.client(direct_to_workers=True) as client:
+        got = {k: digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
+    assert got == expected_digests(job)

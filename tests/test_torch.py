@@ -1,0 +1,153 @@
+"""pipeline.torch in real DataLoader loops: CubeStream (cubes built in the loader
+workers) and CubeShards (a stored job, local or on moto's S3 server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xxhash
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from pipeline import CubeJob, CubeWorkload, load_jobs, read_shard, run_job, run_jobs  # noqa: E402
+from pipeline.errors import InputError, StorageError  # noqa: E402
+from pipeline.torch import CubeShards, CubeStream  # noqa: E402
+
+
+def digest(cube) -> str:
+    array = cube.numpy() if isinstance(cube, torch.Tensor) else cube
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(array))
+
+
+def expected(job: CubeJob) -> dict[int, str]:
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    return {k: digest(workload.cube(k)) for k in range(job.cubes)}
+
+
+def stream_digests(job: CubeJob, num_workers: int) -> dict[int, str]:
+    loader = DataLoader(CubeStream(job, with_ids=True), batch_size=4, num_workers=num_workers)
+    got: dict[int, str] = {}
+    for ids, cubes in loader:
+        assert cubes.shape[1:] == (job.dim,) * 3 and cubes.dtype == torch.float64
+        for cube_id, cube in zip(ids.tolist(), cubes, strict=True):
+            assert cube_id not in got, f"cube {cube_id} delivered twice"
+            got[cube_id] = digest(cube)
+    return got
+
+
+def test_cube_stream_gives_the_same_cubes_whatever_the_loader_workers(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=30, dim=10, seed=5)
+    want = expected(job)
+    assert stream_digests(job, 0) == want
+    assert stream_digests(job, 2) == want  # disjoint shares, each cube once
+    assert len(CubeStream(job)) == 30
+
+
+def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=23, dim=10, seed=5)
+    want = expected(job)
+    for workers in (0, 2):
+        stream = CubeStream(job, with_ids=True, batch_size=4)
+        got: dict[int, str] = {}
+        sizes = []
+        for ids, batch in DataLoader(stream, batch_size=None, num_workers=workers):
+            sizes.append(len(batch))
+            assert batch.shape[1:] == (10, 10, 10)
+            for cube_id, cube in zip(ids.tolist(), batch, strict=True):
+                assert cube_id not in got
+                got[cube_id] = digest(cube)
+        assert got == want
+        assert sum(sizes) == 23 and max(sizes) == 4
+    assert len(CubeStream(job, batch_size=4)) == 6
+    with pytest.raises(ValueError, match="batch_size=0"):
+        CubeStream(job, batch_size=0)
+
+
+def test_cube_stream_without_ids_yields_cube_tensors(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=5, dim=6, seed=1, dtype="float32")
+    cubes = list(CubeStream(job))
+    assert [c.dtype for c in cubes] == [torch.float32] * 5
+    assert [digest(c) for c in cubes] == list(expected(job).values())
+
+
+def test_cube_stream_refuses_bad_frames_before_any_loader_starts(tmp_path):
+    with pytest.raises(InputError, match="missing or empty"):
+        CubeStream(CubeJob(frames=str(tmp_path / "none"), cubes=3, dim=4))
+
+
+def stored_job(output, frames_dir, client, **settings):
+    cli = {
+        "output": str(output),
+        "frames": str(frames_dir),
+        "cubes": 22,
+        "dim": 9,
+        "seed": 7,
+        "cubes_per_shard": 4,  # the last shard holds 2: its header differs
+        "progress": False,
+        **settings,
+    }
+    if client is None:  # a fresh embedded cluster, whose workers see this environment
+        (summary,) = run_jobs(load_jobs([], {**cli, "workers": 2}, environ={}), echo=print)
+    else:
+        (job,) = load_jobs([], cli, environ={})
+        summary = run_job(job.build(), job.options, client, echo=lambda m: None)
+    assert summary.complete
+
+
+def test_cube_shards_local_in_a_shuffling_loader_equal_the_stored_cubes(
+    tmp_path, frames_dir, client
+):
+    stored_job(tmp_path, frames_dir, client)
+    ds = CubeShards(str(tmp_path), "cubes", verify=True)
+    assert len(ds) == 22
+    manifest = pd.read_parquet(tmp_path / "cubes" / "manifest.parquet")
+    want = {
+        int(row.cube_id): digest(read_shard((tmp_path / row.shard).read_bytes())[row.offset])
+        for row in manifest.itertuples()
+    }
+    loader = DataLoader(
+        ds, batch_size=5, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0)
+    )
+    seen = sorted(digest(c) for batch in loader for c in batch)
+    assert seen == sorted(want.values())
+    assert {k: digest(ds[k]) for k in range(22)} == want
+    assert digest(ds[-1]) == want[21]
+    with pytest.raises(IndexError, match="cube 22 out of range"):
+        ds[22]
+
+
+def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
+    stored_job(tmp_path, frames_dir, client)
+    shard = tmp_path / "cubes" / "shards" / "000001.npy"
+    data = bytearray(shard.read_bytes())
+    data[-8] ^= 0xFF  # the last cube of shard 1 (cube 7)
+    shard.write_bytes(bytes(data))
+    unchecked = CubeShards(str(tmp_path), "cubes")
+    unchecked[7]  # reads without checking
+    ds = CubeShards(str(tmp_path), "cubes", verify=True)
+    ds[6]
+    with pytest.raises(StorageError, match=r"000001\.npy\[3\] \(cube 7\): checksum"):
+        ds[7]
+
+
+def test_cube_shards_refuses_an_incomplete_or_absent_job(tmp_path):
+    with pytest.raises(InputError, match="no complete cube job 'cubes'"):
+        CubeShards(str(tmp_path), "cubes")
+
+
+@pytest.mark.integration
+def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(
+    s3, s3_bucket, tmp_path, frames_dir, client
+):
+    stored_job(s3_bucket, frames_dir, None, cubes=13)
+    local = tmp_path / "local"
+    stored_job(local, frames_dir, client, cubes=13)  # the same job, for reference
+    want = [digest(c) for c in CubeShards(str(local), "cubes")]
+    ds = CubeShards(s3_bucket, "cubes", verify=True)
+    assert len(ds) == 13
+    loader = DataLoader(ds, batch_size=4, num_workers=2)
+    got = [digest(c) for batch in loader for c in batch]
+    assert got == want
