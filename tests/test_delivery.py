@@ -43,9 +43,9 @@ def memfd_descriptors(pid: int | str = "self") -> int:
 
 def shm_files() -> set[str]:
     """Named shared memory (``/dev/shm``): delivery must never leave any. Semaphores
-    (``sem.*``) are skipped: other processes on the machine (multiprocessing locks)
-    make and remove them at any time."""
-    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+    (``sem.*``) and PyTorch's own segments (``torch_*``) are skipped: other processes on
+    the machine (multiprocessing locks, DataLoaders) make and remove them at any time."""
+    return {n for n in os.listdir("/dev/shm") if not n.startswith(("sem.", "torch_"))}
 
 
 def held_by(pid: int) -> int:
