@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import socket
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -194,8 +193,8 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
 
     Each round is one task per worker (a round is waited for: its tasks' durations
     size the next). A worker's first task also loads its inputs, so the first round
-    of this run only warms up; the others pair small and large tasks. The scheduler's
-    cost per task is a round's wall time beyond its longest task, over its tasks.
+    of this run only warms up; the others pair small and large tasks. The scheduling
+    cost per task is measured by a burst of no-op tasks (:func:`_task_overhead`).
     Returns the probes' receipts.
     """
     workload, n = run.workload, run.workload.n_units
@@ -212,7 +211,7 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
     round_ = [t for t in plan.tasks(n) if t.index not in done]
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
-    overheads: list[float] = []
+    overhead = _task_overhead(run.client, n_workers)
     model, warm = None, False
     while True:
         left = n - sum(plan.head)
@@ -224,9 +223,7 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
                 sizes = probe_round(g, large, n_workers, left)
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
-        t0 = time.perf_counter()
         got = run(round_)
-        wall = time.perf_counter() - t0
         receipts += got
         timed = [r for r in got if r.complete and r.units]
         if not timed:
@@ -239,8 +236,7 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
                 )
                 for r in timed
             ]
-            overheads.append(max(0.0, wall - max(r.seconds for r in got)) / len(got))
-            model = fit_costs(samples, statistics.median(overheads))
+            model = fit_costs(samples, overhead)
             biggest = max(s.units for s in samples)
             if model.per_unit * biggest >= max(PROBE_SECONDS, model.fixed) or large >= limit:
                 break
@@ -270,6 +266,26 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
         plan.typical_size(n),
     )
     return receipts
+
+
+def _noop(_i: int) -> None:
+    return None
+
+
+def _task_overhead(client, n_workers: int) -> float:
+    """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
+    worker, submitted at once; its wall time over its tasks is what the scheduler,
+    the network and the workers' task handling cost per task, the cost the probes'
+    round trips hold, without joblib's per-call setup (scattering the workload) that
+    a round of probes pays once."""
+    count = max(20, 4 * n_workers)
+    try:
+        t0 = time.perf_counter()
+        futures = client.map(_noop, range(count), pure=False)
+        client.gather(futures)
+        return (time.perf_counter() - t0) / count
+    except Exception:  # the cluster failing: the probes will say so
+        return 0.0
 
 
 def _span(tasks: list[Task], receipt: TaskReceipt) -> tuple[int, int]:

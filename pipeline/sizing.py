@@ -93,14 +93,20 @@ class UnitLayout:
 
     n: int
     #: Sorted unit indices where a task may start without sharing reads with the task
-    #: before it; includes 0 and n.
-    boundaries: np.ndarray
+    #: before it, with 0 and n; None: every ``granularity`` units.
+    boundaries: np.ndarray | None = None
+    granularity: int = 1
     #: Whether a task may also start between boundaries (at a cost: a group read twice).
     splittable: bool = True
     #: Cumulative relative cost of units 0..i-1 (length n+1, ending at n); None: equal.
     cum_weight: np.ndarray | None = None
     #: Bytes a task of units start..stop-1 reads.
     read_bytes: Callable[[int, int], int] | None = None
+
+    def __post_init__(self) -> None:
+        b = self.boundaries
+        if b is not None:
+            self._bw = b.astype(float) if self.cum_weight is None else self.cum_weight[b]
 
     def weight(self, start: int, stop: int) -> float:
         if self.cum_weight is None:
@@ -119,6 +125,20 @@ class UnitLayout:
         nearer_below = abs(self.cum_weight[i - 1] - weight) <= abs(self.cum_weight[i] - weight)
         return i - 1 if nearer_below else i
 
+    def snap(self, after: int, weight: float) -> int:
+        """The boundary past unit ``after`` whose cumulative weight is nearest ``weight``."""
+        if self.boundaries is None:
+            g, u = self.granularity, self.unit_at(weight)
+            first = min(self.n, (after // g + 1) * g)
+            near = {min(self.n, max(first, (u // g) * g)), min(self.n, max(first, -(-u // g) * g))}
+            return min(sorted(near), key=lambda c: abs(self.weight(0, c) - weight))
+        b, bw = self.boundaries, self._bw
+        i = int(np.searchsorted(b, after, side="right"))  # the first boundary past it
+        j = min(max(int(np.searchsorted(bw, weight)), i), len(b) - 1)
+        if j > i and abs(bw[j - 1] - weight) <= abs(bw[j] - weight):
+            j -= 1
+        return int(b[j])
+
 
 def make_layout(
     n: int,
@@ -129,11 +149,10 @@ def make_layout(
 ) -> UnitLayout:
     """A layout: ``boundaries`` default to every ``granularity`` units; with a
     granularity above 1 tasks never cut between them (whole shards)."""
-    if boundaries is None:
-        b = np.arange(0, n, granularity, dtype=np.int64)
-    else:
+    b = None
+    if boundaries is not None:
         b = np.asarray(boundaries, dtype=np.int64)
-    b = np.unique(np.concatenate([b[(b >= 0) & (b <= n)], [0, n]]))
+        b = np.unique(np.concatenate([b[(b >= 0) & (b <= n)], [0, n]]))
     cum = None
     if weights is not None:
         w = np.asarray(weights, dtype=float)
@@ -141,7 +160,7 @@ def make_layout(
             raise ValueError(f"unit weights: {len(w)} non-negative values expected, one per unit")
         if w.sum() > 0:
             cum = np.concatenate([[0.0], np.cumsum(w * (n / w.sum()))])
-    return UnitLayout(n, b, granularity == 1, cum, read_bytes)
+    return UnitLayout(n, b, granularity, granularity == 1, cum, read_bytes)
 
 
 def target_seconds(model: CostModel, n_workers: int, task_seconds: float) -> float:
@@ -169,20 +188,25 @@ def cut_tasks(
     units = max(1e-9, (target - model.fixed) / max(per_unit, 1e-12))
     if rounds is None:
         rounds = total / (n_workers * units)
-        # A small job: fewer, longer rounds (tasks up to 2x the target).
-        small = rounds < MIN_TASKS_PER_WORKER
-        rounds = max(1, math.floor(rounds)) if small else round(rounds)
+        if rounds < MIN_TASKS_PER_WORKER:
+            # A small job: as many rounds (up to 4) as tasks of at least half the
+            # target allow; one round when a worker's share is under half a target.
+            rounds = min(MIN_TASKS_PER_WORKER, max(1, math.floor(2 * rounds)))
+        else:
+            rounds = round(rounds)
     count = rounds * n_workers
     cost = lambda stops: makespan(layout, start, stops, model, n_workers)  # noqa: E731
     best = _aligned(layout, start, count)
     # Groups coarser than the even cuts make uneven tasks: a round more or fewer may
     # fit them better; it must be clearly better, since fewer tasks always save fixed
     # costs and would otherwise win every time.
-    for other in (count - n_workers, count + n_workers):
-        if other >= 1:
-            alt = _aligned(layout, start, other)
-            if cost(alt) * ALIGNED_SLACK < cost(best):
-                best = alt
+    others = (count - n_workers, count + n_workers)
+    alternatives = [_aligned(layout, start, c) for c in others if c >= 1]
+    # Tasks of whole groups, each as near the target as the groups allow.
+    alternatives.append(_greedy(layout, start, layout.weight(start, layout.n) / count))
+    for alt in alternatives:
+        if alt and cost(alt) * ALIGNED_SLACK < cost(best):
+            best = alt
     if layout.splittable:
         even = _even(layout, start, count)
         if cost(even) * ALIGNED_SLACK < cost(best):
@@ -203,20 +227,17 @@ def _even(layout: UnitLayout, start: int, count: int) -> list[int]:
 
 def _aligned(layout: UnitLayout, start: int, count: int) -> list[int]:
     """Even cuts moved to the nearest natural boundary (duplicates merged)."""
-    b = layout.boundaries
-    b = b[b > start]
-    cum = layout.cum_weight
-    bw = b.astype(float) if cum is None else cum[b]
-    stops = set()
-    for w in _ideal_cuts(layout, start, count):
-        i = int(np.searchsorted(bw, w))
-        if i >= len(b):
-            i = len(b) - 1
-        elif i > 0 and abs(bw[i - 1] - w) <= abs(bw[i] - w):
-            i -= 1
-        stops.add(int(b[i]))
-    stops.add(layout.n)
-    return sorted(s for s in stops if s > start)
+    stops = {layout.snap(start, w) for w in _ideal_cuts(layout, start, count)}
+    return sorted(stops | {layout.n})
+
+
+def _greedy(layout: UnitLayout, start: int, size: float) -> list[int]:
+    """From ``start``, each task ends at the boundary nearest ``size`` units on."""
+    stops, at = [], start
+    while at < layout.n:
+        at = layout.snap(at, layout.weight(0, at) + size)
+        stops.append(at)
+    return stops
 
 
 def makespan(
