@@ -13,7 +13,9 @@ on the same frames and machine.
   (e) the same to the local store, next to (f) the machine's sequential write rate
       for the same number of bytes (the better of through the page cache and direct
       I/O), measured right before and after; in rounds (--store-rounds), the median
-      round reported.
+      round reported;
+  (g) the task planner's regret: (d) with default settings over (d) with the best
+      of a sweep of fixed units_per_task (--regret-cubes).
 
   python scripts/bench_cubes.py                 # 100 frames of 1000x1000, d = 100
   python scripts/bench_cubes.py --store-cubes 500 --none-cubes 20000
@@ -117,6 +119,27 @@ def runner(frames_dir: Path, d: int, n: int, sink: str, output: Path, workers: i
     }
 
 
+def planner_regret(frames_dir: Path, d: int, n: int, workers: int, out: Path) -> float:
+    """(g) the planner's regret for cubes (``--sink none``): its rate with default
+    settings over the best of a sweep of fixed ``units_per_task``, the best of two
+    runs each, in alternating order (the machine's load drifts)."""
+    sizes = (None, *sorted({max(1, n // k) for k in (256, 64, 16, 8)}))
+    rates: dict = {}
+    for order in (sizes, sizes[::-1]):
+        for upt in order:
+            cli = {"frames": str(frames_dir), "cubes": n, "dim": d, "seed": 1, "sink": "none",
+                   "output": str(out), "overwrite": True, "progress": False,
+                   "workers": workers, "name": "bench-regret", "units_per_task": upt}  # fmt: skip
+            (s,) = run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
+            rates[upt] = max(rates.get(upt, 0.0), s.units_per_second)
+    best = max((u for u in sizes if u), key=rates.get)
+    sweep = ", ".join(f"{u}: {rates[u]:,.0f}" for u in sizes if u)
+    print(f"(g) planner, --sink none, {n} cubes    {rates[None]:10,.0f} cubes/s with default "
+          f"settings; fixed units_per_task {sweep}; regret (default / best) "
+          f"{rates[None] / rates[best]:.2f} (goal >= 0.9)", flush=True)  # fmt: skip
+    return rates[None] / rates[best]
+
+
 def write_rate(path: Path, nbytes: int, chunk: int = 128 << 20) -> tuple[float, float]:
     """The machine's sequential write rate, (through the page cache, direct I/O): one
     stream of ``chunk``-sized writes from one buffer. (e) is held to the better of the
@@ -162,6 +185,7 @@ def main() -> None:
     ap.add_argument("--none-cubes", type=int, default=20000)
     ap.add_argument("--store-cubes", type=int, default=2000)
     ap.add_argument("--store-rounds", type=int, default=3)
+    ap.add_argument("--regret-cubes", type=int, default=5000, help="(g); 0 skips it")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--workdir", type=Path, help="scratch space (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -198,6 +222,8 @@ def main() -> None:
             f"{dd['units_per_task']}, {dd['wall_s']:.1f} s, frames read cold)",
             flush=True,
         )
+        if args.regret_cubes:
+            planner_regret(frames_dir, d, args.regret_cubes, args.workers, work / "out")
         # A virtual disk's write rate swings 2x from one minute to the next, so (e)
         # runs in rounds, each between two measurements of the write rate into the
         # space the step before freed (after one warm-up write); the median round counts.

@@ -184,7 +184,7 @@ def _set_env(env: dict) -> None:
     os.environ.update(env)
 
 
-SWEEP = (100, 300, 1000, 3000)
+SWEEP = (100, 300, 1000, 3000, 10_000)
 
 
 def bench_layouts(args, client, root: Path) -> None:
@@ -222,20 +222,36 @@ def bench_layouts(args, client, root: Path) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 naive = serial_smf(df, formula, sample, cov)
-            del df
             print(f"naive loop smf.ols(f, chunk).fit(cov_type='HC1') {naive:8.1f} fits/s "
                   f"(on {sample} chunks)")  # fmt: skip
-            results = {}
-            for upt in (None, *[u for u in SWEEP if u <= chunks // 2]):
-                s, wall = runner(client, data, out, formula, "statsmodels", "HC1", None, upt)
-                rate = chunks / s.wall_seconds
-                results[upt] = rate
-                ratio = f"{s.bytes_read_ratio:.2f}" if s.bytes_read_ratio else "n/a"
-                print(f"runner {'default' if upt is None else f'--units-per-task {upt}':22s} "
-                      f"{rate:8.1f} fits/s  ({s.wall_seconds:.2f} s run + "
-                      f"{wall - s.wall_seconds:.2f} s inputs; {s.tasks} tasks, typically "
-                      f"{s.units_per_task}, {s.probe_tasks} probes; bytes read / held "
-                      f"{ratio}; efficiency {s.parallel_efficiency:.2f})")  # fmt: skip
+            results: dict = {}
+            lines: dict = {}
+            configs = (None, *[u for u in SWEEP if u <= chunks // 4])
+            # The best of --repeats runs each, in alternating order: the machine's load
+            # drifts, and a run's rate can only be lowered by it.
+            for rep in range(args.repeats):
+                for upt in configs if rep % 2 == 0 else configs[::-1]:
+                    s, wall = runner(client, data, out, formula, "statsmodels", "HC1", None, upt)
+                    rate = chunks / s.wall_seconds
+                    if rate <= results.get(upt, 0.0):
+                        continue
+                    results[upt] = rate
+                    ratio = f"{s.bytes_read_ratio:.2f}" if s.bytes_read_ratio else "n/a"
+                    lines[upt] = (
+                        f"runner {'default' if upt is None else f'--units-per-task {upt}':22s} "
+                        f"{rate:8.1f} fits/s  ({s.wall_seconds:.2f} s run + "
+                        f"{wall - s.wall_seconds:.2f} s inputs; {s.tasks} tasks, typically "
+                        f"{s.units_per_task}, {s.probe_tasks} probes; bytes read / held "
+                        f"{ratio}; efficiency {s.parallel_efficiency:.2f})"
+                    )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                again = serial_smf(df, formula, sample, cov)  # after the runs: the better
+            print(f"naive loop again, after the runs {again:8.1f} fits/s; counted: the better")
+            naive = max(naive, again)
+            del df
+            for upt in configs:
+                print(lines[upt])
             best = max((u for u in results if u is not None), key=results.get)
             speedup, regret = results[None] / naive, results[None] / results[best]
             print(f"layout ({layout}): default = {speedup:.1f}x the naive loop; best fixed "
@@ -273,6 +289,7 @@ def main() -> None:
         "--layouts", default=None, help="Benchmark the planner on these layouts (i,ii,iii,iv)."
     )
     p.add_argument("--layout-chunks", type=int, default=10_000, help="Chunks per layout.")
+    p.add_argument("--repeats", type=int, default=2, help="Runs of each setting (the best).")
     args = p.parse_args()
     from pipeline import RunOptions, connect
 

@@ -100,8 +100,9 @@ def discover(url: str) -> Dataset:
     for i, key in enumerate(keys):
         where = store.describe(key)
         try:
-            with store.open_input(key) as f:
-                meta = pq.ParquetFile(f).metadata
+            version = store.version(key)
+            # Cached: planning the chunks and checking the formula read it again.
+            meta = _footer(store.url, key, version)
             file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
@@ -128,7 +129,7 @@ def discover(url: str) -> Dataset:
                 if t >= 0:
                     sizes[t] += rg.column(j).total_compressed_size
             col_bytes.append(sizes)
-        versions.append(store.version(key))
+        versions.append(version)
     return Dataset(
         url=store.url,
         keys=tuple(keys),
@@ -205,10 +206,10 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
     store = open_store(ds.url)
     parts = []
     gid = 0
-    for _i, key in enumerate(ds.keys):
+    for i, key in enumerate(ds.keys):
+        meta = _footer(ds.url, key, ds.versions[i])
         with store.open_input(key) as f:
-            pf = pq.ParquetFile(f)
-            meta = pf.metadata
+            pf = pq.ParquetFile(f, metadata=meta)
             names = [meta.schema.column(j).name for j in range(meta.num_columns)]
             cols = [names.index(b) if b in names else -1 for b in by]
             stats = (
