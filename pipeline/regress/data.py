@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,12 +98,12 @@ def discover(url: str) -> Dataset:
         )
     schema = None
     rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
-    for i, key in enumerate(keys):
+    for i, (key, footer) in enumerate(zip(keys, _footers(store, keys), strict=True)):
         where = store.describe(key)
         try:
-            version = store.version(key)
-            # Cached: planning the chunks and checking the formula read it again.
-            meta = _footer(store.url, key, version)
+            if isinstance(footer, Exception):
+                raise footer
+            version, meta = footer
             file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
@@ -140,6 +141,27 @@ def discover(url: str) -> Dataset:
         rg_local=np.asarray(rg_local, dtype=np.int32),
         rg_col_bytes=np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema)),
     )
+
+
+#: Files whose footers (and chunk-by columns) are read at once: on S3 each is a
+#: round trip or two, and thousands of small files would otherwise take minutes.
+READ_THREADS = 16
+
+
+def _footers(store: Store, keys: list[str]) -> list:
+    """(version, footer) of each key, or the exception reading it raised; in order.
+    Footers are cached: planning the chunks and checking the formula read them again."""
+
+    def one(key: str):
+        try:
+            version = store.version(key)
+            return version, _footer(store.url, key, version)
+        except Exception as exc:  # raised in order by the caller, naming the file
+            return exc
+
+    first = [one(keys[0])]  # creates the store's client before threads share it
+    with ThreadPoolExecutor(min(READ_THREADS, len(keys))) as pool:
+        return first + list(pool.map(one, keys[1:]))
 
 
 @dataclass(frozen=True)
@@ -199,48 +221,51 @@ def _stats_keys(meta, g: int, cols: list[int]):
     return values
 
 
+def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid: int) -> pa.Table:
+    """File ``i``'s (chunk key, global row group, rows) triples from the statistics when
+    each row group holds one key, else its rows' (chunk key, global row group) pairs;
+    ``gid``: its first row group's global id."""
+    key = ds.keys[i]
+    meta = _footer(ds.url, key, ds.versions[i])
+    names = [meta.schema.column(j).name for j in range(meta.num_columns)]
+    cols = [names.index(b) if b in names else -1 for b in by]
+    stats = (
+        [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
+        if -1 not in cols
+        else [None]
+    )
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
+    if all(s is not None for s in stats) and meta.num_row_groups:
+        arrays = [
+            pa.array([s[j] for s in stats], type=ds.schema.field(b).type) for j, b in enumerate(by)
+        ]
+        return pa.table(
+            [*arrays, rgs, pa.array(counts, pa.int64())], names=[*by, "__rg", "count_all"]
+        )
+    with store.open_input(key) as f:
+        table = pq.ParquetFile(f, metadata=meta).read(columns=list(by), use_threads=False)
+    return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
+
+
 def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> ChunkIndex:
     """Driver: the chunk index, from the chunk-by columns (or footers for chunk_rows)."""
     if not by:
         return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
     store = open_store(ds.url)
-    parts = []
-    gid = 0
-    for i, key in enumerate(ds.keys):
-        meta = _footer(ds.url, key, ds.versions[i])
-        with store.open_input(key) as f:
-            pf = pq.ParquetFile(f, metadata=meta)
-            names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-            cols = [names.index(b) if b in names else -1 for b in by]
-            stats = (
-                [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
-                if -1 not in cols
-                else [None]
+    first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
+    with ThreadPoolExecutor(min(READ_THREADS, len(ds.keys))) as pool:
+        parts = list(
+            pool.map(
+                lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
             )
-            if all(s is not None for s in stats) and meta.num_row_groups:
-                arrays = [
-                    pa.array([s[j] for s in stats], type=ds.schema.field(b).type)
-                    for j, b in enumerate(by)
-                ]
-                rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
-                counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-                parts.append(
-                    pa.table(
-                        [*arrays, rgs, pa.array(counts, pa.int64())],
-                        names=[*by, "__rg", "count_all"],
-                    )
-                )
-            else:
-                table = pf.read(columns=list(by), use_threads=False)
-                rg_of_row = np.repeat(
-                    np.arange(gid, gid + meta.num_row_groups, dtype=np.int32),
-                    [meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
-                )
-                table = table.append_column("__rg", pa.array(rg_of_row))
-                parts.append(
-                    table.group_by([*by, "__rg"], use_threads=False).aggregate([([], "count_all")])
-                )
-        gid += meta.num_row_groups
+        )
+    # Rows grouped once for all files: a group-by per small file costs more than its rows.
+    rows = [p for p in parts if "count_all" not in p.column_names]
+    parts = [p for p in parts if "count_all" in p.column_names]
+    if rows:
+        grouped_rows = pa.concat_tables(rows).group_by([*by, "__rg"], use_threads=False)
+        parts.append(grouped_rows.aggregate([([], "count_all")]))
     pairs = pa.concat_tables(parts)
     for b in by:
         if pairs.column(b).null_count:
