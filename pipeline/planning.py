@@ -4,11 +4,12 @@ The split follows the cost model of :mod:`pipeline.sizing`, measured on the job'
 own first tasks, the *probes*: a round of one small task per worker (which also
 warms each worker up: its time is not used), then rounds pairing small tasks
 (one unit, or one shard) with large ones (16x, then aimed so their per-unit part
-clearly outweighs the fixed part), until the large ones' per-unit part lasts at
-least :data:`PROBE_SECONDS` and the fixed part. Sizes far apart separate a task's
-fixed cost from its cost per unit. Probes are real tasks whose output is kept, so
-no work is done twice. A job of at most :data:`SMALL_JOB_UNITS_PER_WORKER` units
-per worker is not probed: it runs as one round of one task per worker.
+clearly outweighs the fixed part), for two rounds at least and until the largest
+probe's time beyond reading lasts :data:`PROBE_SECONDS` and twice the fixed part.
+Sizes far apart separate a task's fixed cost from its cost per unit. Probes are
+real tasks whose output is kept, so no work is done twice. A job of at most
+:data:`SMALL_JOB_UNITS_PER_WORKER` units per worker is not probed: it runs as one
+round of one task per worker.
 
 Output keys derive from task indices, so the split is recorded in the job's
 ``job.json`` before any task of it runs (the probes' sizes before they run, the

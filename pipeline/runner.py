@@ -212,7 +212,7 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     overhead = _task_overhead(run.client, n_workers)
-    model, warm = None, False
+    model, warm, rounds = None, False, 0
     while True:
         left = n - sum(plan.head)
         if not round_:
@@ -237,8 +237,13 @@ def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_
                 for r in timed
             ]
             model = fit_costs(samples, overhead)
-            biggest = max(s.units for s in samples)
-            if model.per_unit * biggest >= max(PROBE_SECONDS, model.fixed) or large >= limit:
+            rounds += 1
+            # Measured, not modelled: the largest probe's time beyond reading lasts
+            # PROBE_SECONDS and twice the fixed part, so its per-unit part outweighs the
+            # fixed one; and two rounds at least, since two points fit any line.
+            biggest = max(samples, key=lambda p: p.units)
+            work = biggest.seconds - biggest.read_seconds
+            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * model.fixed)):
                 break
             large = next_large_probe(model.per_unit, model.fixed, large, limit, g)
         elif model is None:

@@ -184,7 +184,7 @@ def _set_env(env: dict) -> None:
     os.environ.update(env)
 
 
-SWEEP = (100, 300, 1000, 3000, 10_000)
+SWEEP = (300, 1000, 3000, 10_000)
 
 
 def bench_layouts(args, client, root: Path) -> None:
