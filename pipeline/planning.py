@@ -1,14 +1,19 @@
 """How a job's units are split into tasks, and the record that keeps the split fixed.
 
-A task should last about ``task_seconds``: long enough that the scheduler's
-per-task overhead is noise, short enough to balance the load. The rate that
-decides this is measured on the job's own first tasks, the *probes*: a round of
-small tasks (one per worker, which also warms each worker up), then rounds of
-larger ones until a round lasts :data:`PROBE_SECONDS`. Probes are real tasks
-whose output is kept, so no work is done twice to size the rest.
+The split follows the cost model of :mod:`pipeline.sizing`, measured on the job's
+own first tasks, the *probes*: a round of one small task per worker (which also
+warms each worker up: its time is not used), then rounds pairing small tasks
+(one unit, or one shard) with large ones (16x, then aimed so their per-unit part
+clearly outweighs the fixed part), for two rounds at least and until the largest
+probe's time beyond reading lasts :data:`PROBE_SECONDS` and twice the fixed part.
+Sizes far apart separate a task's fixed cost from its cost per unit. Probes are
+real tasks whose output is kept, so no work is done twice. A job of at most
+:data:`SMALL_JOB_UNITS_PER_WORKER` units per worker is not probed: it runs as one
+round of one task per worker.
 
 Output keys derive from task indices, so the split is recorded in the job's
-``job.json`` before any task of it runs; a resumed run replays it exactly.
+``job.json`` before any task of it runs (the probes' sizes before they run, the
+other tasks' boundaries once measured); a resumed run replays it exactly.
 """
 
 from __future__ import annotations
@@ -16,26 +21,41 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
+from .sizing import MIN_TASKS_PER_WORKER, UnitLayout, make_layout
 from .storage import Store, join
-from .workload import Task, Workload, plan_tasks
+from .workload import Task, Workload, plan_tasks, tasks_from_stops
 
-#: Probing stops after a round (not a worker's first) whose tasks lasted this long.
+#: Probing stops once the large probes' per-unit part lasts this long (and the fixed part).
 PROBE_SECONDS = 0.1
-#: At least this many tasks per worker, so the last tasks do not leave workers idle.
-MIN_TASKS_PER_WORKER = 4
+#: The first large probe, in units (or shards) of the small one.
+LARGE_PROBE_FACTOR = 16
+#: Jobs of at most this many units per worker run as one round, unprobed.
+SMALL_JOB_UNITS_PER_WORKER = 32
+#: The job.json plan formats this version reads (1: head + units_per_task; 2: + stops).
+PLAN_FORMAT = 2
 
 
 @dataclass
 class Plan:
-    """The first tasks' sizes (the probes), then ``units_per_task`` for the rest."""
+    """The probes' sizes (``head``), then either the measured tasks' ``stops`` (unit
+    index where each ends) or a fixed ``units_per_task`` (``--units-per-task``)."""
 
     head: list[int] = field(default_factory=list)
-    #: None while the probes have not measured the rate yet.
     units_per_task: int | None = None
+    stops: list[int] | None = None
+    #: The cost model that chose ``stops`` (recorded for the reader, not replayed).
+    model: dict[str, Any] | None = None
+
+    @property
+    def sized(self) -> bool:
+        return self.stops is not None or bool(self.units_per_task)
 
     def tasks(self, n_units: int) -> list[Task]:
+        if self.stops is not None:
+            return tasks_from_stops(self.head, self.stops)
         return plan_tasks(n_units, self.units_per_task, self.head)
 
     def add_probes(self, sizes: list[int]) -> list[Task]:
@@ -44,9 +64,25 @@ class Plan:
         self.head.extend(sizes)
         return plan_tasks(sum(self.head), None, self.head)[first:]
 
+    def typical_size(self, n_units: int) -> int:
+        """The median size of the tasks after the probes (0 while not sized)."""
+        sizes = sorted(len(t.units) for t in self.tasks(n_units)[len(self.head) :])
+        return sizes[len(sizes) // 2] if sizes else 0
+
 
 def job_record_key(job_id: str) -> str:
     return join(job_id, "job.json")
+
+
+def unit_layout(workload: Workload) -> UnitLayout:
+    """The planner's view of the workload's units: boundaries, weights, bytes read."""
+    return make_layout(
+        workload.n_units,
+        workload.granularity,
+        workload.natural_boundaries(),
+        workload.unit_weights(),
+        workload.read_bytes,
+    )
 
 
 def load_plan(workload: Workload, requested: int | None, store: Store | None) -> Plan:
@@ -62,22 +98,45 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             save_plan(workload, store, plan)
         return plan
     record = json.loads(store.read_bytes(key))
+    where = store.describe(workload.job_id)
+    fmt = record.get("plan_format", 1)
+    if not isinstance(fmt, int) or fmt > PLAN_FORMAT:
+        raise ConfigError(
+            f"{where}/job.json has plan format {fmt!r}, newer than this version reads "
+            f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
+        )
     recorded, current = record.get("fingerprint", {}), workload.fingerprint()
     if recorded != current:
         changed = sorted(k for k in recorded.keys() | current if recorded.get(k) != current.get(k))
         raise ConfigError(
-            f"{store.describe(workload.job_id)} holds job {workload.job_id!r} with other "
+            f"{where} holds job {workload.job_id!r} with other "
             f"settings ({', '.join(changed)}); use --overwrite to replace it, or another "
             "--output or name"
         )
-    plan = Plan(list(record.get("head", [])), record.get("units_per_task"))
-    if requested and plan.units_per_task and requested != plan.units_per_task:
+    plan = Plan(
+        list(record.get("head", [])),
+        record.get("units_per_task"),
+        record.get("stops"),
+        record.get("cost_model"),
+    )
+    if plan.stops is not None and (
+        sum(plan.head) > workload.n_units or (plan.stops and plan.stops[-1] != workload.n_units)
+    ):
         raise ConfigError(
-            f"--units-per-task {requested}: the output at {store.describe(workload.job_id)} "
-            f"was planned with {plan.units_per_task} units per task; resume with that, "
-            "or use --overwrite"
+            f"{where}/job.json: its tasks end at unit {plan.stops[-1]}, but the job has "
+            f"{workload.n_units} units; use --overwrite"
         )
-    if requested and not plan.units_per_task:
+    if requested and plan.sized and requested != plan.units_per_task:
+        was = (
+            f"{plan.units_per_task} units per task"
+            if plan.stops is None
+            else f"measured task sizes (about {plan.typical_size(workload.n_units)} units)"
+        )
+        raise ConfigError(
+            f"--units-per-task {requested}: the output at {where} was planned with {was}; "
+            "resume without a different --units-per-task, or use --overwrite"
+        )
+    if requested and not plan.sized:
         plan.units_per_task = requested
         save_plan(workload, store, plan)
     return plan
@@ -88,11 +147,14 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
     if store is None:
         return
     record = {
+        "plan_format": PLAN_FORMAT,
         "workload": workload.kind,
         "job_id": workload.job_id,
         "fingerprint": workload.fingerprint(),
         "head": plan.head,
         "units_per_task": plan.units_per_task,
+        "stops": plan.stops,
+        "cost_model": plan.model,
         "units": workload.n_units,
     }
     store.write_bytes(
@@ -100,45 +162,40 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
     )
 
 
-def balance_limit(n_units: int, n_workers: int, granularity: int = 1) -> int:
-    """The largest task that still gives every worker several tasks."""
-    return round_up(max(1, math.ceil(n_units / (n_workers * MIN_TASKS_PER_WORKER))), granularity)
+def is_small_job(n_units: int, n_workers: int) -> bool:
+    """Too small to probe: a round of probes would be a good part of the job."""
+    return n_units <= SMALL_JOB_UNITS_PER_WORKER * n_workers
 
 
-def probe_size(seconds_per_unit: float | None, previous: int, limit: int, granularity: int) -> int:
-    """Units for the next round of probes: aimed just past :data:`PROBE_SECONDS`
-    (growing by a fixed factor would overshoot it by up to that factor, and
-    probes are short tasks), at most 100x the last and never past ``limit``."""
-    if seconds_per_unit is None:
-        return min(granularity, limit)
-    aim = math.ceil(round(1.5 * PROBE_SECONDS / max(seconds_per_unit, 1e-9), 6))
-    return max(granularity, min(round_up(min(aim, 100 * previous), granularity), limit))
+def probe_limit(n_units: int, n_workers: int, granularity: int = 1) -> int:
+    """The largest probe: one that still leaves every worker several tasks' worth."""
+    per_task = math.ceil(n_units / (n_workers * MIN_TASKS_PER_WORKER))
+    return round_up(max(1, per_task), granularity)
 
 
-def size_tasks(
-    seconds_per_unit: float,
-    n_units: int,
-    n_workers: int,
-    task_seconds: float,
-    granularity: int = 1,
+def next_large_probe(
+    per_unit: float, fixed: float, previous: int, limit: int, granularity: int
 ) -> int:
-    """Units per task (a multiple of ``granularity``) so a task lasts about
-    ``task_seconds``, with enough tasks to keep every worker busy, and the tasks
-    falling into whole rounds of ``n_workers`` so no worker idles at the end."""
-    by_time = max(1, round(task_seconds / max(seconds_per_unit, 1e-9)))
-    longest = min(round_up(by_time, granularity), balance_limit(n_units, n_workers, granularity))
+    """Units for the next large probe: aimed so its per-unit part lasts 1.5x the more of
+    :data:`PROBE_SECONDS` and the fixed part, at least 2x and at most 100x the last,
+    never past ``limit``."""
+    aim = math.ceil(round(1.5 * max(PROBE_SECONDS, fixed) / max(per_unit, 1e-9), 6))
+    size = min(max(aim, 2 * previous), 100 * previous)
+    return max(granularity, min(round_up(size, granularity), limit))
 
-    def finish(units_per_task: int) -> int:
-        # Units done by the busiest worker when tasks of equal speed are handed out in
-        # rounds: the run's wall time, in units.
-        rounds = math.ceil(math.ceil(n_units / units_per_task) / n_workers)
-        return rounds * units_per_task
 
-    # Shorter tasks cost scheduler overhead, so look no lower than half the longest.
-    candidates = range(longest, max(granularity, longest // 2) - 1, -granularity)
-    best = min(finish(u) for u in candidates)
-    # Of the near-best, the longest: fewer tasks for the same finish.
-    return next(u for u in candidates if finish(u) <= best * 1.01)
+def probe_round(small: int, large: int, n_workers: int, left: int) -> list[int]:
+    """A round of probes: small and large alternating, one per worker (two for one
+    worker), cut to the ``left`` units."""
+    sizes, used = [], 0
+    for i in range(max(2, n_workers)):
+        want = small if i % 2 == 0 else large
+        take = min(want, left - used)
+        if take <= 0:
+            break
+        sizes.append(take)
+        used += take
+    return sizes
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -8,7 +8,6 @@ import dataclasses
 import logging
 import math
 import socket
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -18,14 +17,18 @@ from .config import RunOptions
 from .errors import Interrupted
 from .layout import manifest_key
 from .planning import (
+    LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
     Plan,
-    balance_limit,
+    is_small_job,
     load_plan,
-    probe_size,
+    next_large_probe,
+    probe_limit,
+    probe_round,
     save_plan,
-    size_tasks,
+    unit_layout,
 )
+from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
 from .storage import Store, join, open_store, write_parquet
 from .summary import RunSummary
 from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
@@ -69,6 +72,9 @@ def execute_task(
         worker=socket.gethostname(),
         fingerprint=out.fingerprint,
         phases=dict(out.phases),
+        bytes_read=out.bytes_read,
+        bytes_needed=out.bytes_needed,
+        read_seconds=out.read_seconds,
     )
 
 
@@ -112,7 +118,7 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     plan = load_plan(workload, options.units_per_task, store)
     tasks = plan.tasks(workload.n_units)
     done = _completed(store, workload.job_id)
-    if not plan.units_per_task or any(t.index not in done for t in tasks):
+    if not plan.sized or any(t.index not in done for t in tasks):
         return None
     if workload.tasks_to_retry(store, tasks):
         return None
@@ -149,7 +155,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     try:
         with _progress(workload, options, _units_in(known, done)) as bar:
             run = _TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
-            receipts = [] if plan.units_per_task else _probe(run, plan, done, options, n_workers)
+            receipts = [] if plan.sized else _probe(run, plan, done, options, n_workers)
             tasks = plan.tasks(workload.n_units)
             ran = done | {r.index for r in receipts}
             receipts += run([t for t in tasks if t.index not in ran])
@@ -180,6 +186,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
         summary.parallel_efficiency = summary.busy_seconds / (
             summary.wall_seconds * summary.workers
         )
+    _reads(summary, receipts)
     fingerprints = [r.fingerprint for r in sorted(receipts, key=lambda r: r.index) if r.fingerprint]
     if fingerprints:
         summary.details["fingerprint"] = _combine(fingerprints)
@@ -213,7 +220,7 @@ def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], wor
         output=store.describe(workload.job_id) if store else None,
         units=workload.n_units,
         tasks=len(tasks),
-        units_per_task=plan.units_per_task or 0,
+        units_per_task=plan.units_per_task or plan.typical_size(workload.n_units),
         probe_tasks=len(plan.head),
         tasks_skipped=len(done),
         units_skipped=_units_in(tasks, done),
@@ -236,52 +243,141 @@ def _add_recorded(summary: RunSummary, recorded: list[UnitFailure], *, in_run: b
 
 
 def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):
-    """Run probe tasks until they measure the rate, then size the rest of ``plan``.
+    """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
     Each round is one task per worker (a round is waited for: its tasks' durations
-    size the next). A worker's first task also loads its inputs, so the round that
-    decides is never the first of this run. Returns the probes' receipts.
+    size the next). A worker's first task also loads its inputs, so the first round
+    of this run only warms up; the others pair small and large tasks. The scheduling
+    cost per task is measured by a burst of no-op tasks (:func:`_task_overhead`).
+    Returns the probes' receipts.
     """
     workload, n = run.workload, run.workload.n_units
     g = workload.granularity
-    limit = balance_limit(n, n_workers, g)
-    # Probes an interrupted run recorded but did not finish come first.
+    layout = unit_layout(workload)
+    if not plan.head and is_small_job(n, n_workers):
+        plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
+        save_plan(workload, run.store, plan)
+        log.info("small job: %d %ss in %d tasks, unprobed", n, workload.unit_name, len(plan.stops))
+        return []
+    limit = max(g, probe_limit(n, n_workers, g))
+    large = min(limit, LARGE_PROBE_FACTOR * g)
+    # Probes an interrupted run recorded but did not finish come first (a warm-up).
     round_ = [t for t in plan.tasks(n) if t.index not in done]
     receipts: list[TaskReceipt] = []
-    seconds_per_unit, size, first = None, g, True
+    samples: list[ProbeSample] = []
+    overhead = _task_overhead(run.client, n_workers)
+    model, warm, rounds = None, False, 0
     while True:
         left = n - sum(plan.head)
         if not round_:
             if not left:
                 break
-            size = probe_size(seconds_per_unit, size, limit, g)
-            count = min(n_workers, math.ceil(left / size))
-            round_ = plan.add_probes([min(size, left - i * size) for i in range(count)])
+            sizes = [min(g, left)] * min(n_workers, math.ceil(left / g))
+            if warm:
+                sizes = probe_round(g, large, n_workers, left)
+            round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         got = run(round_)
         receipts += got
         timed = [r for r in got if r.complete and r.units]
         if not timed:
             break  # nothing to measure (failed units, or the cluster failing under us)
-        seconds_per_unit = statistics.median(r.seconds / r.units for r in timed)
-        long_enough = statistics.median(r.seconds for r in timed) >= PROBE_SECONDS
-        if (long_enough and not first) or size >= limit:
-            break
-        first, round_ = False, []
-    left = n - sum(plan.head)
-    plan.units_per_task = size_tasks(
-        seconds_per_unit or 0.0, left, n_workers, options.task_seconds, g
-    )
+        if warm:
+            ranges = {t.index: (t.start, t.stop) for t in round_}
+            samples += [
+                ProbeSample(
+                    layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read
+                )
+                for r in timed
+            ]
+            model = fit_costs(samples, overhead)
+            rounds += 1
+            # Measured, not modelled: the largest probe's time beyond reading lasts
+            # PROBE_SECONDS and twice the fixed part, so its per-unit part outweighs the
+            # fixed one; and two rounds at least, since two points fit any line.
+            biggest = max(samples, key=lambda p: p.units)
+            work = biggest.seconds - biggest.read_seconds
+            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * model.fixed)):
+                break
+            large = next_large_probe(model.per_unit, model.fixed, large, limit, g)
+        elif model is None:
+            # Cold, so slower than the rest will be: only a fallback should no other
+            # round run (the probes used up a small job).
+            cold = [ProbeSample(layout.weight(*_span(round_, r)), r.seconds) for r in timed]
+            model = fit_costs(cold)
+        warm, round_ = True, []
+    start = sum(plan.head)
+    if model is None:  # nothing measured: several tasks per worker, to be safe
+        plan.stops = cut_tasks(
+            layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
+        )
+    else:
+        plan.stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
     save_plan(workload, run.store, plan)
     log.info(
-        "%d probe tasks: %.3g s per %s; the other %d in tasks of %d",
+        "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
         len(plan.head),
-        seconds_per_unit or 0.0,
+        _describe_model(model, workload.unit_name),
+        n - start,
         workload.unit_name,
-        left,
-        plan.units_per_task,
+        len(plan.stops),
+        plan.typical_size(n),
     )
     return receipts
+
+
+def _noop(_i: int) -> None:
+    return None
+
+
+def _task_overhead(client, n_workers: int) -> float:
+    """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
+    worker, submitted at once; its wall time over its tasks is what the scheduler,
+    the network and the workers' task handling cost per task, the cost the probes'
+    round trips hold, without joblib's per-call setup (scattering the workload) that
+    a round of probes pays once."""
+    count = max(20, 4 * n_workers)
+    try:
+        t0 = time.perf_counter()
+        futures = client.map(_noop, range(count), pure=False)
+        client.gather(futures)
+        return (time.perf_counter() - t0) / count
+    except Exception:  # the cluster failing: the probes will say so
+        return 0.0
+
+
+def _span(tasks: list[Task], receipt: TaskReceipt) -> tuple[int, int]:
+    task = next(t for t in tasks if t.index == receipt.index)
+    return task.start, task.stop
+
+
+def _describe_model(model: CostModel | None, unit: str) -> str:
+    if model is None:
+        return "nothing measured"
+    return (
+        f"a task takes {model.fixed:.3g} s + {model.per_unit:.3g} s per {unit}"
+        + (f" + {model.per_byte * 1e9:.3g} s per GB read" if model.per_byte else "")
+        + f", and {model.overhead * 1e3:.3g} ms of scheduling"
+    )
+
+
+def _reads(summary: RunSummary, receipts: list[TaskReceipt]) -> None:
+    """Bytes read against bytes the units hold: the summary's figures and a -v line."""
+    read = sum(r.bytes_read for r in receipts)
+    needed = sum(r.bytes_needed for r in receipts)
+    summary.bytes_read = read
+    if not read or not needed:
+        return
+    summary.bytes_read_ratio = round(read / needed, 3)
+    worst = max(r.bytes_read / r.bytes_needed for r in receipts if r.bytes_needed)
+    log.info(
+        "read %.3g GB for %.3g GB the units hold: %.2fx (worst task %.2fx)",
+        read / 1e9,
+        needed / 1e9,
+        read / needed,
+        worst,
+    )
 
 
 def _combine(fingerprints: list[str]) -> str:

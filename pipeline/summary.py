@@ -54,6 +54,10 @@ class RunSummary:
     workers: int = 0
     parallel_efficiency: float | None = None
     complete: bool = False
+    #: Input bytes the tasks read, and that over the bytes their units hold (1.0: a
+    #: task reads nothing its units do not need); None for workloads that do not say.
+    bytes_read: int = 0
+    bytes_read_ratio: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

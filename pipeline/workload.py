@@ -9,7 +9,15 @@ from typing import Any, ClassVar
 
 from .storage import Store
 
-__all__ = ["Task", "TaskOutput", "TaskReceipt", "UnitFailure", "Workload", "plan_tasks"]
+__all__ = [
+    "Task",
+    "TaskOutput",
+    "TaskReceipt",
+    "UnitFailure",
+    "Workload",
+    "plan_tasks",
+    "tasks_from_stops",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,16 @@ def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = (
     if units_per_task:
         for first in range(start, n_units, units_per_task):
             tasks.append(Task(len(tasks), first, min(n_units, first + units_per_task)))
+    return tasks
+
+
+def tasks_from_stops(head: Sequence[int], stops: Sequence[int]) -> list[Task]:
+    """Tasks of ``head[i]`` units first (the probes), then tasks ending at ``stops``."""
+    tasks = plan_tasks(sum(head), None, head)
+    start = sum(head)
+    for stop in stops:
+        tasks.append(Task(len(tasks), start, stop))
+        start = stop
     return tasks
 
 
@@ -66,6 +84,11 @@ class TaskOutput:
     busy_seconds: float | None = None
     #: Seconds by phase ("inputs", "compute", "writing"): where the task's time went.
     phases: dict[str, float] = field(default_factory=dict)
+    #: Input bytes the task read, the part of them its units hold, and the seconds
+    #: reading took (0 for workloads that do not say).
+    bytes_read: int = 0
+    bytes_needed: int = 0
+    read_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,9 @@ class TaskReceipt:
     fingerprint: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
     profile: bytes | None = None  # marshalled cProfile statistics (profile_tasks)
+    bytes_read: int = 0
+    bytes_needed: int = 0
+    read_seconds: float = 0.0
 
     @property
     def complete(self) -> bool:
@@ -128,6 +154,21 @@ class Workload(ABC):
     @abstractmethod
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         """Worker: run the task's units, write their outputs; record failures per unit."""
+
+    # -- for the planner (driver); the defaults suit units of equal cost ------------------
+
+    def natural_boundaries(self) -> Sequence[int] | None:
+        """Unit indices where a task may start without sharing reads with the task
+        before it (row groups, files, shards); None: every ``granularity`` units."""
+        return None
+
+    def unit_weights(self) -> Sequence[float] | None:
+        """Each unit's relative cost (e.g. its rows), or None when they are alike."""
+        return None
+
+    def read_bytes(self, start: int, stop: int) -> int:
+        """Input bytes a task of units ``start..stop-1`` would read (0: not known)."""
+        return 0
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
         """Driver: once every task is complete, consolidate; return facts for the summary.

@@ -21,6 +21,8 @@ on the same frames and machine.
   (i) a torch DataLoader over pipeline.torch.CubeStream, one loader worker per core,
       batches of 8 built in place (and (i') cubes stacked by the default collate),
       the same consumer reading each batch (when torch is installed).
+  (g) the task planner's regret: (d) with default settings over (d) with the best
+      of a sweep of fixed units_per_task (--regret-cubes).
 
   python scripts/bench_cubes.py                 # 100 frames of 1000x1000, d = 100
   python scripts/bench_cubes.py --store-cubes 500 --none-cubes 20000
@@ -222,6 +224,27 @@ def print_delivery(h: dict, i: dict | None, a: float, a_read: float, dd: dict, n
     return {"a_read": a_read, "h": h, "i": i, "ratios": ratios}
 
 
+def planner_regret(frames_dir: Path, d: int, n: int, workers: int, out: Path) -> float:
+    """(g) the planner's regret for cubes (``--sink none``): its rate with default
+    settings over the best of a sweep of fixed ``units_per_task``, the best of two
+    runs each, in alternating order (the machine's load drifts)."""
+    sizes = (None, *sorted({max(1, n // k) for k in (256, 64, 16, 8)}))
+    rates: dict = {}
+    for order in (sizes, sizes[::-1]):
+        for upt in order:
+            cli = {"frames": str(frames_dir), "cubes": n, "dim": d, "seed": 1, "sink": "none",
+                   "output": str(out), "overwrite": True, "progress": False,
+                   "workers": workers, "name": "bench-regret", "units_per_task": upt}  # fmt: skip
+            (s,) = run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
+            rates[upt] = max(rates.get(upt, 0.0), s.units_per_second)
+    best = max((u for u in sizes if u), key=rates.get)
+    sweep = ", ".join(f"{u}: {rates[u]:,.0f}" for u in sizes if u)
+    print(f"(g) planner, --sink none, {n} cubes    {rates[None]:10,.0f} cubes/s with default "
+          f"settings; fixed units_per_task {sweep}; regret (default / best) "
+          f"{rates[None] / rates[best]:.2f} (goal >= 0.9)", flush=True)  # fmt: skip
+    return rates[None] / rates[best]
+
+
 def write_rate(path: Path, nbytes: int, chunk: int = 128 << 20) -> tuple[float, float]:
     """The machine's sequential write rate, (through the page cache, direct I/O): one
     stream of ``chunk``-sized writes from one buffer. (e) is held to the better of the
@@ -270,6 +293,7 @@ def main() -> None:
     ap.add_argument("--deliver-cubes", type=int, default=8000, help="(h)")
     ap.add_argument("--deliver-rounds", type=int, default=2, help="(h)")
     ap.add_argument("--loader-cubes", type=int, default=2000, help="(i)")
+    ap.add_argument("--regret-cubes", type=int, default=5000, help="(g); 0 skips it")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--workdir", type=Path, help="scratch space (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -310,6 +334,8 @@ def main() -> None:
         h = delivered(frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds)
         i = loader_rate(frames_dir, d, args.loader_cubes, args.workers)
         delivery = print_delivery(h, i, a, a_read, dd, args.deliver_cubes)
+        if args.regret_cubes:
+            planner_regret(frames_dir, d, args.regret_cubes, args.workers, work / "out")
         # A virtual disk's write rate swings 2x from one minute to the next, so (e)
         # runs in rounds, each between two measurements of the write rate into the
         # space the step before freed (after one warm-up write); the median round counts.

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 
 import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, connect, run_job
-from pipeline.planning import probe_size, size_tasks
 from pipeline.workload import plan_tasks
 
 
@@ -56,27 +54,36 @@ def _manifest_parts(out, job="sq"):
 
 
 def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
-    # At least 10 ms per unit: a first round of one unit per worker, then rounds aimed at
-    # 0.15 s (at most 15 units) until a round other than the first lasts 0.1 s. 1 s tasks
-    # would be ~100 units: the balance limit (4 tasks per worker) caps the rest.
+    # At least 10 ms per unit. A warm-up round of one unit per worker, then rounds
+    # pairing a 1-unit task with a large one (16 units first) until the large one's
+    # per-unit part lasts 0.1 s. The rest is cut into tasks of about 1 s: 281 units
+    # are 2.8 s, less than 4 tasks per worker, so fewer, longer rounds of 2 tasks.
     s = run_job(
         SquaresWorkload("sq", 300, unit_seconds=0.01), options(tmp_path), client, echo=print
     )
     record = json.loads((tmp_path / "sq" / "job.json").read_text())
-    head, upt = record["head"], record["units_per_task"]
+    head, stops = record["head"], record["stops"]
     assert s.complete and s.units_run == 300 and s.units_failed == 0
-    assert (s.probe_tasks, s.units_per_task) == (len(head), upt)
-    # Rounds of one task per worker, never shrinking (a round short of 0.1 s makes the
-    # next 1.5x longer at least); the first is one unit each.
+    assert record["plan_format"] == 2 and record["units_per_task"] is None
+    assert s.probe_tasks == len(head) and stops[-1] == 300 and stops == sorted(stops)
     rounds = [head[i : i + 2] for i in range(0, len(head), 2)]
-    assert len(rounds) >= 2 and rounds[0] == [1, 1]
-    assert all(a == b for a, b in rounds) and rounds == sorted(rounds)
-    assert rounds[-1][0] <= 15
-    rest = 300 - sum(head)
-    assert math.ceil(rest / 8) // 2 <= upt <= math.ceil(rest / 8)
-    assert s.tasks == len(head) + math.ceil(rest / upt) == len(_manifest_parts(tmp_path))
+    assert rounds[0] == [1, 1] and len(rounds) >= 2
+    assert all(r[0] == 1 and r[1] >= 16 for r in rounds[1:])
+    assert [r[1] for r in rounds[1:]] == sorted(r[1] for r in rounds[1:])
+    sizes = [b - a for a, b in zip([sum(head), *stops], stops, strict=False)]
+    assert len(sizes) % 2 == 0  # whole rounds of 2 workers
+    model = record["cost_model"]
+    assert model["per_unit"] >= 0.005  # measured, from sleeps of 10 ms per unit
+    assert s.tasks == len(head) + len(stops) == len(_manifest_parts(tmp_path))
     values = _values(tmp_path)
     assert len(values) == 300 and values["00299"] == b"89401"
+
+
+def test_a_small_job_runs_in_one_round_unprobed(tmp_path, client):
+    s = run_job(SquaresWorkload("sq", 50), options(tmp_path), client, echo=print)
+    record = json.loads((tmp_path / "sq" / "job.json").read_text())
+    assert (record["head"], record["stops"]) == ([], [25, 50])
+    assert s.complete and (s.tasks, s.probe_tasks, s.units_per_task) == (2, 0, 25)
 
 
 def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
@@ -88,7 +95,7 @@ def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
     shutil.copytree(full, out)
     record = json.loads((out / "sq" / "job.json").read_text())
     head = record["head"]
-    record["units_per_task"] = None
+    record["stops"] = None
     (out / "sq" / "job.json").write_text(json.dumps(record))
     for part in _manifest_parts(out)[len(head) - 1 :]:
         (out / "sq" / "manifest" / part).unlink()
@@ -97,7 +104,7 @@ def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
     s = run_job(SquaresWorkload("sq", 300), options(out), client, echo=print)
     resumed = json.loads((out / "sq" / "job.json").read_text())
     assert s.complete and s.tasks_skipped == len(head) - 1
-    assert resumed["head"][: len(head)] == head and resumed["units_per_task"]
+    assert resumed["head"][: len(head)] == head and resumed["stops"][-1] == 300
     # Only the units not already complete ran: the last probe and everything after it.
     assert s.units_run == 300 - sum(head[:-1])
     assert sorted(_values(out)) == [f"{u:05d}" for u in range(sum(head[:-1]), 300)]
@@ -111,22 +118,6 @@ def test_units_per_task_flag_skips_the_probes(tmp_path, client):
     assert (record["head"], record["units_per_task"]) == ([], 7)
 
 
-@pytest.mark.parametrize(
-    ("spu", "previous", "limit", "granularity", "expected"),
-    [
-        (None, 1, 100, 1, 1),  # nothing measured: the smallest task
-        (None, 1, 100, 16, 16),
-        (0.01, 1, 100, 1, 15),  # aimed at 1.5 x 0.1 s
-        (0.0001, 1, 10_000, 1, 100),  # at most 100x the last round
-        (0.0001, 1, 50, 1, 50),  # never past the balance limit
-        (0.001, 16, 1000, 16, 160),  # whole multiples of the granularity
-        (5.0, 1, 100, 16, 16),
-    ],
-)
-def test_probe_size(spu, previous, limit, granularity, expected):
-    assert probe_size(spu, previous, limit, granularity) == expected
-
-
 def test_plan_tasks_with_probes_first():
     tasks = plan_tasks(20, 6, head=[1, 1, 3])
     assert [(t.index, t.start, t.stop) for t in tasks] == [
@@ -138,25 +129,6 @@ def test_plan_tasks_with_probes_first():
         (5, 17, 20),
     ]
     assert plan_tasks(20, None, head=[1, 1]) == tasks[:2]
-
-
-@pytest.mark.parametrize(
-    ("spu", "n", "workers", "granularity", "expected"),
-    [
-        (0.001, 1_000_000, 2, 1, 1000),  # 1 s tasks, 500 whole rounds
-        (0.5, 1000, 2, 1, 2),  # slow units: 2 per task
-        (2.0, 1000, 2, 1, 1),  # never fewer than 1
-        (0.0001, 1000, 2, 1, 125),  # short job: 8 tasks for 2 workers
-        # 1 s would be 96 cubes: 11 tasks, the last round half idle. 64 makes 16 tasks,
-        # 8 whole rounds: the busiest worker does 512 cubes, not 576.
-        (1 / 96, 1000, 2, 16, 64),
-        (1 / 96, 1024, 2, 16, 64),
-        (0.001, 10_000, 3, 1, 834),  # 12 tasks: 4 rounds of 3
-    ],
-)
-def test_size_tasks(spu, n, workers, granularity, expected):
-    assert size_tasks(spu, n, workers, 1.0, granularity) == expected
-    assert expected % granularity == 0
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ their file order within a chunk, which HAC covariances rely on).
 from __future__ import annotations
 
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +26,16 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..storage import Store, open_store
 
-__all__ = ["ChunkIndex", "Dataset", "TaskRows", "discover", "plan_chunks", "read_task_rows"]
+__all__ = [
+    "READS",
+    "ChunkIndex",
+    "Dataset",
+    "TaskRows",
+    "chunk_boundaries",
+    "discover",
+    "plan_chunks",
+    "read_task_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,15 @@ class Dataset:
     rg_rows: np.ndarray  # rows of each row group, all files, in order (global row group ids)
     rg_file: np.ndarray  # file index of each global row group
     rg_local: np.ndarray  # row-group index within its file
+    #: Compressed bytes of each row group's columns: (row groups, schema fields).
+    rg_col_bytes: np.ndarray | None = None
+
+    def rg_bytes(self, columns) -> np.ndarray:
+        """Compressed bytes of ``columns`` in each row group (what reading them fetches)."""
+        if self.rg_col_bytes is None:
+            return np.zeros(len(self.rg_rows), dtype=np.int64)
+        idx = [self.schema.get_field_index(c) for c in dict.fromkeys(columns)]
+        return self.rg_col_bytes[:, [i for i in idx if i >= 0]].sum(axis=1)
 
     @property
     def num_rows(self) -> int:
@@ -77,12 +97,13 @@ def discover(url: str) -> Dataset:
             "`pipeline data regressions`)"
         )
     schema = None
-    rg_rows, rg_file, rg_local, versions = [], [], [], []
-    for i, key in enumerate(keys):
+    rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
+    for i, (key, footer) in enumerate(zip(keys, _footers(store, keys), strict=True)):
         where = store.describe(key)
         try:
-            with store.open_input(key) as f:
-                meta = pq.ParquetFile(f).metadata
+            if isinstance(footer, Exception):
+                raise footer
+            version, meta = footer
             file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
@@ -97,11 +118,19 @@ def discover(url: str) -> Dataset:
                         f"{'missing' if other is None else other.type}; expected {fld.type} "
                         f"like {store.describe(keys[0])}"
                     )
+        top = [schema.get_field_index(meta.schema.column(j).path.split(".")[0])
+               for j in range(meta.num_columns)]  # fmt: skip
         for g in range(meta.num_row_groups):
-            rg_rows.append(meta.row_group(g).num_rows)
+            rg = meta.row_group(g)
+            rg_rows.append(rg.num_rows)
             rg_file.append(i)
             rg_local.append(g)
-        versions.append(store.version(key))
+            sizes = np.zeros(len(schema), dtype=np.int64)
+            for j, t in enumerate(top):
+                if t >= 0:
+                    sizes[t] += rg.column(j).total_compressed_size
+            col_bytes.append(sizes)
+        versions.append(version)
     return Dataset(
         url=store.url,
         keys=tuple(keys),
@@ -110,7 +139,29 @@ def discover(url: str) -> Dataset:
         rg_rows=np.asarray(rg_rows, dtype=np.int64),
         rg_file=np.asarray(rg_file, dtype=np.int32),
         rg_local=np.asarray(rg_local, dtype=np.int32),
+        rg_col_bytes=np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema)),
     )
+
+
+#: Files whose footers (and chunk-by columns) are read at once: on S3 each is a
+#: round trip or two, and thousands of small files would otherwise take minutes.
+READ_THREADS = 16
+
+
+def _footers(store: Store, keys: list[str]) -> list:
+    """(version, footer) of each key, or the exception reading it raised; in order.
+    Footers are cached: planning the chunks and checking the formula read them again."""
+
+    def one(key: str):
+        try:
+            version = store.version(key)
+            return version, _footer(store.url, key, version)
+        except Exception as exc:  # raised in order by the caller, naming the file
+            return exc
+
+    first = [one(keys[0])]  # creates the store's client before threads share it
+    with ThreadPoolExecutor(min(READ_THREADS, len(keys))) as pool:
+        return first + list(pool.map(one, keys[1:]))
 
 
 @dataclass(frozen=True)
@@ -123,6 +174,8 @@ class ChunkIndex:
     rg_offsets: np.ndarray | None  # CSR: chunk c's row groups are rg_ids[off[c]:off[c+1]]
     rg_ids: np.ndarray | None
     total_rows: int = 0
+    #: Rows of each chunk, when chunks differ in size (None: all alike).
+    rows: np.ndarray | None = None
 
     @property
     def n_chunks(self) -> int:
@@ -134,7 +187,8 @@ class ChunkIndex:
     def nbytes(self) -> int:
         if self.keys is None:
             return 64
-        return self.keys.nbytes + self.rg_offsets.nbytes + self.rg_ids.nbytes
+        extra = self.rows.nbytes if self.rows is not None else 0
+        return self.keys.nbytes + self.rg_offsets.nbytes + self.rg_ids.nbytes + extra
 
     def row_groups(self, start: int, stop: int, ds: Dataset) -> np.ndarray:
         """Global row-group ids holding chunks ``start..stop-1``, sorted."""
@@ -167,40 +221,51 @@ def _stats_keys(meta, g: int, cols: list[int]):
     return values
 
 
+def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid: int) -> pa.Table:
+    """File ``i``'s (chunk key, global row group, rows) triples from the statistics when
+    each row group holds one key, else its rows' (chunk key, global row group) pairs;
+    ``gid``: its first row group's global id."""
+    key = ds.keys[i]
+    meta = _footer(ds.url, key, ds.versions[i])
+    names = [meta.schema.column(j).name for j in range(meta.num_columns)]
+    cols = [names.index(b) if b in names else -1 for b in by]
+    stats = (
+        [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
+        if -1 not in cols
+        else [None]
+    )
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
+    if all(s is not None for s in stats) and meta.num_row_groups:
+        arrays = [
+            pa.array([s[j] for s in stats], type=ds.schema.field(b).type) for j, b in enumerate(by)
+        ]
+        return pa.table(
+            [*arrays, rgs, pa.array(counts, pa.int64())], names=[*by, "__rg", "count_all"]
+        )
+    with store.open_input(key) as f:
+        table = pq.ParquetFile(f, metadata=meta).read(columns=list(by), use_threads=False)
+    return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
+
+
 def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> ChunkIndex:
     """Driver: the chunk index, from the chunk-by columns (or footers for chunk_rows)."""
     if not by:
         return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
     store = open_store(ds.url)
-    parts = []
-    gid = 0
-    for _i, key in enumerate(ds.keys):
-        with store.open_input(key) as f:
-            pf = pq.ParquetFile(f)
-            meta = pf.metadata
-            names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-            cols = [names.index(b) if b in names else -1 for b in by]
-            stats = (
-                [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
-                if -1 not in cols
-                else [None]
+    first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
+    with ThreadPoolExecutor(min(READ_THREADS, len(ds.keys))) as pool:
+        parts = list(
+            pool.map(
+                lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
             )
-            if all(s is not None for s in stats) and meta.num_row_groups:
-                arrays = [
-                    pa.array([s[j] for s in stats], type=ds.schema.field(b).type)
-                    for j, b in enumerate(by)
-                ]
-                rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
-                parts.append(pa.table([*arrays, rgs], names=[*by, "__rg"]))
-            else:
-                table = pf.read(columns=list(by), use_threads=False)
-                rg_of_row = np.repeat(
-                    np.arange(gid, gid + meta.num_row_groups, dtype=np.int32),
-                    [meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
-                )
-                table = table.append_column("__rg", pa.array(rg_of_row))
-                parts.append(table.group_by([*by, "__rg"], use_threads=False).aggregate([]))
-        gid += meta.num_row_groups
+        )
+    # Rows grouped once for all files: a group-by per small file costs more than its rows.
+    rows = [p for p in parts if "count_all" not in p.column_names]
+    parts = [p for p in parts if "count_all" in p.column_names]
+    if rows:
+        grouped_rows = pa.concat_tables(rows).group_by([*by, "__rg"], use_threads=False)
+        parts.append(grouped_rows.aggregate([([], "count_all")]))
     pairs = pa.concat_tables(parts)
     for b in by:
         if pairs.column(b).null_count:
@@ -208,16 +273,24 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
                 f"dataset {ds.describe()}: chunk_by column {b!r} has null values; "
                 "every row must belong to a chunk"
             )
-    grouped = pairs.group_by(list(by), use_threads=False).aggregate([("__rg", "list")])
+    grouped = pairs.group_by(list(by), use_threads=False).aggregate(
+        [("__rg", "list"), ("count_all", "sum")]
+    )
     grouped = grouped.sort_by([(b, "ascending") for b in by])
     lists = grouped.column("__rg_list").combine_chunks()
     offsets = np.asarray(lists.offsets, dtype=np.int64)
     ids = np.asarray(lists.values, dtype=np.int32)
     keys = grouped.select(list(by)).combine_chunks()
-    return ChunkIndex(tuple(by), None, keys, offsets, ids, total_rows=ds.num_rows)
+    rows = np.asarray(grouped.column("count_all_sum"), dtype=np.int64)
+    uneven = rows.size and rows.min() != rows.max()
+    return ChunkIndex(
+        tuple(by), None, keys, offsets, ids, ds.num_rows, rows.astype(np.int32) if uneven else None
+    )
 
 
-@functools.lru_cache(maxsize=64)
+# Enough for datasets of thousands of small files: a task of many files would
+# otherwise read each footer again.
+@functools.lru_cache(maxsize=8192)
 def _footer(url: str, key: str, version: str):
     with open_store(url).open_input(key) as f:
         return pq.ParquetFile(f).metadata
@@ -231,6 +304,30 @@ class TaskRows:
     table: pa.Table
     offsets: np.ndarray
     start: int
+    #: Compressed bytes of the row groups and columns read, and the part of them
+    #: holding the task's rows (the rest belongs to other tasks' chunks).
+    bytes_read: int = 0
+    bytes_needed: int = 0
+
+
+@dataclass
+class ReadTally:
+    """What this process's :func:`read_task_rows` calls read (workers run one task at
+    a time, so a task's share is the difference across it)."""
+
+    bytes_read: int = 0
+    bytes_needed: int = 0
+    seconds: float = 0.0
+
+    def since(self, before: ReadTally) -> tuple[int, int, float]:
+        return (
+            self.bytes_read - before.bytes_read,
+            self.bytes_needed - before.bytes_needed,
+            self.seconds - before.seconds,
+        )
+
+
+READS = ReadTally()
 
 
 def read_task_rows(
@@ -244,6 +341,7 @@ def read_task_rows(
     """Worker: read the row groups and columns chunks ``start..stop-1`` need; the
     ``dictionary`` columns (strings) as dictionary arrays, as parquet stores them
     (decoding them to strings costs more than the rest of the read)."""
+    t0 = time.perf_counter()
     store = open_store(ds.url)
     rgs = index.row_groups(start, stop, ds)
     wanted = list(dict.fromkeys([*columns, *index.by]))
@@ -257,23 +355,66 @@ def read_task_rows(
             pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=as_dictionary)
             tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    READS.seconds += time.perf_counter() - t0
     n = stop - start
+    rg_bytes = ds.rg_bytes(wanted)[rgs]
     if not index.by:
         bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
         first = start * index.chunk_rows - bounds[rgs[0]]
         last = min(stop * index.chunk_rows, index.total_rows) - bounds[rgs[0]]
+        kept = np.zeros(table.num_rows, dtype=bool)
+        kept[first:last] = True
         table = table.slice(first, last - first)
         offsets = np.minimum(np.arange(n + 1) * index.chunk_rows, last - first)
-        return TaskRows(table.select(columns), offsets.astype(np.int64), start)
-    pos = _chunk_positions(table, index, start, stop)
-    keep = np.flatnonzero(pos >= 0)
-    order = keep[np.argsort(pos[keep], kind="stable")]
-    if len(order) and (np.diff(order) == 1).all():  # rows already in order: no copy
-        table = table.select(columns).slice(int(order[0]), len(order))
+        rows = TaskRows(table.select(columns), offsets.astype(np.int64), start)
     else:
-        table = table.select(columns).take(pa.array(order))
-    offsets = np.searchsorted(pos[order], np.arange(n + 1), side="left").astype(np.int64)
-    return TaskRows(table, offsets, start)
+        pos = _chunk_positions(table, index, start, stop)
+        kept = pos >= 0
+        keep = np.flatnonzero(kept)
+        order = keep[np.argsort(pos[keep], kind="stable")]
+        if len(order) and (np.diff(order) == 1).all():  # rows already in order: no copy
+            table = table.select(columns).slice(int(order[0]), len(order))
+        else:
+            table = table.select(columns).take(pa.array(order))
+        offsets = np.searchsorted(pos[order], np.arange(n + 1), side="left").astype(np.int64)
+        rows = TaskRows(table, offsets, start)
+    rows.bytes_read = int(rg_bytes.sum())
+    rows.bytes_needed = _bytes_held(rg_bytes, ds.rg_rows[rgs], kept)
+    READS.bytes_read += rows.bytes_read
+    READS.bytes_needed += rows.bytes_needed
+    return rows
+
+
+def _bytes_held(rg_bytes: np.ndarray, rg_rows: np.ndarray, kept: np.ndarray) -> int:
+    """The bytes of the kept rows, each row group's bytes shared evenly by its rows
+    (``kept`` is a mask over the row groups' rows, concatenated in order)."""
+    if not len(kept):
+        return 0
+    rg_of_row = np.repeat(np.arange(len(rg_rows)), rg_rows)
+    kept_per_rg = np.bincount(rg_of_row, weights=kept, minlength=len(rg_rows))
+    return round(float((rg_bytes * kept_per_rg / np.maximum(rg_rows, 1)).sum()))
+
+
+def chunk_boundaries(ds: Dataset, index: ChunkIndex) -> np.ndarray:
+    """Chunks where a task may start without sharing a row group with the chunks
+    before it: row-group (and file) starts, for chunks in row-group order."""
+    n = index.n_chunks
+    if not index.by:
+        row_starts = np.concatenate([[0], np.cumsum(ds.rg_rows)[:-1]])
+        aligned = row_starts[row_starts % index.chunk_rows == 0] // index.chunk_rows
+        return np.unique(np.concatenate([aligned[aligned < n], [0, n]]))
+    off, ids = index.rg_offsets, index.rg_ids
+    has = off[1:] > off[:-1]
+    lo = np.full(n, np.iinfo(np.int64).max)
+    hi = np.full(n, -1)
+    lo[has] = np.minimum.reduceat(ids, off[:-1][has])
+    hi[has] = np.maximum.reduceat(ids, off[:-1][has])
+    # A cut before chunk c is clean when every row group of the chunks before it comes
+    # before every row group of the chunks from c on.
+    before = np.maximum.accumulate(hi)[:-1]
+    after = np.minimum.accumulate(lo[::-1])[::-1][1:]
+    cuts = np.flatnonzero(before < after) + 1
+    return np.concatenate([[0], cuts, [n]])
 
 
 def _chunk_positions(table: pa.Table, index: ChunkIndex, start: int, stop: int) -> np.ndarray:

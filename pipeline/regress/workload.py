@@ -165,6 +165,23 @@ class RegressionWorkload(Workload):
         how = f"by {by}" if by else f"of {self.job.chunk_rows} rows"
         return f"regressions job {self.job_id!r}: {self.job.model} on {self.n_units} chunks {how}"
 
+    # -- for the planner ------------------------------------------------------------------
+
+    def natural_boundaries(self) -> np.ndarray:
+        """Chunks starting a row group (or file): tasks cut there read disjoint data."""
+        from .data import chunk_boundaries
+
+        return chunk_boundaries(self.dataset, self.index)
+
+    def unit_weights(self) -> np.ndarray | None:
+        """Rows per chunk, when chunks differ in size: a fit's cost grows with them."""
+        return self.index.rows
+
+    def read_bytes(self, start: int, stop: int) -> int:
+        if getattr(self, "_rg_bytes", None) is None:
+            self._rg_bytes = self.dataset.rg_bytes([*self.columns, *self.index.by])
+        return int(self._rg_bytes[self.index.row_groups(start, stop, self.dataset)].sum())
+
     # -- worker ---------------------------------------------------------------------------
 
     def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> TaskFits:
@@ -193,9 +210,13 @@ class RegressionWorkload(Workload):
         )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
+        from .data import READS
+
         t0 = time.perf_counter()
+        reads = dataclasses.replace(READS)
         objects = self._task_objects(task)
         out = TaskOutput()
+        out.bytes_read, out.bytes_needed, out.read_seconds = READS.since(reads)
         rows = {"object": [], "kind": [], "chunk_start": [], "chunk_stop": [], "size": [],
                 "checksum": []}  # fmt: skip
         for key, kind, data in objects:

@@ -1,0 +1,254 @@
+"""Task sizes from a cost model, with task boundaries on the data's own boundaries.
+
+A task's time is ``fixed + per_unit * units + per_byte * bytes_read``. The fixed
+part is what every task pays whatever its size (starting, opening its inputs,
+writing its tables); the byte part is what it reads, which for a task smaller
+than a row group is the whole row group. The probe tasks measure all three
+(:func:`fit_costs`), and the scheduler's own cost per task (``overhead``).
+
+:func:`cut_tasks` then aims every task at a duration of
+
+    target = max(task_seconds, overhead * workers / SCHEDULER_SHARE, 2 * fixed)
+
+so that (a) tasks last about ``task_seconds``; (b) at the task rate this gives,
+``workers / target`` tasks a second, the scheduler spends at most
+``SCHEDULER_SHARE`` (10 %) of one core on them: at 1 ms a task, 2 workers need
+tasks of 20 ms, 1,000 workers tasks of 10 s; (c) the fixed part is at most half
+a task. A job too small to give each worker :data:`MIN_TASKS_PER_WORKER` such
+tasks is cut into fewer, longer rounds (one round when it holds less than two
+targets per worker), rounds of exactly ``workers`` tasks so none idles at the end.
+
+The cuts fall on the workload's *natural boundaries* (row groups and files for
+a dataset, shards for cubes), so each row group is read by one task, unless
+cutting inside a group finishes the job sooner (a job of one row group and two
+workers): both plans are costed with the model and the aligned one is kept
+unless it is clearly slower.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The most of one scheduler core the job's tasks may take, at the planned task rate.
+SCHEDULER_SHARE = 0.10
+#: Enough tasks per worker that uneven tasks do not leave workers idle at the end.
+MIN_TASKS_PER_WORKER = 4
+#: An aligned plan is kept unless the unaligned one finishes this much sooner.
+ALIGNED_SLACK = 1.10
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a task takes: ``fixed + per_unit * units + per_byte * bytes_read``."""
+
+    fixed: float
+    per_unit: float
+    per_byte: float = 0.0
+    #: Scheduler and round-trip seconds per task, beyond the task's own run time.
+    overhead: float = 0.0
+
+    def seconds(self, units: float, bytes_read: float = 0.0) -> float:
+        return self.fixed + self.per_unit * units + self.per_byte * bytes_read
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    units: float  # weighted units (see UnitLayout.weight)
+    seconds: float
+    read_seconds: float = 0.0
+    bytes_read: int = 0
+
+
+def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
+    """Least squares of (seconds - read_seconds) on units; per_byte from the reads.
+
+    Needs samples of sizes far apart (the probes pair 1-unit tasks with large ones);
+    with one size only, the time is taken as all per unit (no fixed part).
+    """
+    read_s = sum(s.read_seconds for s in samples)
+    read_b = sum(s.bytes_read for s in samples)
+    per_byte = read_s / read_b if read_b else 0.0
+    x = np.array([s.units for s in samples], dtype=float)
+    y = np.array([s.seconds - s.read_seconds for s in samples], dtype=float)
+    y = np.maximum(y, 0.0)
+    if len(samples) >= 2 and np.ptp(x) > 0:
+        slope, intercept = np.polyfit(x, y, 1)
+        if slope > 0 and intercept >= 0:
+            return CostModel(float(intercept), float(slope), per_byte, overhead)
+        if slope <= 0:
+            # Time did not grow with size: all fixed, units nearly free.
+            return CostModel(float(np.median(y)), 1e-9, per_byte, overhead)
+    per_unit = float(y.sum() / max(x.sum(), 1e-9))
+    return CostModel(0.0, max(per_unit, 1e-9), per_byte, overhead)
+
+
+@dataclass
+class UnitLayout:
+    """What the planner knows of a job's units besides their count."""
+
+    n: int
+    #: Sorted unit indices where a task may start without sharing reads with the task
+    #: before it, with 0 and n; None: every ``granularity`` units.
+    boundaries: np.ndarray | None = None
+    granularity: int = 1
+    #: Whether a task may also start between boundaries (at a cost: a group read twice).
+    splittable: bool = True
+    #: Cumulative relative cost of units 0..i-1 (length n+1, ending at n); None: equal.
+    cum_weight: np.ndarray | None = None
+    #: Bytes a task of units start..stop-1 reads.
+    read_bytes: Callable[[int, int], int] | None = None
+
+    def __post_init__(self) -> None:
+        b = self.boundaries
+        if b is not None:
+            self._bw = b.astype(float) if self.cum_weight is None else self.cum_weight[b]
+
+    def weight(self, start: int, stop: int) -> float:
+        if self.cum_weight is None:
+            return float(stop - start)
+        return float(self.cum_weight[stop] - self.cum_weight[start])
+
+    def bytes(self, start: int, stop: int) -> int:
+        return self.read_bytes(start, stop) if self.read_bytes else 0
+
+    def unit_at(self, weight: float) -> int:
+        """The unit index whose cumulative weight is nearest ``weight``."""
+        if self.cum_weight is None:
+            return min(self.n, max(0, round(weight)))
+        i = int(np.searchsorted(self.cum_weight, weight))
+        i = min(self.n, max(1, i))
+        nearer_below = abs(self.cum_weight[i - 1] - weight) <= abs(self.cum_weight[i] - weight)
+        return i - 1 if nearer_below else i
+
+    def snap(self, after: int, weight: float) -> int:
+        """The boundary past unit ``after`` whose cumulative weight is nearest ``weight``."""
+        if self.boundaries is None:
+            g, u = self.granularity, self.unit_at(weight)
+            first = min(self.n, (after // g + 1) * g)
+            near = {min(self.n, max(first, (u // g) * g)), min(self.n, max(first, -(-u // g) * g))}
+            return min(sorted(near), key=lambda c: abs(self.weight(0, c) - weight))
+        b, bw = self.boundaries, self._bw
+        i = int(np.searchsorted(b, after, side="right"))  # the first boundary past it
+        j = min(max(int(np.searchsorted(bw, weight)), i), len(b) - 1)
+        if j > i and abs(bw[j - 1] - weight) <= abs(bw[j] - weight):
+            j -= 1
+        return int(b[j])
+
+
+def make_layout(
+    n: int,
+    granularity: int = 1,
+    boundaries=None,
+    weights=None,
+    read_bytes: Callable[[int, int], int] | None = None,
+) -> UnitLayout:
+    """A layout: ``boundaries`` default to every ``granularity`` units; with a
+    granularity above 1 tasks never cut between them (whole shards)."""
+    b = None
+    if boundaries is not None:
+        b = np.asarray(boundaries, dtype=np.int64)
+        b = np.unique(np.concatenate([b[(b >= 0) & (b <= n)], [0, n]]))
+    cum = None
+    if weights is not None:
+        w = np.asarray(weights, dtype=float)
+        if len(w) != n or (w < 0).any():
+            raise ValueError(f"unit weights: {len(w)} non-negative values expected, one per unit")
+        if w.sum() > 0:
+            cum = np.concatenate([[0.0], np.cumsum(w * (n / w.sum()))])
+    return UnitLayout(n, b, granularity, granularity == 1, cum, read_bytes)
+
+
+def target_seconds(model: CostModel, n_workers: int, task_seconds: float) -> float:
+    """How long a task should last (see the module's docstring for the rule)."""
+    scheduler_floor = model.overhead * n_workers / SCHEDULER_SHARE
+    return max(task_seconds, scheduler_floor, 2 * model.fixed)
+
+
+def cut_tasks(
+    layout: UnitLayout,
+    start: int,
+    model: CostModel,
+    n_workers: int,
+    task_seconds: float,
+    rounds: int | None = None,
+) -> list[int]:
+    """The stops of the tasks covering units ``start..n-1`` (ascending, last = n):
+    ``rounds`` rounds of ``n_workers`` tasks if given, else as the model says."""
+    n = layout.n
+    if start >= n:
+        return []
+    total = layout.weight(start, n)
+    per_unit = model.per_unit + model.per_byte * layout.bytes(start, n) / max(total, 1e-12)
+    target = target_seconds(model, n_workers, task_seconds)
+    units = max(1e-9, (target - model.fixed) / max(per_unit, 1e-12))
+    if rounds is None:
+        rounds = total / (n_workers * units)
+        if rounds < MIN_TASKS_PER_WORKER:
+            # A small job: as many rounds (up to 4) as tasks of at least half the
+            # target allow; one round when a worker's share is under half a target.
+            rounds = min(MIN_TASKS_PER_WORKER, max(1, math.floor(2 * rounds)))
+        else:
+            rounds = round(rounds)
+    count = rounds * n_workers
+    cost = lambda stops: makespan(layout, start, stops, model, n_workers)  # noqa: E731
+    best = _aligned(layout, start, count)
+    # Groups coarser than the even cuts make uneven tasks: a round more or fewer may
+    # fit them better; it must be clearly better, since fewer tasks always save fixed
+    # costs and would otherwise win every time.
+    others = (count - n_workers, count + n_workers)
+    alternatives = [_aligned(layout, start, c) for c in others if c >= 1]
+    # Tasks of whole groups, each as near the target as the groups allow.
+    alternatives.append(_greedy(layout, start, layout.weight(start, layout.n) / count))
+    for alt in alternatives:
+        if alt and cost(alt) * ALIGNED_SLACK < cost(best):
+            best = alt
+    if layout.splittable:
+        even = _even(layout, start, count)
+        if cost(even) * ALIGNED_SLACK < cost(best):
+            return even
+    return best
+
+
+def _ideal_cuts(layout: UnitLayout, start: int, count: int) -> list[float]:
+    base = layout.weight(0, start)
+    step = layout.weight(start, layout.n) / count
+    return [base + i * step for i in range(1, count)]
+
+
+def _even(layout: UnitLayout, start: int, count: int) -> list[int]:
+    cuts = {layout.unit_at(w) for w in _ideal_cuts(layout, start, count)}
+    return [*sorted(c for c in cuts if start < c < layout.n), layout.n]
+
+
+def _aligned(layout: UnitLayout, start: int, count: int) -> list[int]:
+    """Even cuts moved to the nearest natural boundary (duplicates merged)."""
+    stops = {layout.snap(start, w) for w in _ideal_cuts(layout, start, count)}
+    return sorted(stops | {layout.n})
+
+
+def _greedy(layout: UnitLayout, start: int, size: float) -> list[int]:
+    """From ``start``, each task ends at the boundary nearest ``size`` units on."""
+    stops, at = [], start
+    while at < layout.n:
+        at = layout.snap(at, layout.weight(0, at) + size)
+        stops.append(at)
+    return stops
+
+
+def makespan(
+    layout: UnitLayout, start: int, stops: list[int], model: CostModel, n_workers: int
+) -> float:
+    """Estimated wall time of the tasks, handed out in order to the first free worker."""
+    free = [0.0] * n_workers
+    first = start
+    for stop in stops:
+        cost = model.seconds(layout.weight(first, stop), layout.bytes(first, stop))
+        heapq.heappush(free, heapq.heappop(free) + cost + model.overhead)
+        first = stop
+    # The scheduler handles tasks one after another: a floor of its own.
+    return max(max(free), len(stops) * model.overhead)

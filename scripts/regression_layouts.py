@@ -1,0 +1,120 @@
+"""Data layouts for the planner's benchmark (scripts/bench_regressions.py --layouts).
+
+The same panel (``pipeline.regress.generate.chunk_frame``: chunk ``c`` is the same
+rows in every layout) written four ways:
+
+  (i)   few files, row groups of hundreds of chunks (``pipeline data regressions``);
+  (ii)  thousands of small files of 1 to 3 chunks, one row group each;
+  (iii) row groups and files whose sizes are no multiple of a chunk's rows, so
+        chunks span two row groups or two files;
+  (iv)  layout (i) on S3 (a moto server in a process of its own).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.regress.generate import chunk_frame, write_regression_data
+from pipeline.storage import Store
+
+LAYOUTS = {
+    "i": "few files, row groups of 262 chunks",
+    "ii": "thousands of small files of 1-3 chunks",
+    "iii": "chunks spanning row groups and files",
+    "iv": "layout (i) on S3 (moto server)",
+}
+#: Layout (iii): rows per row group and per file, no multiple of the chunks' rows.
+SPAN_GROUP_ROWS = 9_999
+SPAN_FILE_ROWS = 7 * SPAN_GROUP_ROWS + 4_321
+
+
+def write_layout(layout: str, store: Store, *, chunks: int, rows: int, features: int) -> int:
+    """Write ``chunks`` chunks in ``layout``; return the number of files."""
+    if layout in ("i", "iv"):
+        return write_regression_data(store, chunks=chunks, rows=rows, features=features)["files"]
+    if layout == "ii":
+        return _small_files(store, chunks, rows, features)
+    if layout == "iii":
+        return _spanning(store, chunks, rows, features)
+    raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+
+
+def _put(store: Store, key: str, tables: list[pa.Table], group_rows: int) -> None:
+    sink = io.BytesIO()
+    pq.write_table(pa.concat_tables(tables), sink, row_group_size=group_rows)
+    store.write_bytes(key, sink.getbuffer())
+
+
+def _small_files(store: Store, chunks: int, rows: int, features: int) -> int:
+    c, f = 0, 0
+    while c < chunks:
+        n = min(chunks - c, 1 + f % 3)
+        frames = [chunk_frame(1, k, rows, features) for k in range(c, c + n)]
+        _put(store, f"part-{f:06d}.parquet", frames, n * rows)
+        c, f = c + n, f + 1
+    return f
+
+
+def _spanning(store: Store, chunks: int, rows: int, features: int) -> int:
+    pending: list[pa.Table] = []
+    held, f = 0, 0
+    for c in range(chunks):
+        pending.append(chunk_frame(1, c, rows, features))
+        held += rows
+        while held >= SPAN_FILE_ROWS or (c == chunks - 1 and held):
+            table = pa.concat_tables(pending)
+            take = min(SPAN_FILE_ROWS, table.num_rows)
+            _put(store, f"part-{f:05d}.parquet", [table.slice(0, take)], SPAN_GROUP_ROWS)
+            rest = table.slice(take)
+            pending, held, f = ([rest] if rest.num_rows else []), rest.num_rows, f + 1
+    return f
+
+
+class MotoProcess:
+    """``moto.server`` in a process of its own on loopback (not in the driver, whose
+    one core is the scheduler's), with dummy credentials in this process's
+    environment so the embedded cluster's workers inherit them."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for _ in range(100):
+            try:
+                opener.open(self.endpoint, timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.env = {
+            "PIPELINE_S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        os.environ.update(self.env)
+
+    def make_bucket(self, name: str) -> str:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)

@@ -1,0 +1,275 @@
+"""Task planning: the cost model, cuts on natural boundaries, cluster size, the record."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from workloads import SquaresWorkload
+
+from pipeline import RunOptions, run_job
+from pipeline.errors import ConfigError
+from pipeline.planning import (
+    Plan,
+    is_small_job,
+    load_plan,
+    next_large_probe,
+    probe_round,
+    save_plan,
+)
+from pipeline.regress import RegressionJob, RegressionWorkload, write_regression_data
+from pipeline.regress.data import chunk_boundaries, discover, plan_chunks, read_task_rows
+from pipeline.sizing import (
+    SCHEDULER_SHARE,
+    CostModel,
+    ProbeSample,
+    cut_tasks,
+    fit_costs,
+    make_layout,
+    target_seconds,
+)
+from pipeline.storage import LocalStore
+
+
+def _sizes(start: int, stops: list[int]) -> np.ndarray:
+    return np.diff([start, *stops])
+
+
+def _task_seconds(layout, start, stops, model) -> list[float]:
+    bounds = [start, *stops]
+    return [
+        model.seconds(layout.weight(a, b), layout.bytes(a, b))
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+# -- the cost model -----------------------------------------------------------------------
+
+
+def test_fit_separates_the_fixed_part_from_the_part_per_unit():
+    # 0.2 s a task (opening and writing) + 1 ms a unit, + reading at 10 ms per MB.
+    samples = [
+        ProbeSample(u, 0.2 + 0.001 * u + 0.04, read_seconds=0.04, bytes_read=4_000_000)
+        for u in (1, 16, 1, 400)
+    ]
+    model = fit_costs(samples, overhead=0.002)
+    assert model.fixed == pytest.approx(0.2)
+    assert model.per_unit == pytest.approx(0.001)
+    assert model.per_byte == pytest.approx(1e-8)
+    assert model.overhead == 0.002
+
+
+def test_fit_with_one_size_only_is_all_per_unit():
+    model = fit_costs([ProbeSample(10, 0.5), ProbeSample(10, 0.7)])
+    assert (model.fixed, model.per_unit) == (0.0, pytest.approx(0.06))
+
+
+@pytest.mark.parametrize("fixed", [0.0, 0.05, 0.2, 0.6])
+def test_tasks_last_about_task_seconds_whatever_the_fixed_cost(fixed):
+    layout = make_layout(100_000)
+    model = CostModel(fixed, 0.0005, overhead=0.001)
+    stops = cut_tasks(layout, 0, model, 2, 1.0)
+    seconds = _task_seconds(layout, 0, stops, model)
+    assert stops[-1] == 100_000
+    assert min(seconds) >= 0.5 and max(seconds) <= 2.0
+    assert len(stops) % 2 == 0  # whole rounds of 2 workers
+
+
+def test_a_fixed_cost_above_the_target_is_at_most_half_a_task():
+    layout = make_layout(100_000)
+    model = CostModel(3.0, 0.001)
+    seconds = _task_seconds(layout, 0, cut_tasks(layout, 0, model, 2, 1.0), model)
+    assert min(seconds) >= 2 * 3.0 * 0.9
+
+
+def test_many_workers_lengthen_tasks_to_keep_the_scheduler_share_small():
+    # 1 ms of scheduling a task: 2 workers may have 1 s tasks, 1,000 workers need
+    # tasks of 10 s so that the scheduler spends at most 10 % of its core.
+    model = CostModel(0.01, 0.01, overhead=0.001)
+    assert target_seconds(model, 2, 1.0) == 1.0
+    assert target_seconds(model, 1000, 1.0) == pytest.approx(10.0)
+    layout = make_layout(5_000_000)
+    for workers in (2, 100, 1000):
+        stops = cut_tasks(layout, 0, model, workers, 1.0)
+        mean_seconds = float(np.mean(_task_seconds(layout, 0, stops, model)))
+        tasks_per_second = workers / mean_seconds
+        assert model.overhead * tasks_per_second <= SCHEDULER_SHARE * 1.05
+        assert len(stops) >= 4 * workers  # a job this big still gives each several tasks
+
+
+def test_a_job_too_small_for_several_tasks_per_worker_is_one_round():
+    assert is_small_job(50, 2) and not is_small_job(300, 2)
+    layout = make_layout(50)
+    assert cut_tasks(layout, 0, CostModel(0.0, 1.0), 2, 1.0, rounds=1) == [25, 50]
+    # Measured: 3,000 units of 0.1 ms are 0.15 s a worker, well under a 1 s task.
+    stops = cut_tasks(make_layout(3000), 0, CostModel(0.01, 0.0001), 2, 1.0)
+    assert stops == [1500, 3000]
+
+
+def test_units_of_uneven_cost_get_tasks_of_even_cost():
+    # The first 1,000 units have 10x the rows of the others.
+    weights = np.r_[np.full(1000, 10.0), np.ones(9000)]
+    layout = make_layout(10_000, weights=weights)
+    model = CostModel(0.01, 0.0005)
+    stops = cut_tasks(layout, 0, model, 2, 1.0)
+    seconds = _task_seconds(layout, 0, stops, model)
+    sizes = _sizes(0, stops)
+    assert max(seconds) / min(seconds) < 1.3
+    assert sizes[0] < sizes[-1] / 3  # fewer of the heavy units in a task
+
+
+# -- natural boundaries -------------------------------------------------------------------
+
+
+def test_cuts_fall_on_row_group_boundaries_when_groups_are_smaller_than_tasks():
+    groups = np.arange(0, 30_000, 262)
+    layout = make_layout(30_000, boundaries=groups, read_bytes=lambda a, b: 0)
+    stops = cut_tasks(layout, 147, CostModel(0.2, 0.0005, overhead=0.005), 2, 1.0)
+    assert set(stops[:-1]) <= set(groups.tolist()) and stops[-1] == 30_000
+    assert _sizes(147, stops)[1:].min() >= 262  # hundreds of chunks, whole row groups
+
+
+def _groups_read_bytes(group: int, group_bytes: int):
+    def read_bytes(start: int, stop: int) -> int:
+        return (((stop - 1) // group) - (start // group) + 1) * group_bytes
+
+    return read_bytes
+
+
+def test_a_row_group_is_split_only_when_one_task_would_leave_a_worker_idle():
+    # One row group of 50 chunks and 2 workers: both work on it, each reading it.
+    one = make_layout(50, boundaries=[0, 50], read_bytes=_groups_read_bytes(50, 1000))
+    assert cut_tasks(one, 0, CostModel(0.0, 1.0), 2, 1.0, rounds=1) == [25, 50]
+    # Row groups of 262 chunks, slow reads, tasks of ~100 chunks: whole groups instead.
+    many = make_layout(
+        10_000, boundaries=np.arange(0, 10_000, 262), read_bytes=_groups_read_bytes(262, 4e6)
+    )
+    model = CostModel(0.01, 0.01, per_byte=1e-7)
+    stops = cut_tasks(many, 0, model, 2, 1.0)
+    assert all(s % 262 == 0 for s in stops[:-1])
+
+
+def test_small_files_are_grouped_into_tasks():
+    files = np.cumsum([0] + [1, 2, 3] * 1000)[:-1]  # 3,000 files of 1-3 chunks
+    layout = make_layout(6000, boundaries=files)
+    stops = cut_tasks(layout, 0, CostModel(0.01, 0.001), 2, 1.0)
+    assert len(stops) <= 16 and set(stops[:-1]) <= set(files.tolist())
+
+
+def test_shards_are_never_split():
+    layout = make_layout(1000, granularity=32)
+    stops = cut_tasks(layout, 64, CostModel(0.05, 1 / 96, overhead=0.002), 2, 1.0)
+    assert all(s % 32 == 0 for s in stops[:-1]) and stops[-1] == 1000
+
+
+def test_probe_sizes():
+    assert probe_round(1, 16, 2, 1000) == [1, 16]
+    assert probe_round(1, 16, 4, 1000) == [1, 16, 1, 16]
+    assert probe_round(1, 16, 1, 1000) == [1, 16]  # one worker: both, one after the other
+    assert probe_round(32, 512, 2, 100) == [32, 68]  # cut to the units left
+    # Aimed at 1.5x the larger of 0.1 s and the fixed part, 2x-100x the last, whole shards.
+    assert next_large_probe(0.001, 0.0, 16, 10_000, 1) == 150
+    assert next_large_probe(0.0005, 0.2, 16, 10_000, 1) == 600
+    assert next_large_probe(1e-7, 0.0, 16, 10_000, 1) == 1600
+    assert next_large_probe(0.001, 0.0, 16, 100, 1) == 100
+    assert next_large_probe(0.01, 0.0, 16, 10_000, 16) == 32
+
+
+# -- the dataset's boundaries and bytes ---------------------------------------------------
+
+
+def _write(path, tables: list[pa.Table], group_rows: int) -> None:
+    pq.write_table(pa.concat_tables(tables), path, row_group_size=group_rows)
+
+
+def _chunks(ids, rows: int) -> list[pa.Table]:
+    return [pa.table({"chunk": np.full(rows, c), "x": np.arange(rows, dtype=float)}) for c in ids]
+
+
+def test_dataset_boundaries_are_row_group_and_file_starts(tmp_path):
+    # File a: chunks 0-5 of 10 rows in row groups of 20 (2 chunks each); file b: chunks
+    # 6-8 in row groups of 15 rows, so chunk 7 spans two row groups.
+    _write(tmp_path / "a.parquet", _chunks(range(6), 10), 20)
+    _write(tmp_path / "b.parquet", _chunks(range(6, 9), 10), 15)
+    ds = discover(str(tmp_path))
+    index = plan_chunks(ds, ("chunk",), None)
+    assert chunk_boundaries(ds, index).tolist() == [0, 2, 4, 6, 9]
+    by_rows = plan_chunks(ds, (), 10)
+    assert chunk_boundaries(ds, by_rows).tolist() == [0, 2, 4, 6, 9]
+    # A task of chunks 2-3 reads one row group and holds all of it; chunk 7 alone reads
+    # two row groups of 15 rows and holds 10 of their 30.
+    rows = read_task_rows(ds, index, 2, 4, ["x"])
+    assert rows.bytes_read == rows.bytes_needed > 0
+    rows = read_task_rows(ds, index, 7, 8, ["x"])
+    assert rows.bytes_read > rows.bytes_needed > 0
+    assert rows.bytes_needed == pytest.approx(rows.bytes_read / 3, rel=0.35)
+
+
+def test_chunk_rows_are_weights_when_chunks_differ(tmp_path):
+    tables = [*_chunks([0], 10), *_chunks([1], 30), *_chunks([2], 20)]
+    _write(tmp_path / "a.parquet", tables, 100)
+    ds = discover(str(tmp_path))
+    assert plan_chunks(ds, ("chunk",), None).rows.tolist() == [10, 30, 20]
+    _write(tmp_path / "a.parquet", _chunks(range(3), 10), 100)
+    assert plan_chunks(discover(str(tmp_path)), ("chunk",), None).rows is None
+
+
+# -- the record ---------------------------------------------------------------------------
+
+
+def test_a_plan_of_format_1_is_replayed_and_a_newer_one_refused(tmp_path):
+    store = LocalStore(tmp_path)
+    w = SquaresWorkload("sq", 100)
+    old = {"fingerprint": w.fingerprint(), "head": [1, 1, 5], "units_per_task": 20}
+    store.write_bytes("sq/job.json", json.dumps(old).encode())
+    plan = load_plan(w, None, store)
+    assert [(t.start, t.stop) for t in plan.tasks(100)][:4] == [(0, 1), (1, 2), (2, 7), (7, 27)]
+    assert plan.tasks(100)[-1].stop == 100
+    store.write_bytes("sq/job.json", json.dumps({**old, "plan_format": 3}).encode())
+    with pytest.raises(ConfigError, match="plan format 3"):
+        load_plan(w, None, store)
+
+
+def test_a_measured_plan_is_replayed_and_a_different_size_refused(tmp_path):
+    store = LocalStore(tmp_path)
+    w = SquaresWorkload("sq", 100)
+    save_plan(w, store, Plan([1, 1], stops=[40, 70, 100], model={"fixed": 0.1}))
+    plan = load_plan(w, None, store)
+    assert [(t.start, t.stop) for t in plan.tasks(100)] == [(0, 1), (1, 2), (2, 40), (40, 70),
+                                                            (70, 100)]  # fmt: skip
+    with pytest.raises(ConfigError, match="measured task sizes"):
+        load_plan(w, 10, store)
+    with pytest.raises(ConfigError, match="100 units"):
+        load_plan(SquaresWorkload("sq", 100), None, _with_units(store, 120))
+
+
+def _with_units(store: LocalStore, n: int) -> LocalStore:
+    record = json.loads(store.read_bytes("sq/job.json"))
+    record["stops"][-1] = n
+    store.write_bytes("sq/job.json", json.dumps(record).encode())
+    return store
+
+
+# -- a real run ---------------------------------------------------------------------------
+
+
+def test_row_groups_of_hundreds_of_chunks_get_tasks_of_hundreds(tmp_path, client):
+    # Layout (i): row groups of 262 chunks of 250 rows. Tasks of a few chunks would
+    # each read a whole row group; the planner gives whole row groups.
+    data = tmp_path / "data"
+    write_regression_data(LocalStore(data), chunks=3000, rows=250, features=2, seed=1)
+    job = RegressionJob(data=str(data), formula="y ~ x1 + x2", chunk_by="chunk", cov_type="HC1")
+    w = RegressionWorkload(job, "reg")
+    s = run_job(w, RunOptions(output=str(tmp_path / "out"), progress=False), client)
+    record = json.loads((tmp_path / "out" / "reg" / "job.json").read_text())
+    head, stops = record["head"], record["stops"]
+    assert s.complete and s.units_run == 3000 and stops[-1] == 3000
+    sizes = _sizes(sum(head), stops)
+    assert sizes[1:].min() >= 100, sizes  # the first ends the probes' row group
+    assert all(stop % 262 == 0 for stop in stops[:-1])  # on row-group boundaries
+    assert 1.0 <= s.bytes_read_ratio < 2.0 and s.bytes_read > 0
+    assert {"fixed", "per_unit", "per_byte", "overhead"} <= record["cost_model"].keys()
