@@ -4,16 +4,16 @@ __version__ = "0.1.0"
 
 from .cluster import connect
 from .config import RunOptions
-from .cubes import CubeJob, CubeWorkload
 from .delivery import iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import run_job
-from .shards import read_shard
 from .storage import LocalStore, Store, open_store
 from .summary import RunSummary
 from .usercode import unit_seed
 from .workload import Task, TaskOutput, UnitFailure, Workload
+from .workloads.cubes import CubeJob, CubeWorkload
+from .workloads.cubes.shards import read_shard
 from .workloads.map import MapJob, MapWorkload
 from .workloads.map import run_map as map
 

@@ -166,8 +166,8 @@ def data_group() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 def frames_command(count, rows, cols, out, seed) -> None:
     """Write parquet frames of random floats rounded to 10 decimals."""
-    from .frames import write_frames
     from .storage import open_store
+    from .workloads.cubes.frames import write_frames
 
     try:
         store = open_store(out)
@@ -186,8 +186,8 @@ def frames_command(count, rows, cols, out, seed) -> None:
 def regressions_data_command(chunks, rows, features, out, seed) -> None:
     """Write a panel for per-chunk regressions: a `chunk` column, a response `y`,
     features x1..xK and a categorical `sector`, with known coefficients per chunk."""
-    from .regress import write_regression_data
     from .storage import open_store
+    from .workloads.regressions import write_regression_data
 
     try:
         facts = write_regression_data(

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .layout import job_record_key
 from .sizing import MIN_TASKS_PER_WORKER, UnitLayout, make_layout
-from .storage import Store, join
+from .storage import Store
 from .workload import Task, Workload, plan_tasks, tasks_from_stops
 
 #: Probing stops once the large probes' per-unit part lasts this long (and the fixed part).
@@ -68,10 +69,6 @@ class Plan:
         """The median size of the tasks after the probes (0 while not sized)."""
         sizes = sorted(len(t.units) for t in self.tasks(n_units)[len(self.head) :])
         return sizes[len(sizes) // 2] if sizes else 0
-
-
-def job_record_key(job_id: str) -> str:
-    return join(job_id, "job.json")
 
 
 def unit_layout(workload: Workload) -> UnitLayout:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import RunOptions
 from .errors import Interrupted
-from .layout import manifest_key
+from .layout import consolidated_manifest_key, manifest_key
 from .planning import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
@@ -113,7 +113,7 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     if not workload.writes_output or options.overwrite:
         return None
     store = open_store(options.output)
-    if not store.exists(join(workload.job_id, "manifest.parquet")):
+    if not store.exists(consolidated_manifest_key(workload.job_id)):
         return None
     plan = load_plan(workload, options.units_per_task, store)
     tasks = plan.tasks(workload.n_units)

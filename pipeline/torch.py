@@ -29,10 +29,11 @@ import torch
 import xxhash
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 from .errors import InputError, StorageError
-from .shards import npy_header
-from .storage import join, open_store
+from .layout import consolidated_manifest_key, job_record_key
+from .storage import open_store
+from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
+from .workloads.cubes.shards import npy_header
 
 __all__ = ["CubeShards", "CubeStream"]
 
@@ -112,7 +113,7 @@ class CubeShards(Dataset):
     def __init__(self, output: str, job: str = "cubes", *, verify: bool = False):
         self.output, self.job, self.verify = output, job, verify
         store = open_store(output)
-        record_key, manifest_key = join(job, "job.json"), join(job, "manifest.parquet")
+        record_key, manifest_key = job_record_key(job), consolidated_manifest_key(job)
         if not store.exists(manifest_key):
             raise InputError(
                 f"{store.describe(manifest_key)} does not exist: no complete cube job "

@@ -19,6 +19,7 @@ import xxhash
 
 from . import registry
 from .errors import InputError
+from .layout import consolidated_manifest_key
 from .storage import Store, join, open_store
 
 __all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]
@@ -91,7 +92,7 @@ def unlisted_objects(store: Store, job_id: str, listed: set[str], own=()) -> lis
 def read_manifest(store: Store, job_id: str, check: JobCheck):
     """The consolidated manifest as a DataFrame, or (for a run that has not completed)
     its task entries, noting that in ``check``; None when there is none."""
-    key = join(job_id, "manifest.parquet")
+    key = consolidated_manifest_key(job_id)
     if store.exists(key):
         return pq.read_table(io.BytesIO(store.read_bytes(key))).to_pandas()
     parts = store.list(join(job_id, "manifest"))

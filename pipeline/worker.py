@@ -12,5 +12,5 @@ import pyarrow
 import pyarrow.parquet  # noqa: F401
 import xxhash  # noqa: F401
 
-import pipeline.cubes
-import pipeline.runner  # noqa: F401
+import pipeline.runner
+import pipeline.workloads.cubes  # noqa: F401

@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import load_jobs, run_jobs  # noqa: E402
-from pipeline.cubes import build_cube, cube_columns  # noqa: E402
-from pipeline.frames import inspect_frames, load_layout, write_frames  # noqa: E402
 from pipeline.storage import LocalStore  # noqa: E402
+from pipeline.workloads.cubes import build_cube, cube_columns  # noqa: E402
+from pipeline.workloads.cubes.frames import inspect_frames, load_layout, write_frames  # noqa: E402
 
 
 def load_reference_array(frame_files: list[Path], d: int, column_major: bool) -> np.ndarray:

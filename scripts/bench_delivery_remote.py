@@ -44,8 +44,8 @@ def rate(client, job: CubeJob, delivery: str) -> float:
 def main() -> None:
     from cluster_procs import tls_cluster
 
-    from pipeline.frames import write_frames
     from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--frames", type=Path, help="frames folder (default: make dim of 1000x1000)")

@@ -91,7 +91,7 @@ def serial_sm(Xs, ys, cov: dict, *, with_tables: bool = True) -> float:
 def serial_batched(Xs, ys, cov_type: str) -> float | None:
     """Fits/s of the batched engine, or None when it does not cover ``cov_type`` (it
     then hands every chunk back to statsmodels, and a rate would be meaningless)."""
-    from pipeline.regress.batched import Unsupported, fit_ols_batch
+    from pipeline.workloads.regressions.batched import Unsupported, fit_ols_batch
 
     t0 = time.perf_counter()
     results = fit_ols_batch(Xs, ys, cov_type=cov_type, has_constant=True)
@@ -103,7 +103,7 @@ def serial_batched(Xs, ys, cov_type: str) -> float | None:
 
 def runner(client, data: str, out: str, formula: str, engine: str, cov_type, maxlags, upt):
     from pipeline import RunOptions, run_job
-    from pipeline.regress import RegressionJob, RegressionWorkload
+    from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
 
     job = RegressionJob(
         data=data,
@@ -128,14 +128,14 @@ def _warm_up() -> None:
     import scipy.stats  # noqa: F401
     import statsmodels.api  # noqa: F401
 
-    import pipeline.regress.batched
-    import pipeline.regress.workload  # noqa: F401
+    import pipeline.workloads.regressions.batched
+    import pipeline.workloads.regressions.workload  # noqa: F401
 
 
 def bench(name: str, args, client, root: Path) -> None:
-    from pipeline.regress import write_regression_data
-    from pipeline.regress.generate import regression_formula
     from pipeline.storage import LocalStore
+    from pipeline.workloads.regressions import write_regression_data
+    from pipeline.workloads.regressions.generate import regression_formula
 
     chunks, rows, features, cov_type, maxlags, sample = CASES[name]
     chunks = args.chunks or chunks
@@ -231,8 +231,8 @@ SWEEP = (300, 1000, 3000, 10_000)
 def bench_layouts(args, client, root: Path) -> None:
     from regression_layouts import LAYOUTS, MotoProcess, write_layout
 
-    from pipeline.regress.generate import regression_formula
     from pipeline.storage import LocalStore, open_store
+    from pipeline.workloads.regressions.generate import regression_formula
 
     chunks, rows, features = args.layout_chunks, 250, 5
     formula = regression_formula(features)

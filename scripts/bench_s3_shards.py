@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.shards import ShardBuffer  # noqa: E402
 from pipeline.storage import s3 as s3mod  # noqa: E402
+from pipeline.workloads.cubes.shards import ShardBuffer  # noqa: E402
 
 MiB = 1 << 20
 BUCKET = "bench-shards"

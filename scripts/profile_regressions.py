@@ -11,7 +11,7 @@ tables) under cProfile, printing the top functions by cumulative and own time.
     python scripts/profile_regressions.py --case default --lines        # line_profiler
 
 ``--lines`` needs ``pip install line_profiler``; it reports the hot functions of
-``pipeline.regress`` line by line.
+``pipeline.workloads.regressions`` line by line.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ CATEGORICAL_FORMULA = "y ~ x1 + x2 + x3 + C(sector) * x4 + C(region) + C(region)
 
 
 def write_data(name: str, root: Path) -> tuple[str, str]:
-    from pipeline.regress import write_regression_data
-    from pipeline.regress.generate import regression_formula
     from pipeline.storage import LocalStore
+    from pipeline.workloads.regressions import write_regression_data
+    from pipeline.workloads.regressions.generate import regression_formula
 
     chunks, rows, features, *_ = CASES[name]
     path = root / f"data-{name}"
@@ -70,7 +70,7 @@ def write_data(name: str, root: Path) -> tuple[str, str]:
 
 
 def task_workload(name: str, data: str, formula: str, engine: str):
-    from pipeline.regress import RegressionJob, RegressionWorkload
+    from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
 
     _c, _r, _f, cov_type, maxlags, _n = CASES[name]
     job = RegressionJob(data=data, formula=formula, chunk_by="chunk", cov_type=cov_type,
@@ -115,7 +115,7 @@ def profile(name: str, engine: str, root: Path, args) -> None:
 def line_profile(w, task, store) -> None:
     from line_profiler import LineProfiler
 
-    from pipeline.regress import design, fit, workload
+    from pipeline.workloads.regressions import design, fit, workload
 
     lp = LineProfiler()
     for fn in (

@@ -1,6 +1,6 @@
 """Data layouts for the planner's benchmark (scripts/bench_regressions.py --layouts).
 
-The same panel (``pipeline.regress.generate.chunk_frame``: chunk ``c`` is the same
+The same panel (``pipeline.workloads.regressions.generate.chunk_frame``: chunk ``c`` is the same
 rows in every layout) written four ways:
 
   (i)   few files, row groups of hundreds of chunks (``pipeline data regressions``);
@@ -23,8 +23,8 @@ import urllib.request
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.regress.generate import chunk_frame, write_regression_data
 from pipeline.storage import Store
+from pipeline.workloads.regressions.generate import chunk_frame, write_regression_data
 
 LAYOUTS = {
     "i": "few files, row groups of 262 chunks",

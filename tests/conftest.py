@@ -51,8 +51,8 @@ def client():
 @pytest.fixture(scope="session")
 def frames_dir(tmp_path_factory) -> Path:
     """12 frames of 40 x 30: enough for cubes of dimension up to 12."""
-    from pipeline.frames import write_frames
     from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
 
     path = tmp_path_factory.mktemp("frames")
     write_frames(LocalStore(path), "", count=12, rows=40, cols=30, seed=7)

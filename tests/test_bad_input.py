@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from pipeline import ConfigError, InputError, load_jobs, run_jobs
-from pipeline.frames import write_frames
 from pipeline.storage import LocalStore
+from pipeline.workloads.cubes.frames import write_frames
 
 
 def run_cubes(tmp_path, frames, **settings):

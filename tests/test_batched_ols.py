@@ -14,7 +14,12 @@ import pytest
 import statsmodels.api as sm
 from statsmodels.tools.sm_exceptions import MissingDataError, ValueWarning
 
-from pipeline.regress.batched import COV_TYPES, BatchedOLSResult, Unsupported, fit_ols_batch
+from pipeline.workloads.regressions.batched import (
+    COV_TYPES,
+    BatchedOLSResult,
+    Unsupported,
+    fit_ols_batch,
+)
 
 RTOL = 1e-8
 ARRAYS = ("params", "bse", "tvalues", "pvalues", "conf_int")
@@ -370,7 +375,7 @@ if __name__ == "__main__":
 def test_weighted_stack_matches_statsmodels_wls(cov_type, n, k, const_at):
     """fit_ols_stack with weights: sm.WLS's numbers (the whitened fit, the weighted
     centered total sum of squares, the weights' term in the log-likelihood)."""
-    from pipeline.regress.batched import fit_ols_stack
+    from pipeline.workloads.regressions.batched import fit_ols_stack
 
     rng = np.random.default_rng([n, k, 7, COV_TYPES.index(cov_type)])
     X = np.stack([random_design(rng, n, k, const_at) for _ in range(9)])

@@ -53,7 +53,7 @@ def test_several_job_files_share_flags(tmp_path):
 
 def test_flags_for_another_workload_are_refused():
     from pipeline.config import RunOptions, check_flags_apply
-    from pipeline.cubes import CubeJob
+    from pipeline.workloads.cubes import CubeJob
 
     with pytest.raises(ConfigError, match="--formula do"):
         check_flags_apply({"formula": "y ~ x"}, "cubes", RunOptions, CubeJob)
@@ -61,8 +61,8 @@ def test_flags_for_another_workload_are_refused():
 
 def test_workloads_come_from_the_entry_point_registry():
     from pipeline import registry
-    from pipeline.cubes import CubeWorkload
-    from pipeline.regress import RegressionWorkload
+    from pipeline.workloads.cubes import CubeWorkload
+    from pipeline.workloads.regressions import RegressionWorkload
 
     assert registry.names()[:2] == ["cubes", "regressions"]
     assert registry.load("cubes") is CubeWorkload

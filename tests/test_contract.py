@@ -30,7 +30,7 @@ def cubes(tmp, frames_dir, fail):
 
 
 def regressions(tmp, frames_dir, fail):
-    from pipeline.regress import write_regression_data
+    from pipeline.workloads.regressions import write_regression_data
 
     if not (tmp / "data").exists():
         write_regression_data(LocalStore(tmp / "data"), "", chunks=10, rows=30, features=2, seed=3)

@@ -11,7 +11,7 @@ import pytest
 import xxhash
 
 from pipeline import load_jobs, read_shard, run_job
-from pipeline.cubes import cube_columns
+from pipeline.workloads.cubes import cube_columns
 
 
 def cube_job(out, frames_dir, **settings):
@@ -180,8 +180,8 @@ def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, cl
 def test_changed_frames_are_reloaded_not_served_from_the_layout_cache(tmp_path, client):
     import os
 
-    from pipeline.frames import write_frames
     from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
 
     frames_dir = tmp_path / "frames"
     write_frames(LocalStore(frames_dir), "", count=10, rows=12, cols=15, seed=1)

@@ -12,6 +12,7 @@ import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
+from pipeline.dataset import chunk_boundaries, discover, plan_chunks, read_task_rows
 from pipeline.errors import ConfigError
 from pipeline.planning import (
     Plan,
@@ -21,8 +22,6 @@ from pipeline.planning import (
     probe_round,
     save_plan,
 )
-from pipeline.regress import RegressionJob, RegressionWorkload, write_regression_data
-from pipeline.regress.data import chunk_boundaries, discover, plan_chunks, read_task_rows
 from pipeline.sizing import (
     SCHEDULER_SHARE,
     CostModel,
@@ -33,6 +32,7 @@ from pipeline.sizing import (
     target_seconds,
 )
 from pipeline.storage import LocalStore
+from pipeline.workloads.regressions import RegressionJob, RegressionWorkload, write_regression_data
 
 
 def _sizes(start: int, stops: list[int]) -> np.ndarray:

@@ -13,15 +13,15 @@ import statsmodels.api as sm
 import statsmodels.formula.api as smf
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
-from pipeline.regress import (
+from pipeline.dataset import discover, plan_chunks
+from pipeline.results import results_table, summarize
+from pipeline.storage import LocalStore
+from pipeline.workloads.regressions import (
     RegressionJob,
     RegressionWorkload,
     write_regression_data,
 )
-from pipeline.regress.data import discover, plan_chunks
-from pipeline.regress.generate import chunk_frame
-from pipeline.results import results_table, summarize
-from pipeline.storage import LocalStore
+from pipeline.workloads.regressions.generate import chunk_frame
 
 FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
 
@@ -473,7 +473,7 @@ def test_s3_input_and_output(s3, s3_bucket, tmp_path):
 
 def test_example_job_file_and_flags_resolve():
     from pipeline.config import check_unknown_keys, load_job_file, resolve
-    from pipeline.regress import ModelSpec
+    from pipeline.workloads.regressions import ModelSpec
 
     jf = load_job_file("examples/regressions.toml", "cubes")
     check_unknown_keys(jf, RunOptions, RegressionJob)
@@ -496,9 +496,9 @@ def test_example_job_file_and_flags_resolve():
 
 
 def test_a_statsmodels_error_names_its_type_once():
-    from pipeline.regress.design import Prepared
-    from pipeline.regress.fit import fit_chunk
-    from pipeline.regress.spec import ModelSpec
+    from pipeline.workloads.regressions.design import Prepared
+    from pipeline.workloads.regressions.fit import fit_chunk
+    from pipeline.workloads.regressions.spec import ModelSpec
 
     rng = np.random.default_rng(0)
     X = np.column_stack([np.ones(50), rng.normal(size=50)])
@@ -513,8 +513,8 @@ def test_task_design_is_patsys_bit_for_bit(dataset):
     """The design built once per task, column by column, equals patsy's own matrices."""
     import patsy
 
-    from pipeline.regress.design import TaskDesign
-    from pipeline.regress.spec import eval_env
+    from pipeline.workloads.regressions.design import TaskDesign
+    from pipeline.workloads.regressions.spec import eval_env
 
     data, _df = dataset
     formula = "y ~ x1 * C(sector) + np.log(x_pos) + C(sector):x2:x3 + I(x1 ** 2) + C(g)"
@@ -529,7 +529,7 @@ def test_task_design_is_patsys_bit_for_bit(dataset):
 
 
 def read_all_rows(w):
-    from pipeline.regress.data import read_task_rows
+    from pipeline.dataset import read_task_rows
 
     return read_task_rows(w.dataset, w.index, 0, w.n_units, list(w.columns))
 
@@ -559,7 +559,7 @@ def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
 def test_dictionary_strings_code_like_patsy_on_the_rows_read():
     """String columns read as dictionaries: levels are the values the rows use, sorted,
     whatever each row group's dictionary holds (here an unused "zz" and other orders)."""
-    from pipeline.regress.design import _coded_columns
+    from pipeline.workloads.regressions.design import _coded_columns
 
     a = pa.array(["b", "a", "b"]).dictionary_encode()
     b = pa.DictionaryArray.from_arrays(pa.array([2, 1, 2], pa.int32()), pa.array(["zz", "é", "c"]))

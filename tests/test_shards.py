@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.errors import StorageError
-from pipeline.shards import read_shard, shard_buffer, write_shards
 from pipeline.storage import LocalStore
+from pipeline.workloads.cubes.shards import read_shard, shard_buffer, write_shards
 
 
 def _specs(keys, n=3, fail_at=None):

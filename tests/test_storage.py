@@ -156,7 +156,7 @@ def test_s3_discard_incomplete_aborts_open_uploads_under_the_prefix(s3, s3_bucke
 def test_local_large_aligned_chunks_round_trip(tmp_path):
     # Chunks big and page-aligned enough take the direct-I/O path, the rest the page
     # cache; every mix must give back exactly the bytes written, tail included.
-    from pipeline.shards import ShardBuffer
+    from pipeline.workloads.cubes.shards import ShardBuffer
 
     store = LocalStore(tmp_path / "store")
     image = ShardBuffer((1000, 1100), "float64")  # header + 8.8 MB: not whole pages

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..cubes import CubeJob, CubeWorkload, ensure_auto_frames
 from ..errors import ClusterError, ConfigError
+from ..workloads.cubes import CubeJob, CubeWorkload, ensure_auto_frames
 from . import channel
 from .local import LocalDelivery
 from .producer import reachable

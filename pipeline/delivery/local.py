@@ -36,8 +36,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..cubes import CubeWorkload
 from ..errors import ClusterError, PipelineError
+from ..workloads.cubes import CubeWorkload
 from . import channel
 from .producer import produce
 

@@ -18,7 +18,7 @@ import traceback
 
 import numpy as np
 
-from ..cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload, build_cube
 from . import channel
 
 __all__ = ["produce", "reachable"]

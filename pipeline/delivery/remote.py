@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload, build_cube
 
 __all__ = ["RelayedThroughSchedulerWarning", "remote_cubes"]
 

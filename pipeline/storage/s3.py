@@ -28,16 +28,13 @@ naming the bucket and the endpoint for everything else.
 
 from __future__ import annotations
 
-import bisect
 import errno
-import io
 import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import boto3
 import boto3.session
@@ -47,18 +44,24 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     ConnectionClosedError,
-    ConnectTimeoutError,
-    CredentialRetrievalError,
-    EndpointConnectionError,
     IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
     ReadTimeoutError,
     ResponseStreamingError,
 )
 
 from ..errors import ConfigError, StorageError
 from .base import Buffer, Store, join
+from .s3_errors import (
+    _ERRORS,
+    _NO_BUCKET,
+    _NOT_FOUND,
+    _OTHER,
+    S3PermissionError,
+    _detail,
+    _error_code,
+    _safe_url,
+)
+from .s3_io import _byte_view, _ChunksReader, _S3InputFile
 
 __all__ = ["S3PermissionError", "S3Store"]
 
@@ -87,9 +90,6 @@ PREFLIGHT_CONNECT_TIMEOUT = 5
 #: Re-GETs when a response body breaks off mid-stream (botocore retries only the call).
 STREAM_ATTEMPTS = 3
 DELETE_BATCH = 1000
-#: Smallest ranged GET of open_input(); sequential reading grows the read-ahead.
-MIN_FETCH = 64 * 1024
-MAX_READAHEAD = 8 * MiB
 
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _STREAM_ERRORS = (
@@ -98,138 +98,6 @@ _STREAM_ERRORS = (
     ReadTimeoutError,
     ConnectionClosedError,
 )
-
-
-class S3PermissionError(StorageError, PermissionError):
-    """S3 refused the request (AccessDenied, AllAccessDisabled, HTTP 403)."""
-
-
-# --------------------------------------------------------------------------- errors
-
-
-@dataclass(frozen=True)
-class _Rule:
-    exc: type[OSError]
-    errno: int
-    #: Formatted with target (s3:// URL), bucket, endpoint, code and detail.
-    message: str
-
-
-_NOT_FOUND = _Rule(FileNotFoundError, errno.ENOENT, "No such object")
-_NO_BUCKET = _Rule(
-    StorageError,
-    errno.ENOENT,
-    "S3 bucket {bucket!r} does not exist at endpoint {endpoint} (needed for {target})",
-)
-_DENIED = _Rule(
-    S3PermissionError,
-    errno.EACCES,
-    "{target}: access denied ({code}) at endpoint {endpoint}: the AWS "
-    "credentials in use lack permission on bucket {bucket!r}",
-)
-_REJECTED = _Rule(
-    StorageError,
-    errno.EACCES,
-    "the AWS credentials were rejected ({code}) by endpoint {endpoint} "
-    "for bucket {bucket!r} ({target}); check the standard AWS credential "
-    "chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN, "
-    "AWS_PROFILE and ~/.aws, SSO, container or instance role",
-)
-_NO_CREDENTIALS = _Rule(
-    StorageError,
-    errno.EACCES,
-    "no AWS credentials were found in the standard chain "
-    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and "
-    "~/.aws, SSO, container or instance role) to access bucket "
-    "{bucket!r} at endpoint {endpoint} ({target}){detail}",
-)
-_UNREACHABLE = _Rule(
-    StorageError,
-    errno.EHOSTUNREACH,
-    "S3 endpoint {endpoint} is unreachable for bucket {bucket!r} "
-    "({target}): {detail}; check PIPELINE_S3_ENDPOINT_URL or "
-    "AWS_ENDPOINT_URL and the network",
-)
-_OTHER = _Rule(
-    StorageError, errno.EIO, "{target}: S3 request to endpoint {endpoint} failed: {detail}"
-)
-
-#: The one table from S3 error codes (and pseudo-codes for botocore's own
-#: exceptions, see :func:`_error_code`) to the exceptions callers see.
-_ERRORS: dict[str, _Rule] = {
-    "NoSuchBucket": _NO_BUCKET,
-    "NoSuchKey": _NOT_FOUND,
-    "NotFound": _NOT_FOUND,
-    "404": _NOT_FOUND,  # HEAD responses carry no error body
-    "AccessDenied": _DENIED,
-    "AllAccessDisabled": _DENIED,
-    "403": _Rule(
-        S3PermissionError,
-        errno.EACCES,
-        "{target}: access denied (HTTP 403) at endpoint {endpoint}: the AWS "
-        "credentials were rejected or lack permission on bucket {bucket!r}",
-    ),
-    "InvalidAccessKeyId": _REJECTED,
-    "SignatureDoesNotMatch": _REJECTED,
-    "ExpiredToken": _REJECTED,
-    "InvalidToken": _REJECTED,
-    "TokenRefreshRequired": _REJECTED,
-    "PreconditionFailed": _Rule(
-        StorageError, errno.EIO, "{target} was replaced while it was being read"
-    ),
-    "InvalidBucketName": _Rule(
-        StorageError,
-        errno.EINVAL,
-        "{bucket!r} is not a valid bucket name at endpoint {endpoint} ({target})",
-    ),
-    # botocore exceptions without an S3 error code
-    "-unreachable": _UNREACHABLE,
-    "-no-credentials": _NO_CREDENTIALS,
-}
-
-# Codes whose S3 message is not repeated (an S3 message can quote the request).
-_QUIET_CODES = {
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "TokenRefreshRequired",
-}
-
-
-def _error_code(exc: BaseException) -> str:
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return str(err.get("Code") or status or "")
-    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
-        return "-unreachable"
-    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
-        return "-no-credentials"
-    return ""
-
-
-def _detail(exc: BaseException, code: str) -> str:
-    if isinstance(exc, ClientError):
-        if code in _QUIET_CODES:
-            return code
-        message = exc.response.get("Error", {}).get("Message") or ""
-        return f"{code}: {message}" if message else code
-    if isinstance(exc, CredentialRetrievalError):
-        # Only the provider: its message may quote a credential_process's output.
-        return f"; retrieving them from {exc.kwargs.get('provider', 'a provider')} failed"
-    if isinstance(exc, PartialCredentialsError):
-        return f"; only part of them were set ({exc.kwargs.get('cred_var', '?')} missing)"
-    if isinstance(exc, NoCredentialsError):
-        return ""
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _safe_url(url: str) -> str:
-    """``url`` without user info, query or fragment."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 # --------------------------------------------------------------------------- store
@@ -573,176 +441,3 @@ class S3Store(Store):
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc) from exc
         super().preflight()
-
-
-# --------------------------------------------------------------------------- I/O
-
-
-def _byte_view(chunk: Buffer) -> memoryview:
-    """A flat unsigned-byte view of ``chunk``, without copying when contiguous."""
-    view = memoryview(chunk)
-    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
-        return view
-    if view.c_contiguous:
-        return view.cast("B")
-    return memoryview(view.tobytes())
-
-
-class _ChunksReader(io.RawIOBase):
-    """A seekable read-only file over a list of byte views (no up-front copy)."""
-
-    def __init__(self, views: list[memoryview]):
-        self._views = [v for v in views if v.nbytes]
-        self._starts: list[int] = []
-        total = 0
-        for view in self._views:
-            self._starts.append(total)
-            total += view.nbytes
-        self._size = total
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def _slices(self, n: int) -> list[memoryview]:
-        end = min(self._size, self._pos + n)
-        out = []
-        i = bisect.bisect_right(self._starts, self._pos) - 1
-        pos = self._pos
-        while pos < end and i < len(self._views):
-            start = self._starts[i]
-            view = self._views[i]
-            take = min(view.nbytes - (pos - start), end - pos)
-            out.append(view[pos - start : pos - start + take])
-            pos += take
-            i += 1
-        self._pos = pos
-        return out
-
-    def read(self, size: int | None = -1) -> bytes:
-        n = self._size - self._pos if size is None or size < 0 else size
-        parts = self._slices(n)
-        return parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        done = 0
-        for part in self._slices(target.nbytes):
-            target[done : done + part.nbytes] = part
-            done += part.nbytes
-        return done
-
-
-class _S3InputFile(io.RawIOBase):
-    """A seekable read-only file over one object, read with ranged GETs.
-
-    Each read fetches what it needs (at least :data:`MIN_FETCH`), so a parquet
-    reader pays for the footer and the column chunks it reads, not the object.
-    Reads that continue where the previous fetch ended grow a read-ahead up to
-    :data:`MAX_READAHEAD`. Ranged GETs carry ``If-Match`` with the ETag seen at
-    open, so an object replaced meanwhile fails instead of mixing versions.
-    """
-
-    def __init__(self, store: S3Store, key: str, size: int, etag: str | None):
-        self._store = store
-        self._key = key
-        self._size = int(size)
-        self._etag = etag
-        self.name = store.describe(key)
-        self._pos = 0
-        self._cache = b""
-        self._cache_start = 0
-        self._readahead = 0
-        self._lock = threading.Lock()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if self.closed:
-            raise ValueError("seek on closed file")
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def _fetch(self, start: int, end: int) -> bytes:
-        kwargs: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
-        if self._etag:
-            kwargs["IfMatch"] = self._etag
-        data = self._store._get(self._key, **kwargs)
-        if len(data) != end - start:
-            raise StorageError(
-                f"{self.name}: asked for bytes {start}-{end - 1}, got {len(data)} bytes"
-            )
-        return data
-
-    def read(self, size: int | None = -1) -> bytes:
-        if self.closed:
-            raise ValueError("read of closed file")
-        with self._lock:
-            pos = self._pos
-            end = self._size if size is None or size < 0 else min(self._size, pos + size)
-            if end <= pos:
-                return b""
-            pieces: list[bytes | memoryview] = []
-            cache_end = self._cache_start + len(self._cache)
-            if self._cache_start <= pos < cache_end:
-                take = min(end, cache_end) - pos
-                off = pos - self._cache_start
-                pieces.append(memoryview(self._cache)[off : off + take])
-                pos += take
-            if pos < end:
-                if pos == cache_end and self._cache:
-                    self._readahead = min(MAX_READAHEAD, max(MIN_FETCH, 2 * self._readahead))
-                else:
-                    self._readahead = 0
-                fetch_end = min(self._size, max(end, pos + MIN_FETCH) + self._readahead)
-                data = self._fetch(pos, fetch_end)
-                self._cache, self._cache_start = data, pos
-                pieces.append(memoryview(data)[: end - pos])
-                pos = end
-            self._pos = pos
-            if (
-                len(pieces) == 1
-                and isinstance(pieces[0], memoryview)
-                and pieces[0].nbytes == len(pieces[0].obj)
-            ):
-                return pieces[0].obj  # the whole fetch: no copy
-            return b"".join(pieces)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        data = self.read(target.nbytes)
-        target[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._cache = b""
-        super().close()

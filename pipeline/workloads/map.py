@@ -147,7 +147,7 @@ class MapWorkload(Workload):
             self._by_name = True
         elif not callable(self.fn):
             raise ConfigError(f"map: {self.fn!r} is not callable")
-        from ..regress.spec import split_list
+        from .regressions.spec import split_list
 
         if job.data is not None:
             self.input = DataInput(

@@ -137,7 +137,7 @@ class DataInput:
 
     def __init__(self, data: str, chunk_by: tuple[str, ...], chunk_rows: int | None,
                  columns: tuple[str, ...]):  # fmt: skip
-        from ..regress.data import check_columns, discover, plan_chunks
+        from ..dataset import check_columns, discover, plan_chunks
 
         if chunk_by and chunk_rows:
             raise ConfigError("give chunk_by or chunk_rows, not both")
@@ -155,7 +155,7 @@ class DataInput:
         self.n_units = self.index.n_chunks
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
-        from ..regress.data import read_task_rows
+        from ..dataset import read_task_rows
 
         rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
         frame = rows.table.to_pandas()

@@ -6,7 +6,7 @@ by (job seed, k), so any cube can be regenerated alone.
 
 Memory layout: a cube is stored column-major (Fortran order) over its axes
 (frame, row, column), because that makes building it one contiguous gather of
-d blocks (see :func:`pipeline.frames.load_layout`). A shard of n cubes is a
+d blocks (see :func:`pipeline.workloads.cubes.frames.load_layout`). A shard of n cubes is a
 Fortran-ordered ``.npy`` array of shape (d, d, d, n): ``np.load(shard)[..., i]``
 is cube i with axes (frame, row, column), without a copy.
 """
@@ -22,12 +22,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from .config import setting
-from .errors import StorageError
+from ...config import setting
+from ...errors import StorageError
+from ...layout import consolidated_manifest_key, shard_key
+from ...storage import Store, open_store, write_parquet
+from ...workload import Task, TaskOutput, UnitFailure, Workload
 from .frames import FrameSet, inspect_frames, load_layout, write_frames
 from .shards import ShardSpec, read_shard, write_shards
-from .storage import Store, join, open_store, write_parquet
-from .workload import Task, TaskOutput, UnitFailure, Workload
 
 __all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
 
@@ -226,7 +227,7 @@ class CubeWorkload(Workload):
         return out
 
     def _shard_key(self, s: int) -> str:
-        return join(self.job_id, "shards", f"{s:06d}.npy")
+        return shard_key(self.job_id, s)
 
     def _run_discarding(self, layout, task: Task, t0: float) -> TaskOutput:
         d = self.job.dim
@@ -243,14 +244,14 @@ class CubeWorkload(Workload):
 
     @classmethod
     def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
-        from .verify import check_cube_shards
+        from ...verify import check_cube_shards
 
         return check_cube_shards(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
         import pyarrow.parquet as pq
 
-        from .runner import manifest_key
+        from ...layout import manifest_key
 
         parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
         manifest = pa.concat_tables(parts).sort_by("cube_id")
@@ -261,9 +262,9 @@ class CubeWorkload(Workload):
                 f"{store.describe(self.job_id)}: manifest parts do not list "
                 f"cubes 0..{self.n_units - 1} exactly once"
             )
-        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        write_parquet(store, consolidated_manifest_key(self.job_id), manifest)
         return {
-            "manifest": store.describe(join(self.job_id, "manifest.parquet")),
+            "manifest": store.describe(consolidated_manifest_key(self.job_id)),
             "shards": len(set(manifest["shard"].to_pylist())),
         }
 

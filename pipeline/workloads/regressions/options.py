@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .spec import ModelSpec
 
 __all__ = ["check_fit_options", "check_trial_fit"]

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .storage import Store
+from ...storage import Store
 
 __all__ = ["ShardBuffer", "ShardSpec", "read_shard", "shard_buffer", "write_shards"]
 

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError
-from ..storage import Store, join
+from ...errors import InputError
+from ...storage import Store, join
 
 __all__ = ["SECTORS", "chunk_frame", "regression_formula", "true_coefficients",
            "write_regression_data"]  # fmt: skip

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from ...errors import InputError
 
 __all__ = ["TABLES", "assemble", "summary_text"]
 

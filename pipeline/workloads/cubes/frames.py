@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from .errors import InputError
-from .storage import Store, join, open_store
+from ...errors import InputError
+from ...storage import Store, join, open_store
 
 __all__ = ["FrameSet", "inspect_frames", "load_layout", "write_frames"]
 
@@ -151,7 +151,7 @@ def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
 
 def layout_cache_dir() -> Path | None:
     """``PIPELINE_CACHE_DIR`` (``off`` disables), default ``~/.cache/pipeline``."""
-    from .config import process_settings
+    from ...config import process_settings
 
     value = process_settings().cache_dir or ""
     if value.lower() in {"off", "none", "0"}:

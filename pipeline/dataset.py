@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import InputError
-from ..storage import Store, open_store
+from .errors import InputError
+from .storage import Store, open_store
 
 __all__ = [
     "READS",

@@ -16,8 +16,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import setting
-from ..errors import ConfigError
+from ...config import setting
+from ...errors import ConfigError
 
 __all__ = [
     "COV_TYPES",

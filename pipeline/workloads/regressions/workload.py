@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from ..errors import ConfigError, InputError
-from ..storage import Store, join, write_parquet
-from ..workload import Task, TaskOutput, UnitFailure, Workload
-from .data import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
+from ...dataset import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
+from ...errors import ConfigError, InputError
+from ...layout import consolidated_manifest_key, part_key
+from ...storage import Store, join, write_parquet
+from ...workload import Task, TaskOutput, UnitFailure, Workload
 from .design import ChunkError, TaskDesign
 from .engine import fit_task
 from .fit import ChunkFit
@@ -40,10 +41,6 @@ __all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema",
 
 #: The tables each task writes, one part per task.
 PART_TABLES = ("coefficients", "models", "timings")
-
-
-def part_key(job_id: str, table: str, index: int) -> str:
-    return join(job_id, table, f"part-{index:06d}.parquet")
 
 
 class RegressionWorkload(Workload):
@@ -169,7 +166,7 @@ class RegressionWorkload(Workload):
 
     def natural_boundaries(self) -> np.ndarray:
         """Chunks starting a row group (or file): tasks cut there read disjoint data."""
-        from .data import chunk_boundaries
+        from ...dataset import chunk_boundaries
 
         return chunk_boundaries(self.dataset, self.index)
 
@@ -210,7 +207,7 @@ class RegressionWorkload(Workload):
         )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
-        from .data import READS
+        from ...dataset import READS
 
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)
@@ -323,11 +320,11 @@ class RegressionWorkload(Workload):
         return check_regressions(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        from ..runner import manifest_key
+        from ...layout import manifest_key
 
         parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
         manifest = pa.concat_tables(parts).sort_by([("chunk_start", "ascending")])
-        write_parquet(store, join(self.job_id, "manifest.parquet"), manifest)
+        write_parquet(store, consolidated_manifest_key(self.job_id), manifest)
         details = {
             "coefficients": store.describe(join(self.job_id, "coefficients")),
             "models": store.describe(join(self.job_id, "models")),

@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from ..storage import Store, join
+from ...storage import Store, join
 
 __all__ = ["chunk_figure", "write_summary_figure"]
 

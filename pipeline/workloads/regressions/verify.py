@@ -7,8 +7,8 @@ import io
 
 import pyarrow.parquet as pq
 
-from ..storage import Store
-from ..verify import JobCheck, check_listed_objects
+from ...storage import Store
+from ...verify import JobCheck, check_listed_objects
 
 __all__ = ["check_regressions"]
 
