@@ -212,6 +212,7 @@ class RegressionWorkload(Workload):
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)
         objects = self._task_objects(task)
+        t_write = time.perf_counter()
         out = TaskOutput()
         out.bytes_read, out.bytes_needed, out.read_seconds = READS.since(reads)
         rows = {"object": [], "kind": [], "chunk_start": [], "chunk_stop": [], "size": [],
@@ -236,6 +237,11 @@ class RegressionWorkload(Workload):
             }
         )
         out.busy_seconds = time.perf_counter() - t0
+        out.phases = {
+            "inputs": out.read_seconds,
+            "compute": t_write - t0 - out.read_seconds,
+            "writing": time.perf_counter() - t_write,
+        }
         return out
 
     def _task_objects(self, task: Task) -> list[tuple[str, str, bytes]]:
