@@ -30,18 +30,11 @@ def _byte_view(chunk: Buffer) -> memoryview:
     return memoryview(view.tobytes())
 
 
-class _ChunksReader(io.RawIOBase):
-    """A seekable read-only file over a list of byte views (no up-front copy)."""
+class _Seekable(io.RawIOBase):
+    """A read-only file of ``_size`` bytes at position ``_pos``."""
 
-    def __init__(self, views: list[memoryview]):
-        self._views = [v for v in views if v.nbytes]
-        self._starts: list[int] = []
-        total = 0
-        for view in self._views:
-            self._starts.append(total)
-            total += view.nbytes
-        self._size = total
-        self._pos = 0
+    _pos = 0
+    _size = 0
 
     def readable(self) -> bool:
         return True
@@ -53,11 +46,27 @@ class _ChunksReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.closed:
+            raise ValueError("seek on closed file")
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         if base + offset < 0:
             raise ValueError("negative seek position")
         self._pos = base + offset
         return self._pos
+
+
+class _ChunksReader(_Seekable):
+    """A seekable read-only file over a list of byte views (no up-front copy)."""
+
+    def __init__(self, views: list[memoryview]):
+        self._views = [v for v in views if v.nbytes]
+        self._starts: list[int] = []
+        total = 0
+        for view in self._views:
+            self._starts.append(total)
+            total += view.nbytes
+        self._size = total
+        self._pos = 0
 
     def _slices(self, n: int) -> list[memoryview]:
         end = min(self._size, self._pos + n)
@@ -91,7 +100,7 @@ class _ChunksReader(io.RawIOBase):
         return done
 
 
-class _S3InputFile(io.RawIOBase):
+class _S3InputFile(_Seekable):
     """A seekable read-only file over one object, read with ranged GETs.
 
     Each read fetches what it needs (at least :data:`MIN_FETCH`), so a parquet
@@ -112,24 +121,6 @@ class _S3InputFile(io.RawIOBase):
         self._cache_start = 0
         self._readahead = 0
         self._lock = threading.Lock()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if self.closed:
-            raise ValueError("seek on closed file")
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
 
     def _fetch(self, start: int, end: int) -> bytes:
         kwargs: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
