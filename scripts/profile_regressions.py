@@ -120,16 +120,20 @@ def profile(name: str, engine: str, root: Path, args) -> None:
 def line_profile(w, task, store) -> None:
     from line_profiler import LineProfiler
 
-    from pipeline.regress import design, fit, workload
+    from pipeline.regress import batched, design, engine, fit, taskfits, workload
 
     lp = LineProfiler()
     for fn in (
         workload.RegressionWorkload.fit_range,
-        workload.RegressionWorkload._fit_batched,
         workload.RegressionWorkload.tables,
         workload.RegressionWorkload.run_task,
-        design.TaskDesign.__init__,
+        engine.fit_task,
+        engine._fit_stacks,
+        batched._solve_stack,
         design.TaskDesign._formula_once,
+        design._design_once,
+        taskfits.TaskFits.models_columns,
+        taskfits.TaskFits.coefficient_columns,
         fit.fit_chunk,
         fit._extract,
     ):
