@@ -398,7 +398,10 @@ def _dictionary_categorical(col):
     import pyarrow.compute as pc
 
     chunks = [c for c in col.chunks if len(c)]
-    used = [np.unique(c.indices.to_numpy()) for c in chunks]
+    used = [  # (a count, not np.unique: no sort of every row's index)
+        np.flatnonzero(np.bincount(c.indices.to_numpy(), minlength=len(c.dictionary)))
+        for c in chunks
+    ]
     levels = pa.concat_arrays(
         [c.dictionary.take(pa.array(u)) for c, u in zip(chunks, used, strict=True)]
         or [pa.array([], pa.string())]
