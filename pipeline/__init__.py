@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 from .cluster import connect
 from .config import RunOptions
 from .cubes import CubeJob, CubeWorkload
-from .delivery import iter_cubes
+from .delivery import iter_cube_batches, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import RunSummary, run_job
@@ -29,6 +29,7 @@ __all__ = [
     "TaskOutput",
     "UnitFailure",
     "Workload",
+    "iter_cube_batches",
     "iter_cubes",
     "read_shard",
     # storage
