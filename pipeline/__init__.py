@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .cluster import connect
 from .config import RunOptions
-from .delivery import iter_cubes
+from .delivery import iter_cube_batches, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .runner import run_job
@@ -33,6 +33,7 @@ __all__ = [
     "TaskOutput",
     "UnitFailure",
     "Workload",
+    "iter_cube_batches",
     "iter_cubes",
     "map",
     "MapJob",

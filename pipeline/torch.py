@@ -7,6 +7,9 @@
   layout, memory-mapped from the per-host cache, one cube at a time; or, with
   ``batch_size``, whole batches in place in shared memory (use it with
   ``DataLoader(batch_size=None)``: the default collate copies every cube again).
+  With ``cluster=True`` (the embedded cluster) or ``cluster=client``, the
+  cluster's workers build the cubes instead and hand them over through shared
+  memory (:func:`pipeline.iter_cube_batches`); use ``DataLoader(num_workers=0)``.
 - :class:`CubeShards`: a map-style ``Dataset`` over a stored cube job:
   ``len(ds)`` cubes, ``ds[k]`` is cube k. Local shards are memory-mapped; on S3
   each cube is one ranged GET of its bytes. ``verify=True`` checks every cube read
@@ -20,6 +23,7 @@ is False; the DataLoader's collate copies them into one batch tensor anyway.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -50,9 +54,11 @@ class CubeStream(IterableDataset):
         output: str = "results",
         with_ids: bool = False,
         batch_size: int | None = None,
+        cluster=None,
     ):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"CubeStream: batch_size={batch_size}; expected at least 1")
+        self.cluster = cluster
         frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
         self.workload = CubeWorkload(job, job.name or "cubes", frames)
         self.workload.writes_output = False
@@ -66,6 +72,14 @@ class CubeStream(IterableDataset):
 
     def __iter__(self):
         info = get_worker_info()
+        if self.cluster is not None and self.cluster is not False:
+            if info is not None:
+                raise RuntimeError(
+                    "CubeStream(cluster=...): the cluster's workers build the cubes; "
+                    "use it with DataLoader(num_workers=0)"
+                )
+            yield from self._from_cluster()
+            return
         first, step = (info.id, info.num_workers) if info is not None else (0, 1)
         ids = range(first, self.workload.n_units, step)
         if self.batch_size is None:
@@ -73,6 +87,26 @@ class CubeStream(IterableDataset):
         else:
             for i in range(0, len(ids), self.batch_size):
                 yield self._batch(ids[i : i + self.batch_size], shared=info is not None)
+
+    def _from_cluster(self):
+        """Batches from :func:`pipeline.iter_cube_batches`: built by the cluster's
+        workers, on this host in shared memory, and handed over without a copy."""
+        from .delivery import iter_cube_batches
+
+        client = None if self.cluster is True else self.cluster
+        job = self.workload.job
+        batches = iter_cube_batches(
+            dataclasses.replace(job, frames=self.workload.frames.url),
+            client=client,
+            cubes_per_task=self.batch_size,
+        )
+        for ids, batch in batches:
+            cubes = torch.from_numpy(batch).permute(3, 0, 1, 2)  # (cube, frame, row, column)
+            if self.batch_size is not None:
+                yield (torch.tensor(list(ids)), cubes) if self.with_ids else cubes
+                continue
+            for cube_id, cube in zip(ids, cubes, strict=True):
+                yield (cube_id, cube) if self.with_ids else cube
 
     def _cubes(self, ids: range):
         workload = self.workload

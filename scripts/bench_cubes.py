@@ -18,9 +18,10 @@ on the same frames and machine.
       consumer reading each one (float(cube.sum())), timed from the call (which
       checks the frames' footers) to the last cube; next to (a+), the reference with
       the same consumer;
-  (i) a torch DataLoader over pipeline.torch.CubeStream, one loader worker per core,
-      batches of 8 built in place (and (i') cubes stacked by the default collate),
-      the same consumer reading each batch (when torch is installed).
+  (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
+      embedded cluster and handed over in shared memory; (i') built in place in one
+      loader worker per core; (i'') cubes stacked by the default collate; the same
+      consumer reading each batch (when torch is installed).
   (g) the task planner's regret: (d) with default settings over (d) with the best
       of a sweep of fixed units_per_task (--regret-cubes).
 
@@ -167,29 +168,34 @@ def delivered(frames_dir: Path, d: int, n: int, workers: int, rounds: int) -> di
 
 def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
     """(i): DataLoader(CubeStream) with ``workers`` loader processes, batches of 8,
-    each batch read once: built in place by CubeStream(batch_size=8), and (i') cubes
-    collated by the DataLoader; None when torch is not installed."""
+    each batch read once: built by the cluster (CubeStream(cluster=client)), built in
+    place in loader workers, and cubes collated by the DataLoader; None when torch
+    is not installed."""
     try:
         from torch.utils.data import DataLoader
     except ImportError:
         return None
-    from pipeline import CubeJob
+    from pipeline import CubeJob, RunOptions, connect
     from pipeline.torch import CubeStream
 
     rates = {}
-    for name, batched in (("in_place", True), ("collated", False)):
-        job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=20)
-        if batched:  # batches built in place in shared memory by CubeStream
-            stream, batch_size = CubeStream(job, batch_size=8), None
-        else:  # cubes, stacked by the DataLoader's default collate
-            stream, batch_size = CubeStream(job), 8
-        t0 = time.perf_counter()
-        count, total = 0, 0.0
-        for batch in DataLoader(stream, batch_size=batch_size, num_workers=workers):
-            total += float(batch.sum())
-            count += len(batch)
-        assert count == n
-        rates[name] = n / (time.perf_counter() - t0)
+    job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=20)
+    with connect(RunOptions(workers=workers)) as client:
+        for name, stream, batch_size, loaders in (
+            # batches built by the cluster's workers, handed over in shared memory
+            ("cluster", CubeStream(job, batch_size=8, cluster=client), None, 0),
+            # batches built in place in the loader workers' shared memory
+            ("in_place", CubeStream(job, batch_size=8), None, workers),
+            # cubes built in the loader workers, stacked by the default collate
+            ("collated", CubeStream(job), 8, workers),
+        ):
+            t0 = time.perf_counter()
+            count, total = 0, 0.0
+            for batch in DataLoader(stream, batch_size=batch_size, num_workers=loaders):
+                total += float(batch.sum())
+                count += len(batch)
+            assert count == n
+            rates[name] = n / (time.perf_counter() - t0)
     return rates
 
 
@@ -207,9 +213,11 @@ def print_delivery(h: dict, i: dict | None, a: float, a_read: float, dd: dict, n
         print("(i) DataLoader(CubeStream)            n/a (torch not installed)")
     else:
         print(
-            f"(i) DataLoader(CubeStream), read      {i['in_place']:10,.0f} cubes/s "
-            "(CubeStream(batch_size=8): batches built in place in shared memory)\n"
-            f"(i') same, cubes collated by DataLoader {i['collated']:9,.0f} cubes/s",
+            f"(i) DataLoader(CubeStream), read      {i['cluster']:10,.0f} cubes/s "
+            "(CubeStream(batch_size=8, cluster=client): built by the cluster, shared memory)\n"
+            f"(i') built in the loader workers      {i['in_place']:10,.0f} cubes/s "
+            "(CubeStream(batch_size=8), num_workers = cores)\n"
+            f"(i'') same, cubes collated by DataLoader {i['collated']:8,.0f} cubes/s",
             flush=True,
         )
     ratios = {

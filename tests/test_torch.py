@@ -66,6 +66,23 @@ def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
         CubeStream(job, batch_size=0)
 
 
+def test_cube_stream_from_the_cluster_hands_over_shared_memory_batches(frames_dir, client):
+    job = CubeJob(frames=str(frames_dir), cubes=22, dim=10, seed=5)
+    want = expected(job)
+    stream = CubeStream(job, with_ids=True, batch_size=4, cluster=client)
+    got: dict[int, str] = {}
+    for ids, batch in DataLoader(stream, batch_size=None, num_workers=0):
+        assert batch.shape[1:] == (10, 10, 10) and len(batch) <= 4
+        for cube_id, cube in zip(ids.tolist(), batch, strict=True):
+            assert cube_id not in got
+            got[cube_id] = digest(cube)
+    assert got == want
+    single = {k: digest(c) for k, c in CubeStream(job, with_ids=True, cluster=client)}
+    assert single == want
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        next(iter(DataLoader(CubeStream(job, cluster=client), num_workers=1)))
+
+
 def test_cube_stream_without_ids_yields_cube_tensors(frames_dir):
     job = CubeJob(frames=str(frames_dir), cubes=5, dim=6, seed=1, dtype="float32")
     cubes = list(CubeStream(job))

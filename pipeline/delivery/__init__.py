@@ -22,9 +22,9 @@ from ..workloads.cubes import CubeJob, CubeWorkload, ensure_auto_frames
 from . import channel
 from .local import LocalDelivery
 from .producer import reachable
-from .remote import RelayedThroughSchedulerWarning, remote_cubes
+from .remote import RelayedThroughSchedulerWarning, remote_batches
 
-__all__ = ["RelayedThroughSchedulerWarning", "batch_cubes_for", "iter_cubes"]
+__all__ = ["RelayedThroughSchedulerWarning", "batch_cubes_for", "iter_cube_batches", "iter_cubes"]
 
 DELIVERIES = ("auto", "shared-memory", "dask")
 #: Target bytes of one batch: large enough that per-batch messages cost nothing
@@ -57,6 +57,25 @@ def iter_cubes(
     the job has. With no ``client``, an embedded cluster runs for the duration of
     the iteration.
     """
+    batches = iter_cube_batches(
+        job, client=client, cubes_per_task=cubes_per_task, output=output, delivery=delivery
+    )
+    for ids, batch in batches:
+        for i, cube_id in enumerate(ids):
+            yield cube_id, batch[..., i]
+        del batch  # its buffer is free once the consumer drops the last cube
+
+
+def iter_cube_batches(
+    job: CubeJob,
+    *,
+    client=None,
+    cubes_per_task: int | None = None,
+    output: str = "results",
+    delivery: str = "auto",
+) -> Iterator[tuple[range, np.ndarray]]:
+    """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
+    (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``."""
     from ..cluster import connect
     from ..config import RunOptions
 
@@ -84,7 +103,7 @@ def iter_cubes(
             here = client.run(reachable, address)
             delivery = "shared-memory" if here and all(here.values()) else "dask"
         if delivery == "shared-memory":
-            yield from LocalDelivery(client, workload, batch, listener, address).cubes()
+            yield from LocalDelivery(client, workload, batch, listener, address).batches()
         else:
             listener.close()
-            yield from remote_cubes(client, workload, batch)
+            yield from remote_batches(client, workload, batch)

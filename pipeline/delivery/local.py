@@ -114,7 +114,9 @@ class LocalDelivery:
         self.futures: list = []
         self.restarts_left = 0
 
-    def cubes(self) -> Iterator[tuple[int, np.ndarray]]:
+    def batches(self) -> Iterator[tuple[range, np.ndarray]]:
+        """Yield ``(cube ids, batch)``: batch is a (d, d, d, n) Fortran-ordered view
+        of a producer's buffer, ``batch[..., i]`` cube ``ids[i]``."""
         workers = list(self.client.scheduler_info()["workers"])
         self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
         self.listener.setblocking(False)
@@ -130,7 +132,7 @@ class LocalDelivery:
                 if self.ready:
                     producer, batch, slot = self.ready.popleft()
                     delivered += 1
-                    yield from self._batch_cubes(producer, batch, slot)
+                    yield self._batch_range(batch), self._batch_view(producer, batch, slot)
                 else:
                     self._wait()
         finally:
@@ -140,16 +142,13 @@ class LocalDelivery:
         start = batch * self.batch_cubes
         return range(start, min(self.workload.n_units, start + self.batch_cubes))
 
-    def _batch_cubes(self, producer: _Producer, batch: int, slot: int):
-        memory = _BatchMemory(
-            producer.mappings[slot][1], (*self.cube_shape, self.batch_cubes), self.dtype
-        )
+    def _batch_view(self, producer: _Producer, batch: int, slot: int) -> np.ndarray:
+        n = len(self._batch_range(batch))
+        memory = _BatchMemory(producer.mappings[slot][1], (*self.cube_shape, n), self.dtype)
         key = (producer.id, slot)
         weakref.finalize(memory, _release, self.released, self.wake_w, key)
-        cubes = np.asarray(memory)
-        del memory  # the views hold it now; the last one gone frees the buffer
-        for i, cube_id in enumerate(self._batch_range(batch)):
-            yield cube_id, cubes[..., i]
+        # The views hold ``memory`` now; when the last is gone the buffer is free.
+        return np.asarray(memory)
 
     def _submit_producer(self, worker: str | None = None) -> None:
         # Pinned to a worker at the start (one producer each), but free to run

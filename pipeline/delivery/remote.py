@@ -18,7 +18,7 @@ import numpy as np
 
 from ..workloads.cubes import CubeWorkload, build_cube
 
-__all__ = ["RelayedThroughSchedulerWarning", "remote_cubes"]
+__all__ = ["RelayedThroughSchedulerWarning", "remote_batches"]
 
 #: Batches in flight per worker: one being built, one being sent.
 IN_FLIGHT_PER_WORKER = 2
@@ -60,8 +60,8 @@ def build_batch(workload: CubeWorkload, start: int, stop: int) -> tuple[range, n
     return ids, batch
 
 
-def remote_cubes(client, workload: CubeWorkload, batch_cubes: int) -> Iterator:
-    """Yield ``(cube_id, cube)`` from batches built as Dask tasks, at most
+def remote_batches(client, workload: CubeWorkload, batch_cubes: int) -> Iterator:
+    """Yield ``(cube ids, batch)`` from batches built as Dask tasks, at most
     ``IN_FLIGHT_PER_WORKER`` per worker in flight, in completion order."""
     from distributed import as_completed
 
@@ -85,8 +85,7 @@ def remote_cubes(client, workload: CubeWorkload, batch_cubes: int) -> Iterator:
             next_start = next(starts, None)
             if next_start is not None:
                 pending.add(submit(next_start))
-            for i, cube_id in enumerate(ids):
-                yield cube_id, batch[..., i]
+            yield ids, batch
             del batch
     finally:
         pending.clear()
