@@ -88,7 +88,7 @@ def _cpu(pid: int) -> float:
     try:
         t = psutil.Process(pid).cpu_times()
     except psutil.NoSuchProcess:
-        return float("nan")
+        return 0.0
     return t.user + t.system + t.children_user + t.children_system
 
 
@@ -202,6 +202,8 @@ def run(opts) -> dict:
         args = ["run", job, "--output", output, "--no-progress", "--units-per-task", 1]
         driver_log = pm.log_dir / "driver.log"
         env = {"PYTHONPATH": str(REPO)}
+        others = {"haproxy": [lb.pid], "worker_processes": [q for p in procs for q in p.pids()]}
+        o0 = {name: sum(_cpu(q) for q in pids) for name, pids in others.items()}
         c0, w0 = _cpu(scheduler.pid), time.monotonic()
         with open(driver_log, "wb") as log:
             driver = subprocess.Popen(
@@ -211,25 +213,43 @@ def run(opts) -> dict:
                 env={**os.environ, **env},
             )
             killed = None
+            driver_cpu = 0.0
             while driver.poll() is None:
+                driver_cpu = max(driver_cpu, _cpu(driver.pid))
                 if time.monotonic() - w0 > opts.run_timeout:
                     driver.kill()
                     break
                 if opts.kill_worker_process and killed is None and _parts_done(output) > units / 3:
                     killed = procs[0]
+                    killed_cpu = sum(_cpu(q) for q in killed.pids())
                     killed.kill()
+                    others["worker_processes"] = [q for p in procs[1:] for q in p.pids()]
+                    o0["worker_processes"] -= killed_cpu
                     figures["killed_worker_process_after_parts"] = _parts_done(output)
                 time.sleep(0.2)
         wall = time.monotonic() - w0
         job_cpu = _cpu(scheduler.pid) - c0
         figures["driver_exit_code"] = driver.returncode
-        figures["job_seconds"] = round(wall, 2)
+        # The command's wall time includes the driver's start (imports, connecting,
+        # shipping the code); the run itself is what the driver reports.
+        figures["command_seconds"] = round(wall, 2)
+        run_seconds = _reported_run_seconds(driver_log)
+        figures["run_seconds"] = run_seconds
         ideal = math.ceil(units / n) * opts.task_seconds
         figures["ideal_seconds"] = ideal
-        figures["efficiency"] = round(ideal / wall, 3)
-        figures["tasks_per_second"] = round(units / wall, 1)
+        if run_seconds:
+            figures["efficiency"] = round(ideal / run_seconds, 3)
+            figures["tasks_per_second"] = round(units / run_seconds, 1)
+        figures["driver_cpu_seconds"] = round(driver_cpu, 2)
+        for name, pids in others.items():
+            used = sum(_cpu(q) for q in pids) - o0[name]
+            figures[f"{name}_cpu_seconds_during_command"] = round(used, 2)
+        # Per task: all the scheduler's CPU during the command over the tasks (an upper
+        # bound: heartbeats included), and net of the heartbeats' rate measured idle
+        # (noisy when the idle window is short or the machine loaded).
         heartbeat_cpu = figures["scheduler_cpu_per_worker_second"] * n * wall
         figures["scheduler_job_cpu_seconds"] = round(job_cpu, 2)
+        figures["scheduler_cpu_per_task_gross"] = job_cpu / units
         figures["scheduler_cpu_per_task"] = max(job_cpu - heartbeat_cpu, 0.0) / units
         figures["scheduler_alive"] = scheduler.alive()
         figures["load_average_at_end"] = os.getloadavg()
@@ -240,6 +260,14 @@ def run(opts) -> dict:
         figures["logs"] = scan_logs(pm.log_dir)
         figures["log_dir"] = str(pm.log_dir)
     return figures
+
+
+def _reported_run_seconds(driver_log: Path) -> float | None:
+    """The run's duration from the driver's summary line: "... 400 of 400 points in 20.07 s"."""
+    import re
+
+    found = re.search(r" of [\d,]+ \w+ in ([0-9.]+) s", driver_log.read_text(errors="replace"))
+    return float(found.group(1)) if found else None
 
 
 def _security(certs):
@@ -271,6 +299,8 @@ def main(argv=None) -> int:
         opts.out.write_text(text + "\n")
     print(text)
     logs = figures["logs"]
+    # Killing a worker process closes the scheduler's streams to its workers, which
+    # the scheduler logs (lost_worker_streams); anything else is an error.
     ok = (
         figures["workers_before_job"] >= opts.workers
         and figures["driver_exit_code"] == 0

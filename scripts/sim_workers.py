@@ -37,7 +37,9 @@ log = logging.getLogger("sim_workers")
 
 def _options(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("scheduler", help="address of the scheduler (the load balancer), tls://HOST:PORT")
+    p.add_argument(
+        "scheduler", help="address of the scheduler (the load balancer), tls://HOST:PORT"
+    )
     p.add_argument("--count", type=int, required=True, help="workers in this process")
     p.add_argument("--prefix", required=True, help="worker names are PREFIX-0 .. PREFIX-<count-1>")
     p.add_argument("--ca", required=True)
@@ -135,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     opts = _options(argv)
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     os.makedirs(opts.local_directory, exist_ok=True)
     if not opts.child:

@@ -34,13 +34,14 @@ SCRIPTS = REPO_ROOT / "scripts"
 
 def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_path):
     out = tmp_path / "scale.json"
+    argv = [
+        sys.executable, str(SCRIPTS / "scale_sim.py"),
+        "--workers", "200", "--per-process", "100", "--task-seconds", "0.5",
+        "--units", "400", "--idle-seconds", "3", "--kill-worker-process",
+        "--workdir", str(tmp_path / "sim"), "--out", str(out),
+    ]  # fmt: skip
     proc = subprocess.run(
-        [
-            sys.executable, str(SCRIPTS / "scale_sim.py"),
-            "--workers", "200", "--per-process", "100", "--task-seconds", "0.5",
-            "--units", "400", "--idle-seconds", "3", "--kill-worker-process",
-            "--workdir", str(tmp_path / "sim"), "--out", str(out),
-        ],  # fmt: skip
+        argv,
         capture_output=True,
         text=True,
         timeout=540,
@@ -55,8 +56,11 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
         "ok": True, "rows": 400, "distinct_units": 400, "missing": []
     }  # fmt: skip
     assert figures["verify_exit_code"] == 0, figures["verify_output"]
+    # The scheduler's streams to the killed workers close (lost_worker_streams);
+    # nothing else in any log is an error, a timeout or a stall's consequence.
     assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
-    assert figures["scheduler_cpu_per_task"] > 0 and figures["scheduler_cpu_per_worker_second"] > 0
+    assert figures["scheduler_cpu_per_task_gross"] > 0
+    assert figures["scheduler_cpu_per_worker_second"] > 0
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -122,17 +126,14 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
         scheduler = start_scheduler(pm, certs, port=port)
         lb = start_haproxy(pm, f"127.0.0.1:{port}")
         for p in range(2):  # 2 processes of 3 workers; they restart workers that close
-            pm.start(
-                f"workers-{p}",
-                [
-                    sys.executable, str(SCRIPTS / "sim_workers.py"), lb.address,
-                    "--count", "3", "--prefix", f"sim{p}", "--restart-seconds", "1",
-                    "--ca", str(certs["ca"]), "--cert", str(certs["worker"]),
-                    "--key", str(certs["worker-key"]),
-                    "--local-directory", str(tmp_path / "scratch" / str(p)),
-                ],  # fmt: skip
-                {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"},
-            )
+            argv = [
+                sys.executable, str(SCRIPTS / "sim_workers.py"), lb.address,
+                "--count", "3", "--prefix", f"sim{p}", "--restart-seconds", "1",
+                "--ca", str(certs["ca"]), "--cert", str(certs["worker"]),
+                "--key", str(certs["worker-key"]),
+                "--local-directory", str(tmp_path / "scratch" / str(p)),
+            ]  # fmt: skip
+            pm.start(f"workers-{p}", argv, {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
         _wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
         flags = [
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],
@@ -159,7 +160,9 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
         start_scheduler(pm, certs, port=port)
         stdout, stderr = driver.communicate(timeout=240)
         print(f"driver after the scheduler's loss: exit {driver.returncode}\n{stdout}\n{stderr}")
-        if driver.returncode != 0:
+        if driver.returncode == 0:  # it waited for the new scheduler and carried on
+            assert "60 of 60 points" in stdout, stdout + stderr
+        else:
             # A clear error: the lost scheduler's address, and that the same command resumes.
             assert lb.address in stderr and "same command" in stderr, stdout + stderr
             assert "Traceback" not in stderr, stderr
