@@ -92,6 +92,13 @@ def _cpu(pid: int) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _fds(pid: int) -> int:
+    try:
+        return psutil.Process(pid).num_fds()
+    except psutil.NoSuchProcess:
+        return 0
+
+
 def _count_workers(client) -> int:
     return len(client.scheduler_info(n_workers=-1)["workers"])
 
@@ -191,6 +198,8 @@ def run(opts) -> dict:
         figures["scheduler_idle_cpu_fraction"] = round(idle_cpu / idle_wall, 4)
         figures["scheduler_cpu_per_worker_second"] = idle_cpu / idle_wall / n
         figures["workers_before_job"] = _count_workers(client)
+        # Connections a fleet holds open: what file-descriptor limits and maxconn must cover.
+        figures["open_fds"] = {"scheduler": _fds(scheduler.pid), "haproxy": _fds(lb.pid)}
         client.close()
 
         job = _write_job(workdir, units, opts.task_seconds)
