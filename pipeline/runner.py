@@ -443,10 +443,11 @@ class _TaskRunner:
                 # Every task in flight is lost with the scheduler; those that completed
                 # wrote their manifest entries, which is what a rerun resumes from.
                 raise ClusterError(
-                    f"lost the Dask scheduler at {self.client.scheduler.address} in the "
-                    f"middle of the run ({len(receipts)} of {len(tasks)} tasks completed "
-                    "and stored); when the scheduler is back, run the same command again: "
-                    "it resumes where this run stopped"
+                    f"lost the connection to the Dask scheduler at "
+                    f"{self.client.scheduler.address} in the middle of the run (the scheduler "
+                    f"or the way to it failed; {len(receipts)} of {len(tasks)} tasks reported "
+                    "back, every completed task is stored): when the scheduler is reachable, "
+                    "run the same command again: it resumes where this run stopped"
                 ) from None
             # Every task not heard from is failed.
             seen = {r.index for r in receipts}

