@@ -98,6 +98,10 @@ FROM base AS runtime
 # threads of its own on top. Dask settings the reference deployment needed at
 # scale: a deep listen backlog for thousands of workers connecting at once,
 # and a connect timeout that survives a busy scheduler's TLS handshakes.
+# WORKER_TTL: a worker silent this long is removed; Dask spaces heartbeats at
+# workers/200 + 1 s (11 s at 2,000 workers), so 300 s is over 25 missed ones
+# and outlasts the scheduler's event-loop stalls measured at 1,000 workers
+# (docs/scale.md).
 # MPLCONFIGDIR: matplotlib (if a task imports it) needs a writable directory;
 # /tmp is writable for any uid the container is run as.
 # HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
@@ -109,6 +113,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     OPENBLAS_NUM_THREADS=1 \
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
+    DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s \
     DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.worker"]' \
     MPLCONFIGDIR=/tmp/matplotlib \
     HEALTHCHECK_PORTS= \

@@ -52,7 +52,14 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
                 f"(--scheduler / PIPELINE_SCHEDULER): {exc}"
             ) from exc
         with client:
-            yield client
+            try:
+                yield client
+            except ClusterError:
+                # The scheduler was lost mid-run and the client is still trying to
+                # reconnect; closing it cancels that, which distributed logs as an
+                # error with a traceback. The ClusterError already says what happened.
+                logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+                raise
         return
 
     if options.tls_cert or options.tls_key or options.tls_ca_file:

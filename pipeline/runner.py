@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import RunOptions
-from .errors import Interrupted
+from .errors import ClusterError, Interrupted
 from .layout import consolidated_manifest_key, manifest_key
 from .planning import (
     LARGE_PROBE_FACTOR,
@@ -438,8 +438,18 @@ class _TaskRunner:
                     self.bar.update(receipt.units)
         except Exception as exc:
             # The task wrapper never raises: this is the cluster failing under us (a
-            # worker killed too often, the scheduler gone). Every task not heard from
-            # is failed.
+            # worker killed too often, the scheduler gone).
+            if getattr(exc, "reason", None) == "scheduler-connection-lost":
+                # Every task in flight is lost with the scheduler; those that completed
+                # wrote their manifest entries, which is what a rerun resumes from.
+                raise ClusterError(
+                    f"lost the connection to the Dask scheduler at "
+                    f"{self.client.scheduler.address} in the middle of the run (the scheduler "
+                    f"or the way to it failed; {len(receipts)} of {len(tasks)} tasks reported "
+                    "back, every completed task is stored): when the scheduler is reachable, "
+                    "run the same command again: it resumes where this run stopped"
+                ) from None
+            # Every task not heard from is failed.
             seen = {r.index for r in receipts}
             receipts.extend(
                 TaskReceipt(

@@ -79,6 +79,7 @@ locals {
     OPENBLAS_NUM_THREADS                       = "1"
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG     = "4096"
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
+    DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL    = "300s"
     DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"
     AWS_REGION                                 = local.region
     AWS_DEFAULT_REGION                         = local.region

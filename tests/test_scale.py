@@ -1,0 +1,183 @@
+"""A simulated fleet (scripts/scale-sim) and the loss of the scheduler.
+
+Real processes throughout: a TLS ``dask scheduler``, HAProxy with the repository's
+configuration, simulated workers (real ``distributed.Worker`` objects, many to a
+process, scripts/sim_workers.py) joining through HAProxy with the worker
+certificate, and ``pipeline run`` / ``verify`` / ``results`` as a user runs them.
+The 1,000-worker run is the script's; its figures are in docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from cluster_procs import (
+    REPO_ROOT,
+    ProcessManager,
+    client_security,
+    free_port,
+    start_haproxy,
+    start_scheduler,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+SCRIPTS = REPO_ROOT / "scripts"
+
+
+def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_path):
+    out = tmp_path / "scale.json"
+    argv = [
+        sys.executable, str(SCRIPTS / "scale_sim.py"),
+        "--workers", "200", "--per-process", "100", "--task-seconds", "0.5",
+        "--units", "400", "--idle-seconds", "3", "--kill-worker-process",
+        "--workdir", str(tmp_path / "sim"), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["workers_before_job"] == 200, figures
+    # One worker process (100 workers) was killed a third of the way through.
+    assert "killed_worker_process_after_parts" in figures, figures
+    assert figures["driver_exit_code"] == 0, figures["logs"]
+    assert figures["units_exactly_once"] == {
+        "ok": True, "rows": 400, "distinct_units": 400, "missing": []
+    }  # fmt: skip
+    assert figures["verify_exit_code"] == 0, figures["verify_output"]
+    # The scheduler's streams to the killed workers close (lost_worker_streams);
+    # nothing else in any log is an error, a timeout or a stall's consequence.
+    assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
+    assert figures["scheduler_cpu_per_task_gross"] > 0
+    assert figures["scheduler_cpu_per_worker_second"] > 0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- scheduler loss
+
+
+def _pipeline(args, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        **kw,
+    )
+
+
+def _workers(address, certs) -> int:
+    from distributed import Client
+
+    with Client(address, security=client_security(certs), timeout=30) as c:
+        return len(c.scheduler_info(n_workers=-1)["workers"])
+
+
+def _wait_for(what, predicate, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _checksums(output: Path) -> dict:
+    (manifest,) = output.glob("*/manifest.parquet")
+    table = pq.read_table(manifest).to_pandas()
+    assert len(table) == 60
+    return {
+        (row["object"], row["unit_start"], row["unit_stop"]): row["checksum"]
+        for _, row in table.iterrows()
+    }
+
+
+def _write_job(folder: Path, units: int, seconds: float) -> Path:
+    (folder / "naps.py").write_text(
+        "import time\n\n\ndef nap(x, seconds):\n    time.sleep(seconds)\n"
+        "    return {'twice': 2 * x}\n"
+    )
+    job = folder / "naps.toml"
+    job.write_text(
+        f'workload = "map"\nfunction = "naps:nap"\ncode = "{folder / "naps.py"}"\n'
+        f"[grid]\nx = {list(range(units))}\nseconds = [{seconds}]\n"
+    )
+    return job
+
+
+def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun_completes(
+    tmp_path,
+):
+    from pipeline.tls import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    job = _write_job(tmp_path, units=60, seconds=0.4)
+    with ProcessManager(tmp_path / "logs") as pm:
+        port = free_port()
+        scheduler = start_scheduler(pm, certs, port=port)
+        lb = start_haproxy(pm, f"127.0.0.1:{port}")
+        for p in range(2):  # 2 processes of 3 workers; they restart workers that close
+            argv = [
+                sys.executable, str(SCRIPTS / "sim_workers.py"), lb.address,
+                "--count", "3", "--prefix", f"sim{p}", "--restart-seconds", "1",
+                "--ca", str(certs["ca"]), "--cert", str(certs["worker"]),
+                "--key", str(certs["worker-key"]),
+                "--local-directory", str(tmp_path / "scratch" / str(p)),
+            ]  # fmt: skip
+            pm.start(f"workers-{p}", argv, {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
+        _wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
+        flags = [
+            "--scheduler", lb.address, "--tls-ca-file", certs["ca"],
+            "--tls-cert", certs["client"], "--tls-key", certs["client-key"],
+            "--no-progress", "--units-per-task", 1,
+        ]  # fmt: skip
+
+        clean = _pipeline(["run", job, "--output", tmp_path / "clean", *flags], timeout=240)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+
+        lost = tmp_path / "lost"
+        command = ["run", job, "--output", lost, *flags]
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", *map(str, command)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+        _wait_for("a third of the tasks", lambda: len(list(lost.glob("*/manifest/*"))) >= 20)
+        scheduler.kill()  # SIGKILL, as a crashed or replaced instance
+        assert len(list(lost.glob("*/manifest/*"))) < 60, "the run ended before the kill"
+        # The auto-scaling group of one starts a new scheduler behind the same address.
+        start_scheduler(pm, certs, port=port)
+        stdout, stderr = driver.communicate(timeout=240)
+        print(f"driver after the scheduler's loss: exit {driver.returncode}\n{stdout}\n{stderr}")
+        if driver.returncode == 0:  # it waited for the new scheduler and carried on
+            assert "60 of 60 points" in stdout, stdout + stderr
+        else:
+            # It ends with a clear error: the lost scheduler's address, and that the same
+            # command resumes. (Dask's client may log tracebacks before it, for results
+            # that were being fetched when the connection broke.)
+            last = stderr.strip().splitlines()[-1]
+            assert last.startswith("Error: lost the connection to the Dask scheduler"), stderr
+            assert lb.address in last and "same command" in last, stderr
+        _wait_for("the workers to rejoin", lambda: _workers(lb.address, certs) >= 6)
+
+        rerun = _pipeline(command, timeout=240)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        ok = _pipeline(["verify", lost])
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert _checksums(lost) == _checksums(tmp_path / "clean")
+        table = tmp_path / "lost.parquet"
+        shown = _pipeline(["results", lost, "--out", table])
+        assert shown.returncode == 0, shown.stderr
+        units = pq.read_table(table).column("unit").to_pylist()
+        assert sorted(units) == list(range(60))
