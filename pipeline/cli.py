@@ -42,6 +42,38 @@ def _setting_options(func):
     return func
 
 
+class _RunCommand(click.Command):
+    """``pipeline run --workload NAME --help`` lists the run's settings and that
+    workload's, not every registered workload's."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["help_workload"] = _named_workload(args)
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx, formatter) -> None:
+        name = ctx.meta.get("help_workload")
+        if name not in registry.names():
+            return super().format_options(ctx, formatter)
+        keep = {f.name for f in settings_of(RunOptions)}
+        keep |= {f.name for f in settings_of(registry.load(name).settings_class)}
+        rows = [
+            p.get_help_record(ctx)
+            for p in self.get_params(ctx)
+            if isinstance(p, click.Option) and (p.name not in _ALL_SETTINGS or p.name in keep)
+        ]
+        with formatter.section(f"Options (the run's and the {name!r} workload's)"):
+            formatter.write_dl([r for r in rows if r])
+
+
+def _named_workload(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--workload" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--workload="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def _process_settings_help() -> str:
     from .config import ProcessSettings
 
@@ -73,7 +105,7 @@ def main(verbose: int) -> None:
     logging.getLogger("distributed").setLevel(logging.DEBUG if verbose > 1 else logging.ERROR)
 
 
-@main.command("run", context_settings={"show_default": False})
+@main.command("run", cls=_RunCommand, context_settings={"show_default": False})
 @click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option(
     "--workload",

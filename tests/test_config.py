@@ -95,3 +95,16 @@ def test_a_plugin_that_does_not_import_is_named_with_its_error(tmp_path, monkeyp
         monkeypatch.undo()
         registry._entries.cache_clear()
         registry.load.cache_clear()
+
+
+def test_run_help_for_one_workload_lists_its_settings_and_the_runs():
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    one = CliRunner().invoke(main, ["run", "--workload", "map", "--help"]).output
+    assert "--function" in one and "--grid" in one and "PIPELINE_RETRIES" in one
+    assert "--output" in one and "PIPELINE_OUTPUT" in one
+    assert "--cubes-per-shard" not in one and "--formula" not in one
+    every = CliRunner().invoke(main, ["run", "--help"]).output
+    assert "--function" in every and "--cubes-per-shard" in every and "--formula" in every
