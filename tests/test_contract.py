@@ -115,16 +115,27 @@ def test_the_same_job_gives_the_same_bytes_whatever_the_task_sizes(
     assert digest(tmp_path / "a" / "out") == digest(tmp_path / "b" / "out")
 
 
-def test_an_interrupted_run_run_again_gives_a_clean_runs_bytes(name, tmp_path, client, frames_dir):
+@pytest.mark.parametrize("how", ["killed before an entry", "a failing task"])
+def test_an_interrupted_run_run_again_gives_a_clean_runs_bytes(
+    name, how, tmp_path, client, frames_dir
+):
     clean = tmp_path / "clean" / "out"
     run(client, build(name, tmp_path / "clean", frames_dir), clean)
     out = tmp_path / "r" / "out"
     workload = build(name, tmp_path / "r", frames_dir)
-    first = run(client, workload, out)
-    # As if the run had been killed before task 1 wrote its entry: no entry, no
-    # consolidated manifest.
-    (out / manifest_key("job", 1)).unlink()
-    (out / consolidated_manifest_key("job")).unlink()
+    if how == "a failing task":
+        # A folder where task 1's manifest entry must go: that task fails for real.
+        blocker = out / manifest_key("job", 1)
+        (blocker / "x").mkdir(parents=True)
+        first = run(client, workload, out)
+        assert not first.complete and first.units_failed > 0
+        (blocker / "x").rmdir()
+        blocker.rmdir()
+    else:
+        first = run(client, workload, out)
+        # As if the driver had been killed before task 1 wrote its entry.
+        (out / manifest_key("job", 1)).unlink()
+        (out / consolidated_manifest_key("job")).unlink()
     again = run(client, build(name, tmp_path / "r", frames_dir), out)
     assert again.complete and again.tasks_skipped == first.tasks - 1
     assert digest(out) == digest(clean)
