@@ -1,0 +1,186 @@
+"""The ``pipeline`` command line: the group, its settings as flags, and ``run``; the
+commands about data and outputs are in :mod:`.outputs`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from .. import __version__, registry
+from ..config import RunOptions, env_name, flag_name, settings_of
+from ..errors import Interrupted, PipelineError
+from ..jobs import load_jobs, run_jobs
+from ..summary import summary_lines
+from .outputs import (
+    certs_command,
+    data_group,
+    results_command,
+    verify_command,
+    workloads_command,
+)
+
+_ALL_SETTINGS = {
+    f.name: f
+    for cls in (RunOptions, *(registry.load(n).settings_class for n in registry.names()))
+    for f in settings_of(cls)
+}
+
+
+def _setting_options(func):
+    """One ``--flag`` per setting, its help naming the job-file key and env var."""
+    for f in reversed(list(_ALL_SETTINGS.values())):
+        kind = f.metadata["kind"]
+        help_text = (
+            f"{f.metadata['help']} [key: {f.name}; env: {env_name(f)}"
+            + (f"; default: {f.default}" if f.default is not None else "")
+            + "]"
+        )
+        name = flag_name(f)
+        if kind is bool:
+            option = click.option(f"--{name}/--no-{name}", f.name, default=None, help=help_text)
+        else:
+            choices = f.metadata["choices"]
+            ptype = click.Choice(choices) if choices else (str if kind is dict else kind)
+            option = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_text)
+        func = option(func)
+    return func
+
+
+class _RunCommand(click.Command):
+    """``pipeline run --workload NAME --help`` lists the run's settings and that
+    workload's, not every registered workload's."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["help_workload"] = _named_workload(args)
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx, formatter) -> None:
+        name = ctx.meta.get("help_workload")
+        if name not in registry.names():
+            return super().format_options(ctx, formatter)
+        keep = {f.name for f in settings_of(RunOptions)}
+        keep |= {f.name for f in settings_of(registry.load(name).settings_class)}
+        rows = [
+            p.get_help_record(ctx)
+            for p in self.get_params(ctx)
+            if isinstance(p, click.Option) and (p.name not in _ALL_SETTINGS or p.name in keep)
+        ]
+        with formatter.section(f"Options (the run's and the {name!r} workload's)"):
+            formatter.write_dl([r for r in rows if r])
+
+
+def _named_workload(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--workload" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--workload="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _process_settings_help() -> str:
+    from ..config import ProcessSettings
+
+    lines = ["\b", "Set in the environment of every process (driver and workers):"]
+    for f in settings_of(ProcessSettings):
+        lines.append(f"  {env_name(f)}: {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=_process_settings_help(),
+)
+@click.version_option(__version__, prog_name="pipeline")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """Run machine-learning data jobs on a Dask cluster.
+
+    With no scheduler configured, jobs run on an embedded local cluster of
+    single-threaded worker processes. Settings resolve in the order: flag, job
+    file key, PIPELINE_* environment variable, default.
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # Dask logs every connection at INFO; a user asking for -v wants ours. Importing
+    # distributed applies its logging config, so set the level after that.
+    import distributed  # noqa: F401
+
+    logging.getLogger("distributed").setLevel(logging.DEBUG if verbose > 1 else logging.ERROR)
+
+
+@main.command("run", cls=_RunCommand, context_settings={"show_default": False})
+@click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option(
+    "--workload",
+    type=click.Choice(registry.names()),
+    default=None,
+    help="Workload of a job given by flags alone (no job file). [default: cubes]",
+)
+@_setting_options
+def run_command(job_files, workload, **values) -> None:
+    """Run JOB_FILES (TOML) in sequence on one cluster connection.
+
+    Flags override every job file's keys. A job whose output already holds
+    complete tasks resumes: only missing tasks run (--overwrite starts over).
+    """
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        jobs = load_jobs(job_files, values, workload=workload)
+        summaries = run_jobs(jobs, echo=lambda m: click.echo(m, err=True))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        _exit_interrupted(exc)
+    verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
+    failed = False
+    for job, summary in zip(jobs, summaries, strict=True):
+        for line, err in summary_lines(summary, verbose):
+            click.echo(line, err=err)
+        failed |= summary.units_failed > job.options.max_failures or (
+            not summary.complete and summary.units_failed == 0
+        )
+    if failed:
+        sys.exit(1)
+
+
+def _exit_interrupted(exc: KeyboardInterrupt) -> None:
+    """Say what is complete, stop any worker process still running, and exit 130
+    without the interpreter's teardown, where half-closed Dask clients print
+    tracebacks of their own (the cluster itself is already shut down)."""
+    import multiprocessing
+
+    if isinstance(exc, Interrupted):
+        click.echo(str(exc), err=True)
+    else:
+        click.echo(
+            "interrupted before any task of this run ran; run the same command again to resume",
+            err=True,
+        )
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: one line, not the tracebacks that the cluster's threads and callbacks
+    report when a shutdown interrupts them (closed connection pools, half-started
+    workers): those are silenced from the moment of the signal."""
+    logging.disable(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise KeyboardInterrupt
+
+
+for _command in (workloads_command, data_group, results_command, certs_command, verify_command):
+    main.add_command(_command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,169 @@
+"""``pipeline`` commands about data and outputs: the registered workloads, demo
+data, a job's tables, TLS certificates, and verifying an output."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import registry
+from ..config import env_name, flag_name, settings_of
+from ..errors import PipelineError
+
+
+@click.command("workloads")
+def workloads_command() -> None:
+    """List the registered workloads: each one's package and settings."""
+    for name in registry.names():
+        e = registry.entry(name)
+        click.echo(f"{name}  ({e.target}, from package {e.package})")
+        try:
+            cls = registry.load(name)
+        except PipelineError as exc:
+            click.echo(f"  cannot be loaded: {exc}")
+            continue
+        for f in settings_of(cls.settings_class):
+            click.echo(f"  --{flag_name(f):<22} {env_name(f):<28} {f.metadata['help']}")
+
+
+@click.group("data")
+def data_group() -> None:
+    """Make input data for demos, tests and benchmarks."""
+
+
+@data_group.command("frames")
+@click.option("--count", type=int, default=100, show_default=True, help="Number of frames.")
+@click.option("--rows", type=int, default=1000, show_default=True, help="Rows per frame.")
+@click.option("--cols", type=int, default=1000, show_default=True, help="Columns per frame.")
+@click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+def frames_command(count, rows, cols, out, seed) -> None:
+    """Write parquet frames of random floats rounded to 10 decimals."""
+    from ..storage import open_store
+    from ..workloads.cubes.frames import write_frames
+
+    try:
+        store = open_store(out)
+        keys = write_frames(store, "", count=count, rows=rows, cols=cols, seed=seed)
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")
+
+
+@data_group.command("regressions")
+@click.option("--chunks", type=int, default=1000, show_default=True, help="Number of chunks.")
+@click.option("--rows", type=int, default=250, show_default=True, help="Rows per chunk.")
+@click.option("--features", type=int, default=5, show_default=True, help="Features x1..xK.")
+@click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+def regressions_data_command(chunks, rows, features, out, seed) -> None:
+    """Write a panel for per-chunk regressions: a `chunk` column, a response `y`,
+    features x1..xK and a categorical `sector`, with known coefficients per chunk."""
+    from ..storage import open_store
+    from ..workloads.regressions import write_regression_data
+
+    try:
+        facts = write_regression_data(
+            open_store(out), "", chunks=chunks, rows=rows, features=features, seed=seed
+        )
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {chunks} chunks of {rows} rows to {out}; model: {facts['formula']}")
+
+
+@click.command("results")
+@click.argument("output")
+@click.option("--job", help="The job's id, when OUTPUT holds several.")
+@click.option(
+    "--table",
+    help="Which table (a regression job: models or coefficients; a map job: results, "
+    "failures). Default: the workload's main table.",
+)
+@click.option("--out", help="Write the whole table here (.parquet, local or s3://).")
+def results_command(output, job, table, out) -> None:
+    """Concatenate a job's per-task tables into one, in unit order (or summarize it)."""
+    from ..results import summarize, write_results
+
+    try:
+        if out:
+            rows = write_results(output, table, out, job)
+            click.echo(f"wrote {rows} rows to {out}")
+        else:
+            click.echo(summarize(output, table, job))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("certs")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder for ca.pem, <role>.pem and <role>-key.pem.",
+)
+@click.option("--days", type=int, default=365, show_default=True, help="Validity in days.")
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    default=("localhost", "127.0.0.1"),
+    show_default=True,
+    help="Host name or IP for the certificates' SAN (repeatable, or comma-separated).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing files.")
+def certs_command(out, days, hosts, overwrite) -> None:
+    """Create a CA and TLS certificates for the scheduler, worker and client roles.
+
+    Keys are written with mode 0600. Give the scheduler, workers and driver the
+    CA and their own role's pair; keep ca-key.pem offline.
+    """
+    from ..tls import make_certificates
+
+    try:
+        files = make_certificates(out, days=days, hosts=hosts, overwrite=overwrite)
+    except (ValueError, FileExistsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {len(files)} files to {out} (valid {days} days for {', '.join(hosts)})")
+
+
+@click.command("verify")
+@click.argument("output")
+@click.option("--job", "jobs", multiple=True, help="Only this job id (repeatable).")
+def verify_command(output, jobs) -> None:
+    """Check OUTPUT (a folder or s3:// prefix) against its manifests.
+
+    Reports objects that are missing, extra (not in any manifest), corrupt
+    (checksum differs), and units listed more or fewer than once. Exits
+    non-zero when anything is wrong.
+    """
+    from ..verify import verify_output
+
+    try:
+        checks = verify_output(output, list(jobs) or None)
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    bad = False
+    for c in checks:
+        status = "OK" if c.ok else "FAILED"
+        click.echo(
+            f"{c.job_id} ({c.workload}): {status}: {c.units_ok} of {c.units_expected} "
+            f"units verified in {c.objects_checked} objects; {len(c.missing)} missing, "
+            f"{len(c.extra)} extra, {len(c.corrupt)} corrupt, "
+            f"{len(c.duplicated)} duplicated"
+        )
+        for label, items in (
+            ("missing", c.missing),
+            ("extra", c.extra),
+            ("corrupt", c.corrupt),
+            ("duplicated", c.duplicated),
+        ):
+            for item in items[:10]:
+                click.echo(f"  {label}: {item}")
+            if len(items) > 10:
+                click.echo(f"  ... {len(items) - 10} more {label}")
+        if c.incomplete:
+            click.echo(f"  incomplete: {c.incomplete}")
+        bad |= not c.ok
+    if bad:
+        sys.exit(1)
