@@ -2,10 +2,11 @@
 
 The split follows the cost model of :mod:`pipeline.sizing`, measured on the job's
 own first tasks, the *probes*: a round of one small task per worker (which also
-warms each worker up: its time is not used), then rounds pairing small tasks
-(one unit, or one shard) with large ones (16x, then aimed so their per-unit part
-clearly outweighs the fixed part), for two rounds at least and until the largest
-probe's time beyond reading lasts :data:`PROBE_SECONDS` and twice the fixed part.
+warms each worker up: its time is not used), then rounds giving each worker a
+large task (16 units or shards, then aimed so its per-unit part clearly
+outweighs the fixed part) and a small one (one unit, or one shard), for two
+rounds at least and until the largest probe's time beyond reading lasts
+:data:`PROBE_SECONDS` and twice the fixed part.
 Sizes far apart separate a task's fixed cost from its cost per unit. Probes are
 real tasks whose output is kept, so no work is done twice. A job of at most
 :data:`SMALL_JOB_UNITS_PER_WORKER` units per worker is not probed: it runs as one
@@ -182,11 +183,11 @@ def next_large_probe(
 
 
 def probe_round(small: int, large: int, n_workers: int, left: int) -> list[int]:
-    """A round of probes: small and large alternating, one per worker (two for one
-    worker), cut to the ``left`` units."""
+    """A round of probes: one large task per worker, then one small per worker, cut to
+    the ``left`` units. Large ones first: each worker then takes one of each, and none
+    idles while another finishes its large one."""
     sizes, used = [], 0
-    for i in range(max(2, n_workers)):
-        want = small if i % 2 == 0 else large
+    for want in [large] * n_workers + [small] * n_workers:
         take = min(want, left - used)
         if take <= 0:
             break

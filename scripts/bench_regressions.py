@@ -268,10 +268,12 @@ def bench_layouts(args, client, root: Path) -> None:
             results: dict = {}
             lines: dict = {}
             configs = (None, *[u for u in SWEEP if u <= chunks // 4])
-            # The best of --repeats runs each, in alternating order: the machine's load
-            # drifts, and a run's rate can only be lowered by it.
+            # The best of --repeats runs each, the order rotated from one repeat to the
+            # next (the default never twice at the ends): the machine's load drifts, and
+            # a run's rate can only be lowered by it.
             for rep in range(args.repeats):
-                for upt in configs if rep % 2 == 0 else configs[::-1]:
+                shift = rep * (len(configs) // 2 + 1) % len(configs)
+                for upt in configs[shift:] + configs[:shift]:
                     s, wall = runner(client, data, out, formula, "statsmodels", "HC1", None, upt)
                     rate = chunks / s.wall_seconds
                     if rate <= results.get(upt, 0.0):

@@ -167,10 +167,9 @@ def test_shards_are_never_split():
 
 
 def test_probe_sizes():
-    assert probe_round(1, 16, 2, 1000) == [1, 16]
-    assert probe_round(1, 16, 4, 1000) == [1, 16, 1, 16]
-    assert probe_round(1, 16, 1, 1000) == [1, 16]  # one worker: both, one after the other
-    assert probe_round(32, 512, 2, 100) == [32, 68]  # cut to the units left
+    assert probe_round(1, 16, 2, 1000) == [16, 16, 1, 1]  # one of each per worker
+    assert probe_round(1, 16, 1, 1000) == [16, 1]
+    assert probe_round(32, 512, 2, 600) == [512, 88]  # cut to the units left
     # Aimed at 1.5x the larger of 0.1 s and the fixed part, 2x-100x the last, whole shards.
     assert next_large_probe(0.001, 0.0, 16, 10_000, 1) == 150
     assert next_large_probe(0.0005, 0.2, 16, 10_000, 1) == 600

@@ -55,9 +55,9 @@ def _manifest_parts(out, job="sq"):
 
 def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     # At least 10 ms per unit. A warm-up round of one unit per worker, then rounds
-    # pairing a 1-unit task with a large one (16 units first) until the large one's
-    # per-unit part lasts 0.1 s. The rest is cut into tasks of about 1 s: 281 units
-    # are 2.8 s, less than 4 tasks per worker, so fewer, longer rounds of 2 tasks.
+    # giving each worker a large task (16 units first) and a 1-unit one, two rounds
+    # at least, until the large one lasts 0.1 s. The rest is cut into tasks of about
+    # 1 s, in whole rounds of 2 tasks.
     s = run_job(
         SquaresWorkload("sq", 300, unit_seconds=0.01), options(tmp_path), client, echo=print
     )
@@ -66,10 +66,11 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     assert s.complete and s.units_run == 300 and s.units_failed == 0
     assert record["plan_format"] == 2 and record["units_per_task"] is None
     assert s.probe_tasks == len(head) and stops[-1] == 300 and stops == sorted(stops)
-    rounds = [head[i : i + 2] for i in range(0, len(head), 2)]
-    assert rounds[0] == [1, 1] and len(rounds) >= 2
-    assert all(r[0] == 1 and r[1] >= 16 for r in rounds[1:])
-    assert [r[1] for r in rounds[1:]] == sorted(r[1] for r in rounds[1:])
+    assert head[:2] == [1, 1]
+    rounds = [head[i : i + 4] for i in range(2, len(head), 4)]
+    assert len(rounds) >= 2
+    assert all(r[0] == r[1] >= 16 and r[2:] == [1, 1] for r in rounds)
+    assert [r[0] for r in rounds] == sorted(r[0] for r in rounds)
     sizes = [b - a for a, b in zip([sum(head), *stops], stops, strict=False)]
     assert len(sizes) % 2 == 0  # whole rounds of 2 workers
     model = record["cost_model"]
