@@ -25,7 +25,6 @@ def options(out, **kw):
 
 def test_the_packaged_table_covers_the_terraform_defaults():
     import hcl2
-
     from conftest import ROOT
 
     with open(ROOT / "terraform" / "variables.tf") as f:
@@ -62,7 +61,7 @@ def test_bad_prices_are_refused_naming_the_setting(tmp_path):
     bad.write_text('[instances."a.b"]\nvcpus = 0\nmemory_gib = 1\nnetwork_gbps = 1\n')
     with pytest.raises(ConfigError, match=r"prices\.toml: instances\.'a\.b'\.vcpus: expected"):
         worker_price(RunOptions(instance_type="a.b", price_file=str(bad)))
-    with pytest.raises(ConfigError, match="--fleet 'c5.24xlarge:none'"):
+    with pytest.raises(ConfigError, match=r"--fleet 'c5\.24xlarge:none'"):
         parse_fleet("c5.24xlarge:none", load_prices())
 
 
@@ -170,8 +169,8 @@ def test_pipeline_estimate_on_the_command_line(tmp_path):
         "import time\n\ndef slow(x):\n    time.sleep(0.002)\n    return {'y': 2 * x}\n"
     )
     job = tmp_path / "grid.toml"
-    job.write_text('workload = "map"\nfunction = "mine:slow"\n[grid]\nx = {range}\n'.format(
-        range=list(range(300))))  # fmt: skip
+    grid = list(range(300))
+    job.write_text(f'workload = "map"\nfunction = "mine:slow"\n[grid]\nx = {grid}\n')
     cmd = [sys.executable, "-m", "pipeline", "estimate", str(job), "--output",
            str(tmp_path / "out"), "--workers", "2", "--fleet", "c5.24xlarge:2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
