@@ -15,11 +15,14 @@ the largest of four floors on the wall time:
 - network: the bytes the units read and write through each instance's NIC;
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
   writes under one prefix);
-- the scheduler: :data:`SCHEDULER_SECONDS_PER_TASK` per task, one after another.
+- the scheduler: its seconds per task, one task after another: on this cluster
+  what the probes measured (a burst of no-op tasks), on a fleet
+  :data:`SCHEDULER_SECONDS_PER_TASK` (its scheduler has an instance of its own).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -30,7 +33,7 @@ from .prices import (
     WorkerPrice,
 )
 from .sizing import CostModel, UnitLayout, cut_tasks, makespan
-from .summary import RunSummary
+from .summary import RunSummary, usd
 
 __all__ = [
     "Fleet",
@@ -152,6 +155,10 @@ def project(
     """The whole job's wall time, cost and runs per day on ``fleet``, and what binds.
     Tasks are cut as the planner would for the fleet's workers, or of ``units_per_task``."""
     n, w, model = layout.n, fleet.workers, sample.model
+    if fleet.instance is not None:
+        # The overhead the probes measured is this cluster's, whose scheduler may share
+        # its cores with the workers (the embedded one); a fleet's has its own instance.
+        model = dataclasses.replace(model, overhead=SCHEDULER_SECONDS_PER_TASK)
     if units_per_task:
         stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
     else:
@@ -169,7 +176,7 @@ def project(
     if fleet.s3:
         puts = n * sample.objects_per_unit + tasks + 1  # + a manifest entry per task, job.json
         limits["s3"] = puts / S3_PUTS_PER_SECOND
-    limits["scheduler"] = tasks * max(SCHEDULER_SECONDS_PER_TASK, model.overhead)
+    limits["scheduler"] = tasks * model.overhead
     # Ties go to the narrower resource: the CPU makespan has the scheduler's floor in it.
     order = [k for k in ("scheduler", "s3", "network", "cpu") if limits[k] is not None]
     binding = max(order, key=lambda k: limits[k])
@@ -195,10 +202,10 @@ def project(
 def projection_lines(p: Projection) -> list[str]:
     per_day = f"{p.runs_per_day:,.0f} runs/day" if p.runs_per_day else "no runs/day figure"
     floors = ", ".join(
-        f"{LIMIT_NAMES[k].split(' (')[0]} {v:,.2f} s" for k, v in p.limits.items() if v is not None
+        f"{LIMIT_NAMES[k].split(' (')[0]} {v:,.3g} s" for k, v in p.limits.items() if v is not None
     )
     lines = [
-        f"  {p.fleet.label}: {p.wall_seconds:,.1f} s, ${p.cost_usd:,.4f}, {per_day} "
+        f"  {p.fleet.label}: {p.wall_seconds:,.1f} s, {usd(p.cost_usd)}, {per_day} "
         f"({p.tasks:,} tasks); bound by {LIMIT_NAMES[p.binding]}",
         f"    floors: {floors}",
     ]

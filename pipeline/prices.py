@@ -114,6 +114,6 @@ def worker_price(options) -> WorkerPrice:
     inst = table.instance(options.instance_type)
     return WorkerPrice(
         inst.usd_per_hour / inst.vcpus,
-        f"{inst.name} at ${inst.usd_per_hour:g}/h over {inst.vcpus} workers "
-        f"({table.region or 'region not given'} on-demand, prices of {table.as_of})",
+        f"{inst.name} at ${inst.usd_per_hour:g}/h over {inst.vcpus} workers, "
+        f"{table.region or 'region not given'} on-demand prices of {table.as_of}",
     )

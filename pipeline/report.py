@@ -140,22 +140,26 @@ def _png(fig) -> bytes:
 
 
 def _throughput_plot(s: RunSummary) -> bytes:
-    """Units finished per second, in bins of the run's time."""
+    """Units per second over the run: each task's units spread evenly over its run time
+    (task ends alone would be spikes, one per task), summed over the workers."""
     import numpy as np
 
-    ends = np.array([t["start"] + t["seconds"] for t in s.task_timings])
-    units = np.array([t["units"] - t["failed"] for t in s.task_timings], dtype=float)
+    t = s.task_timings
+    starts = np.array([x["start"] for x in t])
+    ends = starts + np.array([max(x["seconds"], 1e-6) for x in t])
+    rates = np.array([(x["units"] - x["failed"]) for x in t], dtype=float) / (ends - starts)
     span = max(float(ends.max()), 1e-3)
-    bins = max(1, min(60, len(ends)))
-    counts, edges = np.histogram(ends, bins=bins, range=(0.0, span), weights=units)
-    width = edges[1] - edges[0]
+    grid = np.linspace(0.0, span, 400)
+    active = (starts[None, :] <= grid[:, None]) & (grid[:, None] < ends[None, :])
+    rate = (active * rates[None, :]).sum(axis=1)
     fig = _figure()
     ax = fig.subplots()
-    ax.step(edges[:-1], counts / width, where="post", color="tab:blue")
-    ax.fill_between(edges[:-1], counts / width, step="post", alpha=0.3, color="tab:blue")
+    ax.plot(grid, rate, color="tab:blue")
+    ax.fill_between(grid, rate, alpha=0.3, color="tab:blue")
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel(f"{s.unit_name}s / s")
     ax.set_xlim(0, span)
+    ax.set_ylim(bottom=0)
     return _png(fig)
 
 

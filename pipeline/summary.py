@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PHASES", "RunSummary", "cost_line", "summary_lines"]
+__all__ = ["PHASES", "RunSummary", "cost_line", "summary_lines", "usd"]
 
 #: What a task's time is spent on, as workloads report it (worker-seconds).
 PHASES = ("inputs", "compute", "writing")
@@ -142,11 +142,16 @@ def time_split(s: RunSummary) -> str:
     return ", ".join(parts)
 
 
+def usd(amount: float) -> str:
+    """Dollars as a person reads them: cents from $1 up, three figures below."""
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+
+
 def cost_line(s: RunSummary) -> str:
     per_day = f"; {s.runs_per_day:,.0f} runs/day at this pace" if s.runs_per_day else ""
     return (
-        f"cost: ${s.cost_usd:,.4f} for {s.worker_seconds:,.1f} worker-seconds at "
-        f"${s.usd_per_worker_hour:.4f}/worker-hour ({s.price_source}){per_day}"
+        f"cost: {usd(s.cost_usd or 0.0)} for {s.worker_seconds:,.1f} worker-seconds at "
+        f"{usd(s.usd_per_worker_hour or 0.0)}/worker-hour ({s.price_source}){per_day}"
     )
 
 

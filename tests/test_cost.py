@@ -11,12 +11,12 @@ from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
-from pipeline.cost import JobSample, parse_fleet, project
+from pipeline.cost import SCHEDULER_SECONDS_PER_TASK, JobSample, parse_fleet, project
 from pipeline.errors import ConfigError
 from pipeline.estimate import estimate
 from pipeline.prices import load_prices, worker_price
 from pipeline.sizing import CostModel, make_layout
-from pipeline.summary import summary_lines
+from pipeline.summary import summary_lines, usd
 
 
 def options(out, **kw):
@@ -84,7 +84,7 @@ def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
     assert s.cost_usd == pytest.approx(s.worker_seconds * 0.001)
     assert s.runs_per_day == pytest.approx(86_400 / s.wall_seconds)
     line = next(line for line, _ in summary_lines(s) if line.strip().startswith("cost:"))
-    assert f"${s.cost_usd:,.4f}" in line and "--price-per-worker-hour" in line
+    assert usd(s.cost_usd) in line and "--price-per-worker-hour" in line
     report = json.loads(s.to_json())
     assert report["cost_usd"] == s.cost_usd and report["worker_seconds"] == s.worker_seconds
     # Every task this run ran is on the timeline, on one of the 2 worker processes.
@@ -131,7 +131,7 @@ def test_the_projection_names_the_limit_that_binds():
     # Tasks of one unit each (--units-per-task 1): a millisecond of the scheduler each.
     many = project(layout, _sample(per_unit=1e-4, fixed=0.0), fleet, units_per_task=1)
     assert many.binding == "scheduler" and many.tasks == 1_000_000
-    assert many.wall_seconds == pytest.approx(1_000_000 * 0.002)  # the model's 2 ms a task
+    assert many.wall_seconds == pytest.approx(1_000_000 * SCHEDULER_SECONDS_PER_TASK)
     # The planner's own cut of that job: one task per worker, 480 tasks.
     planned = project(layout, _sample(per_unit=1e-4, fixed=0.0), fleet)
     assert planned.tasks == 480 and planned.wall_seconds < many.wall_seconds / 100
