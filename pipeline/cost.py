@@ -11,7 +11,8 @@ measured (:mod:`pipeline.sizing`: fixed + per-unit seconds per task), cuts the
 whole job into tasks for the fleet's workers as the planner would, and takes
 the largest of four floors on the wall time:
 
-- CPU: the tasks handed out to the fleet's workers (:func:`pipeline.sizing.makespan`);
+- CPU: the probing phase (as long as it lasted here), then the other tasks handed
+  out to the fleet's workers (:func:`pipeline.sizing.makespan`);
 - network: the bytes the units read and write through each instance's NIC;
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
   writes under one prefix);
@@ -114,7 +115,9 @@ def parse_fleet(text: str, table: PriceTable) -> Fleet:
 
 @dataclass(frozen=True)
 class JobSample:
-    """What the probe tasks measured of a job, per unit besides the cost model."""
+    """What the probe tasks measured of a job, per unit besides the cost model: the
+    units they ran and their wall time on ``workers`` workers (a run's probing phase,
+    cold start included)."""
 
     model: CostModel
     units: int
@@ -122,6 +125,9 @@ class JobSample:
     bytes_written_per_unit: float = 0.0
     bytes_read_per_unit: float = 0.0
     objects_per_unit: float = 0.0
+    workers: int = 1
+    #: Whether a run of the job probes (False: a job too small to, or --units-per-task).
+    probed: bool = True
 
 
 @dataclass
@@ -159,16 +165,21 @@ def project(
         # The overhead the probes measured is this cluster's, whose scheduler may share
         # its cores with the workers (the embedded one); a fleet's has its own instance.
         model = dataclasses.replace(model, overhead=SCHEDULER_SECONDS_PER_TASK)
+    # A run first probes: rounds of one task per worker, whose wall time does not
+    # depend on the workers' count, so the probing phase lasts what it lasted here and
+    # covers as many more units as the fleet has more workers. The rest is then cut
+    # as the planner would for the fleet's workers.
+    start, probing = 0, 0.0
+    if sample.probed and not units_per_task:
+        start = min(n, round(sample.units * w / max(1, sample.workers)))
+        probing = sample.seconds
     if units_per_task:
         stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
     else:
-        stops = cut_tasks(layout, 0, model, w, task_seconds)
+        stops = cut_tasks(layout, start, model, w, task_seconds)
     tasks = len(stops)
-    limits: dict[str, float | None] = {
-        "cpu": makespan(layout, 0, stops, model, w),
-        "network": None,
-        "s3": None,
-    }
+    rest = makespan(layout, start, stops, model, w) if stops else 0.0
+    limits: dict[str, float | None] = {"cpu": probing + rest, "network": None, "s3": None}
     moved = n * (sample.bytes_written_per_unit + sample.bytes_read_per_unit)
     if fleet.instance is not None and moved:
         per_instance = moved / fleet.count

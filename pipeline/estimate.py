@@ -80,7 +80,8 @@ def estimate(
         run = _TaskRunner(workload, store, client, _NoBar())
         plan = Plan()
         t0 = time.perf_counter()
-        if is_small_job(n, workers):
+        small = is_small_job(n, workers)
+        if small:
             # Too small to probe: one task per unit on this cluster is the sample.
             receipts = run(plan.add_probes([1] * n))
         else:
@@ -113,6 +114,8 @@ def estimate(
             bytes_written_per_unit=sum(r.bytes_written for r in done) / units,
             bytes_read_per_unit=sum(r.bytes_read for r in done) / units,
             objects_per_unit=objects / units,
+            workers=workers,
+            probed=not small and not options.units_per_task,
         )
         here = Fleet(
             None,

@@ -108,7 +108,7 @@ def test_a_remote_run_is_charged_every_worker_for_the_whole_run():
 
 
 def _sample(per_unit=0.01, fixed=0.05, written=0.0, objects=0.0):
-    return JobSample(CostModel(fixed, per_unit, 0.0, 0.002), 100, 1.0, written, 0.0, objects)
+    return JobSample(CostModel(fixed, per_unit, 0.0, 0.002), 100, 1.0, written, 0.0, objects, 2)
 
 
 def test_the_projection_names_the_limit_that_binds():
