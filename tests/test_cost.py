@@ -183,3 +183,20 @@ def test_pipeline_estimate_on_the_command_line(tmp_path):
     assert not (tmp_path / "out").exists()
     bad = subprocess.run([*cmd[:-1], "c9.mega:2"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--fleet 'c9.mega'" in bad.stderr
+
+
+@pytest.mark.integration
+def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket):
+    from pipeline import connect
+    from pipeline.storage import open_store
+
+    bucket = open_store(s3_bucket.rsplit("/", 1)[0])
+    bucket.write_bytes("root/other-job/keep.txt", b"not ours")
+    opts = options(s3_bucket, workers=2)
+    # Workers started now, with the moto endpoint in their environment.
+    with connect(opts) as c:
+        est = estimate(lambda o: SquaresWorkload("sq", 200), opts, c, [])
+    assert est.sample.objects_per_unit == pytest.approx(1.0)  # one value object per square
+    here = est.projections[0]
+    assert here.limits["s3"] is not None and here.limits["s3"] >= 200 / 3500
+    assert bucket.list("root") == ["root/other-job/keep.txt"]
