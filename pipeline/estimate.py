@@ -2,9 +2,11 @@
 
 The probes are the planner's own (:func:`pipeline.runner._probe`): rounds of a
 small and a large task per worker until the cost model (fixed + per-unit
-seconds per task) is measured. They write into a scratch folder (or, for an
-``s3://`` output, a scratch prefix beside it, which a remote cluster's workers
-can reach), deleted afterwards: the job's own output is never touched. The
+seconds per task) is measured; then one round of tasks of the size the run will
+use, one per worker, whose rate replaces the per-unit seconds (the probes'
+largest last about 0.1 s: too short to see a steady state). They write into a
+scratch folder (or, for an ``s3://`` output, a scratch prefix beside it, which a
+remote cluster's workers can reach), deleted afterwards: the job's own output is never touched. The
 model then projects the whole job on this cluster and on each fleet
 (:func:`pipeline.cost.project`).
 """
@@ -41,6 +43,8 @@ class Estimate:
     workers: int
     sample: JobSample
     projections: list[Projection]
+    #: Units the estimate ran: the probes' and a round of full-size tasks.
+    sampled: int = 0
 
 
 class _NoBar:
@@ -87,6 +91,12 @@ def estimate(
         else:
             receipts = _probe(run, plan, set(), opts, workers)
         seconds = time.perf_counter() - t0
+        # A round of tasks of the size the run will use, one per worker: the probes'
+        # largest last about PROBE_SECONDS, and a rate taken over full-size tasks
+        # carries what small ones miss (a cache filling up, a slower steady state).
+        first = len(plan.head)
+        full = plan.tasks(n)[first : first + workers] if plan.model else []
+        receipts += run(full)
         failed = [f for r in receipts for f in r.failures]
         if failed and not any(r.complete for r in receipts):
             f = failed[0]
@@ -104,12 +114,16 @@ def estimate(
         # Inputs may live in the scratch output (cubes' default frames): project before
         # it goes, since the planner's layout may read their metadata.
         layout = unit_layout(workload)
-        model = CostModel(**plan.model) if plan.model else _fallback_model(receipts, plan, layout)
+        if plan.model:
+            model = _refit(CostModel(**plan.model), receipts[-len(full) :], plan, layout)
+        else:
+            model = _fallback_model(receipts, plan, layout)
         done = [r for r in receipts if r.complete]
         units = max(1, sum(r.units for r in done))
+        probing = receipts[: len(receipts) - len(full)]
         sample = JobSample(
             model,
-            units,
+            sum(r.units for r in probing),
             seconds,
             bytes_written_per_unit=sum(r.bytes_written for r in done) / units,
             bytes_read_per_unit=sum(r.bytes_read for r in done) / units,
@@ -130,8 +144,19 @@ def estimate(
             for f in (here, *fleets)
         ]
     return Estimate(
-        workload.job_id, workload.kind, workload.unit_name, n, workers, sample, projections
+        workload.job_id, workload.kind, workload.unit_name, n, workers, sample, projections, units
     )
+
+
+def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:
+    """``model``'s per-unit seconds from full-size tasks, its fixed part kept."""
+    ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
+    timed = [r for r in receipts if r.complete and r.units]
+    weight = sum(layout.weight(*ranges[r.index]) for r in timed)
+    if not timed or weight <= 0:
+        return model
+    work = sum(r.seconds - model.fixed - model.per_byte * r.bytes_read for r in timed)
+    return dataclasses.replace(model, per_unit=max(work / weight, 1e-9))
 
 
 def _fallback_model(receipts, plan: Plan, layout) -> CostModel:
@@ -149,8 +174,8 @@ def estimate_lines(e: Estimate) -> list[str]:
     s, m = e.sample, e.sample.model
     lines = [
         f"estimate of {e.workload} job {e.job_id!r}: {e.units:,} {e.unit_name}s; the probes ran "
-        f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers (scratch output, "
-        "deleted)",
+        f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers, then a round of "
+        f"full-size tasks {e.sampled - s.units:,} (scratch output, deleted)",
         f"  measured: {m.fixed * 1e3:,.1f} ms per task + {m.per_unit * 1e3:,.3f} ms per "
         f"{e.unit_name}; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
         f"{s.objects_per_unit:.2f} objects written per {e.unit_name}",

@@ -94,8 +94,8 @@ def main() -> None:
             print(
                 f"{est.workload:12s} {est.units:6,} {est.unit_name}s: projected "
                 f"{here.wall_seconds:6.1f} s ({here.binding}), measured {s.wall_seconds:6.1f}"
-                f" s, ratio {ratio:.2f}; the estimate took {est_seconds:.1f} s, its probes "
-                f"{est.sample.units / est.units:.0%} of the units; run cost "
+                f" s, ratio {ratio:.2f}; the estimate took {est_seconds:.1f} s, it ran "
+                f"{est.sampled / est.units:.0%} of the units; run cost "
                 f"{usd(s.cost_usd or 0)} (busy worker-seconds), projected {usd(here.cost_usd)} "
                 "(workers x wall)"
             )
