@@ -96,6 +96,8 @@ def estimate(
         # carries what small ones miss (a cache filling up, a slower steady state).
         first = len(plan.head)
         full = plan.tasks(n)[first : first + workers] if plan.model else []
+        if sum(len(t.units) for t in full) > n / 4:
+            full = []  # a job of a few large tasks: that round would be much of it
         receipts += run(full)
         failed = [f for r in receipts for f in r.failures]
         if failed and not any(r.complete for r in receipts):
