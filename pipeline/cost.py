@@ -128,6 +128,7 @@ class JobSample:
     workers: int = 1
     #: Whether a run of the job probes (False: a job too small to, or --units-per-task).
     probed: bool = True
+    probe_tasks: int = 0
 
 
 @dataclass
@@ -169,15 +170,18 @@ def project(
     # depend on the workers' count, so the probing phase lasts what it lasted here and
     # covers as many more units as the fleet has more workers. The rest is then cut
     # as the planner would for the fleet's workers.
-    start, probing = 0, 0.0
+    start, probing, probe_tasks = 0, 0.0, 0
     if sample.probed and not units_per_task:
         start = min(n, round(sample.units * w / max(1, sample.workers)))
+        probe_tasks = min(
+            -(-start // layout.granularity), round(sample.probe_tasks * w / max(1, sample.workers))
+        )
         probing = sample.seconds
     if units_per_task:
         stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
     else:
         stops = cut_tasks(layout, start, model, w, task_seconds)
-    tasks = len(stops)
+    tasks = probe_tasks + len(stops)
     rest = makespan(layout, start, stops, model, w) if stops else 0.0
     limits: dict[str, float | None] = {"cpu": probing + rest, "network": None, "s3": None}
     moved = n * (sample.bytes_written_per_unit + sample.bytes_read_per_unit)

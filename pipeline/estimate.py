@@ -132,6 +132,7 @@ def estimate(
             objects_per_unit=objects / units,
             workers=workers,
             probed=not small and not options.units_per_task,
+            probe_tasks=len(probing),
         )
         here = Fleet(
             None,
@@ -174,10 +175,12 @@ def _fallback_model(receipts, plan: Plan, layout) -> CostModel:
 
 def estimate_lines(e: Estimate) -> list[str]:
     s, m = e.sample, e.sample.model
+    more = e.sampled - s.units
     lines = [
         f"estimate of {e.workload} job {e.job_id!r}: {e.units:,} {e.unit_name}s; the probes ran "
-        f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers, then a round of "
-        f"full-size tasks {e.sampled - s.units:,} (scratch output, deleted)",
+        f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers"
+        + (f", and {more:,} more in a round of full-size tasks" if more else "")
+        + " (scratch output, deleted)",
         f"  measured: {m.fixed * 1e3:,.1f} ms per task + {m.per_unit * 1e3:,.3f} ms per "
         f"{e.unit_name}; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
         f"{s.objects_per_unit:.2f} objects written per {e.unit_name}",
