@@ -107,9 +107,24 @@ class RunOptions:
         0, int, "Exit non-zero when more units than this failed.", minimum=0
     )
     report: str | None = setting(
-        None, str, "Directory for Dask's performance report (HTML) and a JSON summary of each job."
+        None,
+        str,
+        "Directory for Dask's performance report (HTML), a JSON summary and a report page "
+        "(HTML: cost, throughput, task durations, workers' timeline, failures, plan) of each job.",
     )
     profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
+    instance_type: str = setting(
+        "c5.24xlarge",
+        str,
+        "Instance type whose price (over its vCPUs, one worker each) costs a run's "
+        "worker-seconds; see pipeline/prices.toml.",
+    )
+    price_per_worker_hour: float | None = setting(
+        None, float, "Dollars per worker-hour, instead of the instance type's price.", minimum=0
+    )
+    price_file: str | None = setting(
+        None, str, "A TOML price table (the format of pipeline/prices.toml) to use instead."
+    )
     profile_tasks: str | None = setting(
         None,
         str,

@@ -21,6 +21,8 @@ from .config import (
     load_job_file,
     resolve,
 )
+from .prices import worker_price
+from .report import write_report_page
 from .runner import completed_job, run_job
 from .storage import open_store
 from .summary import RunSummary
@@ -84,6 +86,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     workloads = [job.build() for job in jobs]
     for job, workload in zip(jobs, workloads, strict=True):
         workload.preflight()
+        worker_price(job.options)  # a bad instance type or price file, before the cluster
         if workload.writes_output:
             open_store(job.options.output).preflight()
     finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
@@ -103,6 +106,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             if job.options.report:
                 path = Path(job.options.report, f"{job.job_id}-summary.json")
                 path.write_text(summary.to_json())
+                write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
             summaries.append(summary)
     return summaries
 

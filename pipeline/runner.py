@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import socket
 import sys
 import time
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import RunOptions
+from .cost import add_run_cost
 from .errors import ClusterError, Interrupted
 from .layout import consolidated_manifest_key, manifest_key
 from .planning import (
@@ -28,6 +30,8 @@ from .planning import (
     save_plan,
     unit_layout,
 )
+from .prices import worker_price
+from .report import task_timings
 from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
 from .storage import Store, join, open_store, write_parquet
 from .summary import RunSummary
@@ -48,7 +52,7 @@ def execute_task(
 
         receipt, stats = profiled(execute_task, workload, store_url, task)
         return dataclasses.replace(receipt, profile=stats)
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     try:
         store = open_store(store_url) if store_url else None
         out = workload.run_task(task, store)
@@ -75,6 +79,8 @@ def execute_task(
         bytes_read=out.bytes_read,
         bytes_needed=out.bytes_needed,
         read_seconds=out.read_seconds,
+        started=started,
+        pid=os.getpid(),
     )
 
 
@@ -134,11 +140,12 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete.
     """
     workload.preflight()
+    price = worker_price(options)  # a bad price setting fails before any task
     store = open_output(workload, options, echo)
     finished = completed_job(workload, options)
     if finished is not None:
         return finished
-    t_start = time.perf_counter()
+    t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)
     n_workers = _n_workers(client)
@@ -209,6 +216,9 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
                 log.info("removed %d partial writes left by interrupted task attempts", leftovers)
     ok_units = summary.units_run - summary.units_failed_in_run
     summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
+    summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
+    summary.task_timings = task_timings(receipts, t_epoch)
+    add_run_cost(summary, price, remote=bool(options.scheduler))
     return summary
 
 

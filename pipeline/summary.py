@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PHASES", "RunSummary", "summary_lines"]
+__all__ = ["PHASES", "RunSummary", "cost_line", "summary_lines", "usd"]
 
 #: What a task's time is spent on, as workloads report it (worker-seconds).
 PHASES = ("inputs", "compute", "writing")
@@ -59,6 +59,19 @@ class RunSummary:
     bytes_read: int = 0
     bytes_read_ratio: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: What the run cost (see pipeline/cost.py): the worker-seconds it is charged for
+    #: (busy ones on the embedded cluster, workers x wall time on a remote one), their
+    #: price and its source, and runs per day at this run's pace.
+    worker_seconds: float = 0.0
+    cost_usd: float | None = None
+    usd_per_worker_hour: float | None = None
+    price_source: str | None = None
+    runs_per_day: float | None = None
+    #: The plan as run: probe sizes, units per task, the measured cost model.
+    plan: dict[str, Any] = field(default_factory=dict)
+    #: One entry per task this run ran: index, worker, start (s since the run's
+    #: start), seconds, units, failed units; for the report page.
+    task_timings: list[dict] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -105,6 +118,8 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
             f"{s.tasks_skipped} skipped as complete",
             False,
         ))  # fmt: skip
+    if s.cost_usd is not None and s.units_run:
+        out.append(("  " + cost_line(s), False))
     if s.output:
         out.append((f"  results: {s.output}", False))
     for key, value in s.details.items():
@@ -125,6 +140,19 @@ def time_split(s: RunSummary) -> str:
     per_worker = f" ({', '.join(inner)} per worker)" if inner else ""
     parts.append(f"run {s.wall_seconds:.1f} s{per_worker}")
     return ", ".join(parts)
+
+
+def usd(amount: float) -> str:
+    """Dollars as a person reads them: cents from $1 up, three figures below."""
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+
+
+def cost_line(s: RunSummary) -> str:
+    per_day = f"; {s.runs_per_day:,.0f} runs/day at this pace" if s.runs_per_day else ""
+    return (
+        f"cost: {usd(s.cost_usd or 0.0)} for {s.worker_seconds:,.1f} worker-seconds at "
+        f"{usd(s.usd_per_worker_hour or 0.0)}/worker-hour ({s.price_source}){per_day}"
+    )
 
 
 def _work_name(s: RunSummary) -> str:

@@ -108,6 +108,10 @@ class TaskReceipt:
     bytes_read: int = 0
     bytes_needed: int = 0
     read_seconds: float = 0.0
+    #: When the task started (time.time() on its worker) and the worker process's id:
+    #: the report page's timeline.
+    started: float = 0.0
+    pid: int = 0
 
     @property
     def complete(self) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs, then run all of it.
 #   bash scripts/test.sh [pytest args]
-# Installs: the Debian package haproxy (when missing; needs root or sudo), a
+# Installs: the Debian packages haproxy and chromium (when missing; needs root or sudo), a
 # virtualenv .venv with the project, its dev extra and the example plug-in, and (through
 # scripts/check-terraform.sh, called by the tests) checkov in .venv-tools.
 set -euo pipefail
@@ -12,6 +12,14 @@ if ! command -v haproxy >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq haproxy >/dev/null
+fi
+
+# The report page test (tests/test_report.py) opens the page in headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "test.sh: installing chromium" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
 
 python=${PYTHON:-python3}

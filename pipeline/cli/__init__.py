@@ -3,6 +3,7 @@ commands about data and outputs are in :mod:`.outputs`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -146,6 +147,47 @@ def run_command(job_files, workload, **values) -> None:
         )
     if failed:
         sys.exit(1)
+
+
+@main.command("estimate", context_settings={"show_default": False})
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--fleet",
+    "fleets",
+    multiple=True,
+    help="A fleet to project on, INSTANCE_TYPE:COUNT (repeatable), priced with the Terraform "
+    "module's scheduler and load balancer. [default: c5.24xlarge:5, the module's]",
+)
+@_setting_options
+def estimate_command(job_file, fleets, **values) -> None:
+    """Project JOB_FILE's wall time, cost and runs per day on a fleet.
+
+    Runs the job's probe tasks (a small sample of its units) on the embedded or
+    the connected cluster into a scratch output, deleted afterwards (none of the
+    job's output is written), and names the limit that binds: CPU, the network,
+    S3 request rates, or the scheduler's task rate.
+    """
+    from ..cluster import connect
+    from ..cost import parse_fleet
+    from ..estimate import estimate, estimate_lines
+    from ..prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
+
+    try:
+        (job,) = load_jobs([job_file], values)
+        table = load_prices(job.options.price_file)
+        default = f"{DEFAULT_WORKER_INSTANCE}:{DEFAULT_WORKER_INSTANCES}"
+        fleet_list = [parse_fleet(f, table) for f in fleets or (default,)]
+        with connect(job.options) as client:
+            result = estimate(
+                lambda opts: dataclasses.replace(job, options=opts).build(),
+                job.options,
+                client,
+                fleet_list,
+            )
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in estimate_lines(result):
+        click.echo(line)
 
 
 def _exit_interrupted(exc: KeyboardInterrupt) -> None:

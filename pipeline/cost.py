@@ -1,0 +1,228 @@
+"""What a run cost, and what a job will cost on a fleet: wall time, dollars, runs per day,
+and the limit that binds.
+
+A run is charged for worker-seconds. On the embedded cluster that is the
+seconds the workers were busy with tasks, priced as the same work on the
+configured instance type (what the run would cost there); on a remote cluster
+it is every worker for the whole run (idle workers are paid for too).
+
+A projection (``pipeline estimate``) takes the cost model the probe tasks
+measured (:mod:`pipeline.sizing`: fixed + per-unit seconds per task), cuts the
+whole job into tasks for the fleet's workers as the planner would, and takes
+the largest of four floors on the wall time:
+
+- CPU: the probing phase (as long as it lasted here), then the other tasks handed
+  out to the fleet's workers (:func:`pipeline.sizing.makespan`);
+- network: the bytes the units read and write through each instance's NIC;
+- S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
+  writes under one prefix);
+- the scheduler: its seconds per task, one task after another: on this cluster
+  what the probes measured (a burst of no-op tasks), on a fleet
+  :data:`SCHEDULER_SECONDS_PER_TASK` (its scheduler has an instance of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .prices import (
+    DEFAULT_SCHEDULER_INSTANCE,
+    Instance,
+    PriceTable,
+    WorkerPrice,
+)
+from .sizing import CostModel, UnitLayout, cut_tasks, makespan
+from .summary import RunSummary, usd
+
+__all__ = [
+    "Fleet",
+    "JobSample",
+    "Projection",
+    "add_run_cost",
+    "parse_fleet",
+    "project",
+    "runs_per_day",
+]
+
+DAY_SECONDS = 86_400.0
+#: S3 accepts about this many PUT requests a second per prefix (AWS's figure).
+S3_PUTS_PER_SECOND = 3_500.0
+#: Dask's scheduler spends about a millisecond per task (Dask's own guidance).
+SCHEDULER_SECONDS_PER_TASK = 1e-3
+#: The most workers one scheduler handled in the reference deployment.
+SCHEDULER_WORKER_WALL = 480
+
+
+def runs_per_day(wall_seconds: float) -> float | None:
+    """Runs back to back in a day at this wall time (None when there is none)."""
+    return DAY_SECONDS / wall_seconds if wall_seconds > 0 else None
+
+
+def add_run_cost(summary: RunSummary, price: WorkerPrice, *, remote: bool) -> None:
+    """Fill ``summary``'s worker-seconds, cost and runs per day (see the module's docstring)."""
+    if remote:
+        summary.worker_seconds = summary.workers * summary.wall_seconds
+    else:
+        summary.worker_seconds = summary.busy_seconds
+    summary.usd_per_worker_hour = price.usd_per_hour
+    summary.price_source = price.source
+    summary.cost_usd = summary.worker_seconds / 3600 * price.usd_per_hour
+    summary.runs_per_day = runs_per_day(summary.wall_seconds)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """``count`` instances of one type, one worker per vCPU, with the Terraform
+    module's scheduler instance and load balancer (``scheduler`` None: a fleet
+    described only by its workers, as the embedded cluster)."""
+
+    instance: Instance | None
+    count: int
+    workers: int
+    usd_per_hour: float
+    label: str
+    #: Whether the job's output goes to S3 (the module's fleet writes to its bucket).
+    s3: bool = True
+
+    @property
+    def nic_gbps(self) -> float | None:
+        return self.instance.network_gbps if self.instance else None
+
+
+def parse_fleet(text: str, table: PriceTable) -> Fleet:
+    """``TYPE:COUNT`` (``c5.24xlarge:5``), priced with the module's scheduler and NLB."""
+    name, _, count_text = text.partition(":")
+    try:
+        count = int(count_text) if count_text else 1
+    except ValueError:
+        count = 0
+    if not name or count < 1:
+        raise ConfigError(
+            f"--fleet {text!r}: expected INSTANCE_TYPE:COUNT, e.g. c5.24xlarge:5 (a count of 1 "
+            "or more)"
+        )
+    inst = table.instance(name, setting="--fleet")
+    scheduler = table.instance(DEFAULT_SCHEDULER_INSTANCE, setting="scheduler instance")
+    per_hour = count * inst.usd_per_hour + scheduler.usd_per_hour + table.load_balancer_per_hour
+    label = (
+        f"{count} x {inst.name} ({count * inst.vcpus:,} workers) + {scheduler.name} scheduler "
+        f"+ NLB at ${per_hour:,.2f}/h"
+    )
+    return Fleet(inst, count, count * inst.vcpus, per_hour, label)
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """What the probe tasks measured of a job, per unit besides the cost model: the
+    units they ran and their wall time on ``workers`` workers (a run's probing phase,
+    cold start included)."""
+
+    model: CostModel
+    units: int
+    seconds: float
+    bytes_written_per_unit: float = 0.0
+    bytes_read_per_unit: float = 0.0
+    objects_per_unit: float = 0.0
+    workers: int = 1
+    #: Whether a run of the job probes (False: a job too small to, or --units-per-task).
+    probed: bool = True
+    probe_tasks: int = 0
+
+
+@dataclass
+class Projection:
+    fleet: Fleet
+    wall_seconds: float
+    cost_usd: float
+    runs_per_day: float | None
+    tasks: int
+    binding: str
+    #: The floor on the wall time each limit sets, in seconds (None: does not apply).
+    limits: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+LIMIT_NAMES = {
+    "cpu": "CPU",
+    "network": "the network (each instance's NIC)",
+    "s3": "S3 request rate (PUTs per prefix)",
+    "scheduler": "the scheduler's task rate",
+}
+
+
+def project(
+    layout: UnitLayout,
+    sample: JobSample,
+    fleet: Fleet,
+    task_seconds: float = 1.0,
+    units_per_task: int | None = None,
+) -> Projection:
+    """The whole job's wall time, cost and runs per day on ``fleet``, and what binds.
+    Tasks are cut as the planner would for the fleet's workers, or of ``units_per_task``."""
+    n, w, model = layout.n, fleet.workers, sample.model
+    if fleet.instance is not None:
+        # The overhead the probes measured is this cluster's, whose scheduler may share
+        # its cores with the workers (the embedded one); a fleet's has its own instance.
+        model = dataclasses.replace(model, overhead=SCHEDULER_SECONDS_PER_TASK)
+    # A run first probes: rounds of one task per worker, whose wall time does not
+    # depend on the workers' count, so the probing phase lasts what it lasted here and
+    # covers as many more units as the fleet has more workers. The rest is then cut
+    # as the planner would for the fleet's workers.
+    start, probing, probe_tasks = 0, 0.0, 0
+    if sample.probed and not units_per_task:
+        start = min(n, round(sample.units * w / max(1, sample.workers)))
+        probe_tasks = min(
+            -(-start // layout.granularity), round(sample.probe_tasks * w / max(1, sample.workers))
+        )
+        probing = sample.seconds
+    if units_per_task:
+        stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
+    else:
+        stops = cut_tasks(layout, start, model, w, task_seconds)
+    tasks = probe_tasks + len(stops)
+    rest = makespan(layout, start, stops, model, w) if stops else 0.0
+    limits: dict[str, float | None] = {"cpu": probing + rest, "network": None, "s3": None}
+    moved = n * (sample.bytes_written_per_unit + sample.bytes_read_per_unit)
+    if fleet.instance is not None and moved:
+        per_instance = moved / fleet.count
+        limits["network"] = per_instance * 8 / (fleet.instance.network_gbps * 1e9)
+    if fleet.s3:
+        puts = n * sample.objects_per_unit + tasks + 1  # + a manifest entry per task, job.json
+        limits["s3"] = puts / S3_PUTS_PER_SECOND
+    limits["scheduler"] = tasks * model.overhead
+    # Ties go to the narrower resource: the CPU makespan has the scheduler's floor in it.
+    order = [k for k in ("scheduler", "s3", "network", "cpu") if limits[k] is not None]
+    binding = max(order, key=lambda k: limits[k])
+    wall = float(limits[binding])
+    notes = []
+    if w > SCHEDULER_WORKER_WALL:
+        notes.append(
+            f"{w:,} workers: the reference deployment found about {SCHEDULER_WORKER_WALL} the "
+            "most one scheduler handled (timeouts beyond it)"
+        )
+    return Projection(
+        fleet,
+        wall,
+        wall / 3600 * fleet.usd_per_hour,
+        runs_per_day(wall),
+        tasks,
+        binding,
+        limits,
+        notes,
+    )
+
+
+def projection_lines(p: Projection) -> list[str]:
+    per_day = f"{p.runs_per_day:,.0f} runs/day" if p.runs_per_day else "no runs/day figure"
+    floors = ", ".join(
+        f"{LIMIT_NAMES[k].split(' (')[0]} {v:,.3g} s" for k, v in p.limits.items() if v is not None
+    )
+    lines = [
+        f"  {p.fleet.label}: {p.wall_seconds:,.1f} s, {usd(p.cost_usd)}, {per_day} "
+        f"({p.tasks:,} tasks); bound by {LIMIT_NAMES[p.binding]}",
+        f"    floors: {floors}",
+    ]
+    lines.extend(f"    note: {note}" for note in p.notes)
+    return lines

@@ -1,0 +1,190 @@
+"""``pipeline estimate``: run a job's probe tasks into a scratch output, then project.
+
+The probes are the planner's own (:func:`pipeline.runner._probe`): rounds of a
+small and a large task per worker until the cost model (fixed + per-unit
+seconds per task) is measured; then one round of tasks of the size the run will
+use, one per worker, whose rate replaces the per-unit seconds (the probes'
+largest last about 0.1 s: too short to see a steady state). They write into a
+scratch folder (or, for an ``s3://`` output, a scratch prefix beside it, which a
+remote cluster's workers can reach), deleted afterwards: the job's own output is never touched. The
+model then projects the whole job on this cluster and on each fleet
+(:func:`pipeline.cost.project`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .config import RunOptions
+from .cost import Fleet, JobSample, Projection, project, projection_lines
+from .errors import PipelineError
+from .planning import Plan, is_small_job, unit_layout
+from .prices import worker_price
+from .runner import _n_workers, _probe, _TaskRunner, open_output
+from .sizing import CostModel, ProbeSample, fit_costs
+from .storage import open_store
+from .workload import Workload
+
+__all__ = ["Estimate", "estimate", "estimate_lines"]
+
+
+@dataclass
+class Estimate:
+    job_id: str
+    workload: str
+    unit_name: str
+    units: int
+    workers: int
+    sample: JobSample
+    projections: list[Projection]
+    #: Units the estimate ran: the probes' and a round of full-size tasks.
+    sampled: int = 0
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _scratch(output: str) -> Iterator[str]:
+    if output.startswith("s3://"):
+        url = f"{output.rstrip('/')}/_pipeline-estimate-{uuid.uuid4().hex[:12]}"
+        try:
+            yield url
+        finally:
+            open_store(url).delete_prefix("")
+    else:
+        with tempfile.TemporaryDirectory(prefix="pipeline-estimate-") as folder:
+            yield folder
+
+
+def estimate(
+    build: Callable[[RunOptions], Workload],
+    options: RunOptions,
+    client,
+    fleets: list[Fleet],
+) -> Estimate:
+    """Probe the job ``build(options)`` makes, on ``client``'s cluster, into a scratch
+    output; return its projections on this cluster and on ``fleets``."""
+    price = worker_price(options)
+    with _scratch(options.output) as scratch:
+        opts = dataclasses.replace(options, output=scratch, overwrite=True, progress=False)
+        workload = build(opts)
+        workload.preflight()
+        store = open_output(workload, opts, echo=lambda m: None)
+        n, workers = workload.n_units, _n_workers(client)
+        workload.prepare_cluster(client)
+        run = _TaskRunner(workload, store, client, _NoBar())
+        plan = Plan()
+        t0 = time.perf_counter()
+        small = is_small_job(n, workers)
+        if small:
+            # Too small to probe: one task per unit on this cluster is the sample.
+            receipts = run(plan.add_probes([1] * n))
+        else:
+            receipts = _probe(run, plan, set(), opts, workers)
+        seconds = time.perf_counter() - t0
+        # A round of tasks of the size the run will use, one per worker: the probes'
+        # largest last about PROBE_SECONDS, and a rate taken over full-size tasks
+        # carries what small ones miss (a cache filling up, a slower steady state).
+        first = len(plan.head)
+        full = plan.tasks(n)[first : first + workers] if plan.model else []
+        if sum(len(t.units) for t in full) > n / 4:
+            full = []  # a job of a few large tasks: that round would be much of it
+        receipts += run(full)
+        failed = [f for r in receipts for f in r.failures]
+        if failed and not any(r.complete for r in receipts):
+            f = failed[0]
+            raise PipelineError(
+                f"estimate: every probe task failed ({len(failed)} units), e.g. "
+                f"{workload.unit_name} {f.unit}: {f.error_type}: {f.message}"
+            )
+        objects = 0
+        if store is not None:
+            objects = sum(
+                1
+                for key in store.list(workload.job_id)
+                if "/manifest" not in key and not key.endswith("job.json")
+            )
+        # Inputs may live in the scratch output (cubes' default frames): project before
+        # it goes, since the planner's layout may read their metadata.
+        layout = unit_layout(workload)
+        if plan.model:
+            model = _refit(CostModel(**plan.model), receipts[-len(full) :], plan, layout)
+        else:
+            model = _fallback_model(receipts, plan, layout)
+        done = [r for r in receipts if r.complete]
+        units = max(1, sum(r.units for r in done))
+        probing = receipts[: len(receipts) - len(full)]
+        sample = JobSample(
+            model,
+            sum(r.units for r in probing),
+            seconds,
+            bytes_written_per_unit=sum(r.bytes_written for r in done) / units,
+            bytes_read_per_unit=sum(r.bytes_read for r in done) / units,
+            objects_per_unit=objects / units,
+            workers=workers,
+            probed=not small and not options.units_per_task,
+            probe_tasks=len(probing),
+        )
+        here = Fleet(
+            None,
+            1,
+            workers,
+            workers * price.usd_per_hour,
+            f"this cluster ({workers} workers at ${price.usd_per_hour:.4f}/worker-hour)",
+            s3=options.output.startswith("s3://"),
+        )
+        projections = [
+            project(layout, sample, f, options.task_seconds, options.units_per_task)
+            for f in (here, *fleets)
+        ]
+    return Estimate(
+        workload.job_id, workload.kind, workload.unit_name, n, workers, sample, projections, units
+    )
+
+
+def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:
+    """``model``'s per-unit seconds from full-size tasks, its fixed part kept."""
+    ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
+    timed = [r for r in receipts if r.complete and r.units]
+    weight = sum(layout.weight(*ranges[r.index]) for r in timed)
+    if not timed or weight <= 0:
+        return model
+    work = sum(r.seconds - model.fixed - model.per_byte * r.bytes_read for r in timed)
+    return dataclasses.replace(model, per_unit=max(work / weight, 1e-9))
+
+
+def _fallback_model(receipts, plan: Plan, layout) -> CostModel:
+    """A model from tasks of one size (a job too small to probe): all per unit."""
+    ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
+    samples = [
+        ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
+        for r in receipts
+        if r.complete and r.units
+    ]
+    return fit_costs(samples) if samples else CostModel(0.0, 1e-9)
+
+
+def estimate_lines(e: Estimate) -> list[str]:
+    s, m = e.sample, e.sample.model
+    more = e.sampled - s.units
+    lines = [
+        f"estimate of {e.workload} job {e.job_id!r}: {e.units:,} {e.unit_name}s; the probes ran "
+        f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers"
+        + (f", and {more:,} more in a round of full-size tasks" if more else "")
+        + " (scratch output, deleted)",
+        f"  measured: {m.fixed * 1e3:,.1f} ms per task + {m.per_unit * 1e3:,.3f} ms per "
+        f"{e.unit_name}; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
+        f"{s.objects_per_unit:.2f} objects written per {e.unit_name}",
+    ]
+    for p in e.projections:
+        lines.extend(projection_lines(p))
+    return lines

@@ -1,0 +1,202 @@
+"""Prices, what a run cost, and `pipeline estimate`'s projection against a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from workloads import SquaresWorkload
+
+from pipeline import RunOptions, run_job
+from pipeline.config import JobFile, resolve
+from pipeline.cost import SCHEDULER_SECONDS_PER_TASK, JobSample, parse_fleet, project
+from pipeline.errors import ConfigError
+from pipeline.estimate import estimate
+from pipeline.prices import load_prices, worker_price
+from pipeline.sizing import CostModel, make_layout
+from pipeline.summary import summary_lines, usd
+
+
+def options(out, **kw):
+    return RunOptions(output=str(out), progress=False, **kw)
+
+
+def test_the_packaged_table_covers_the_terraform_defaults():
+    import hcl2
+    from conftest import ROOT
+
+    with open(ROOT / "terraform" / "variables.tf") as f:
+        # python-hcl2 >= 7 keeps the quotes of labels and string literals.
+        variables = {k.strip('"'): v for d in hcl2.load(f)["variable"] for k, v in d.items()}
+    table = load_prices()
+    worker = table.instance(variables["worker_instance_type"]["default"].strip('"'))
+    scheduler = table.instance(variables["scheduler_instance_type"]["default"].strip('"'))
+    assert (worker.name, worker.vcpus, worker.memory_gib) == ("c5.24xlarge", 96, 192)
+    assert (worker.network_gbps, worker.usd_per_hour) == (25, 4.08)
+    assert scheduler.name == "m5.2xlarge" and scheduler.usd_per_hour > 0
+    assert table.load_balancer_per_hour > 0 and table.as_of and table.region == "us-east-1"
+
+
+def test_a_worker_hour_is_the_instance_price_over_its_vcpus_unless_overridden(tmp_path):
+    assert worker_price(RunOptions()).usd_per_hour == pytest.approx(4.08 / 96)
+    own = resolve(RunOptions, None, {}, {"PIPELINE_PRICE_PER_WORKER_HOUR": "0.5"})
+    assert worker_price(own).usd_per_hour == 0.5
+    prices = tmp_path / "prices.toml"
+    prices.write_text(
+        'as_of = "2030-01-01"\n[instances."x1.big"]\n'
+        "vcpus = 10\nmemory_gib = 20\nnetwork_gbps = 5\nusd_per_hour = 2.0\n"
+    )
+    job = JobFile(tmp_path / "job.toml", "map", {"instance_type": "x1.big"})
+    custom = resolve(RunOptions, job, {"price_file": str(prices)}, {})
+    price = worker_price(custom)
+    assert price.usd_per_hour == pytest.approx(0.2) and "2030-01-01" in price.source
+
+
+def test_bad_prices_are_refused_naming_the_setting(tmp_path):
+    with pytest.raises(ConfigError, match=r"instance_type 'c5\.huge'.*c5\.24xlarge"):
+        worker_price(RunOptions(instance_type="c5.huge"))
+    bad = tmp_path / "prices.toml"
+    bad.write_text('[instances."a.b"]\nvcpus = 0\nmemory_gib = 1\nnetwork_gbps = 1\n')
+    with pytest.raises(ConfigError, match=r"prices\.toml: instances\.'a\.b'\.vcpus: expected"):
+        worker_price(RunOptions(instance_type="a.b", price_file=str(bad)))
+    with pytest.raises(ConfigError, match=r"--fleet 'c5\.24xlarge:none'"):
+        parse_fleet("c5.24xlarge:none", load_prices())
+
+
+def test_a_bad_instance_type_fails_before_any_task(tmp_path, client):
+    w = SquaresWorkload("sq", 10)
+    with pytest.raises(ConfigError, match="instance_type"):
+        run_job(w, options(tmp_path, instance_type="nope"), client, echo=lambda m: None)
+    assert not (tmp_path / "sq").exists()
+
+
+def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
+    s = run_job(
+        SquaresWorkload("sq", 40, unit_seconds=0.01),
+        options(tmp_path, price_per_worker_hour=3.6),
+        client,
+        echo=lambda m: None,
+    )
+    # The embedded cluster: the worker-seconds the tasks were busy, at $3.60/h = $0.001/s.
+    assert s.worker_seconds == s.busy_seconds >= 0.4
+    assert s.cost_usd == pytest.approx(s.worker_seconds * 0.001)
+    assert s.runs_per_day == pytest.approx(86_400 / s.wall_seconds)
+    line = next(line for line, _ in summary_lines(s) if line.strip().startswith("cost:"))
+    assert usd(s.cost_usd) in line and "--price-per-worker-hour" in line
+    report = json.loads(s.to_json())
+    assert report["cost_usd"] == s.cost_usd and report["worker_seconds"] == s.worker_seconds
+    # Every task this run ran is on the timeline, on one of the 2 worker processes.
+    assert sorted(t["index"] for t in s.task_timings) == list(range(s.tasks))
+    assert sum(t["units"] for t in s.task_timings) == 40
+    assert len({t["worker"] for t in s.task_timings}) <= 2
+    assert all(t["start"] >= 0 and t["seconds"] >= 0.01 for t in s.task_timings)
+
+
+def test_a_remote_run_is_charged_every_worker_for_the_whole_run():
+    from pipeline.cost import add_run_cost
+    from pipeline.prices import WorkerPrice
+    from pipeline.summary import RunSummary
+
+    s = RunSummary("j", "map", None, 10, 2, 5, 0, units_run=10, workers=4, wall_seconds=90.0)
+    s.busy_seconds = 100.0
+    add_run_cost(s, WorkerPrice(0.04, "test"), remote=True)
+    assert s.worker_seconds == 360.0 and s.cost_usd == pytest.approx(0.004)
+    add_run_cost(s, WorkerPrice(0.04, "test"), remote=False)
+    assert s.worker_seconds == 100.0
+
+
+def _sample(per_unit=0.01, fixed=0.05, written=0.0, objects=0.0):
+    return JobSample(CostModel(fixed, per_unit, 0.0, 0.002), 100, 1.0, written, 0.0, objects, 2)
+
+
+def test_the_projection_names_the_limit_that_binds():
+    fleet = parse_fleet("c5.24xlarge:5", load_prices())
+    assert fleet.workers == 480
+    assert fleet.usd_per_hour == pytest.approx(5 * 4.08 + 0.384 + 0.0225)
+    layout = make_layout(1_000_000)
+    # 10 ms of CPU per unit, nothing written: 10,000 worker-seconds on 480 workers.
+    cpu = project(layout, _sample(), fleet)
+    assert cpu.binding == "cpu" and cpu.wall_seconds >= 10_000 / 480
+    assert cpu.cost_usd == pytest.approx(cpu.wall_seconds / 3600 * fleet.usd_per_hour)
+    assert any("480" in note for note in cpu.notes) is False
+    # A cube job storing 8 MB per unit at 1 ms each: 8 TB through 5 NICs of 25 Gbps.
+    cubes = project(layout, _sample(per_unit=0.001, written=8e6, objects=0.01), fleet)
+    assert cubes.binding == "network"
+    assert cubes.wall_seconds == pytest.approx(1e6 * 8e6 / 5 * 8 / 25e9)
+    # One small object per unit, 0.1 ms each: 1M PUTs at 3,500/s.
+    puts = project(layout, _sample(per_unit=1e-4, written=100, objects=1.0), fleet)
+    assert puts.binding == "s3" and puts.wall_seconds >= 1e6 / 3500
+    # Tasks of one unit each (--units-per-task 1): a millisecond of the scheduler each.
+    many = project(layout, _sample(per_unit=1e-4, fixed=0.0), fleet, units_per_task=1)
+    assert many.binding == "scheduler" and many.tasks == 1_000_000
+    assert many.wall_seconds == pytest.approx(1_000_000 * SCHEDULER_SECONDS_PER_TASK)
+    # The planner's own cut of that job: one task per worker, 480 tasks.
+    planned = project(layout, _sample(per_unit=1e-4, fixed=0.0), fleet)
+    assert planned.tasks == 480 and planned.wall_seconds < many.wall_seconds / 100
+    big = parse_fleet("c5.24xlarge:6", load_prices())
+    assert any("480" in note for note in project(layout, _sample(), big).notes)
+
+
+@pytest.mark.slow
+def test_the_projection_matches_a_real_run_on_two_workers(tmp_path, client):
+    """A job of about 22 s on the embedded cluster's 2 workers: the estimate (its
+    probes only, into a scratch folder) projects its wall time within 30 %."""
+    n, unit_seconds = 2200, 0.02
+    out = tmp_path / "out"
+    est = estimate(
+        lambda opts: SquaresWorkload("sq", n, unit_seconds=unit_seconds),
+        options(out),
+        client,
+        [parse_fleet("c5.24xlarge:1", load_prices())],
+    )
+    assert not out.exists()  # none of the job's output was written
+    assert est.sample.units <= est.sampled < n / 4  # a sample, not the job
+    here, fleet = est.projections
+    assert here.fleet.workers == 2 and here.binding == "cpu"
+    assert fleet.fleet.workers == 96 and fleet.wall_seconds < here.wall_seconds
+    s = run_job(SquaresWorkload("sq", n, unit_seconds=unit_seconds), options(out), client,
+                echo=lambda m: None)  # fmt: skip
+    assert s.complete and s.wall_seconds >= 20
+    print(f"projected {here.wall_seconds:.1f} s, measured {s.wall_seconds:.1f} s")
+    assert here.wall_seconds == pytest.approx(s.wall_seconds, rel=0.30)
+
+
+@pytest.mark.integration
+def test_pipeline_estimate_on_the_command_line(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "import time\n\ndef slow(x):\n    time.sleep(0.002)\n    return {'y': 2 * x}\n"
+    )
+    job = tmp_path / "grid.toml"
+    grid = list(range(300))
+    job.write_text(f'workload = "map"\nfunction = "mine:slow"\n[grid]\nx = {grid}\n')
+    cmd = [sys.executable, "-m", "pipeline", "estimate", str(job), "--output",
+           str(tmp_path / "out"), "--workers", "2", "--fleet", "c5.24xlarge:2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("estimate of map job 'grid': 300 points"), proc.stdout
+    assert any(line.startswith("  this cluster (2 workers") for line in lines), proc.stdout
+    fleet = next(line for line in lines if "2 x c5.24xlarge (192 workers)" in line)
+    assert "bound by" in fleet and "runs/day" in fleet
+    assert not (tmp_path / "out").exists()
+    bad = subprocess.run([*cmd[:-1], "c9.mega:2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--fleet 'c9.mega'" in bad.stderr
+
+
+@pytest.mark.integration
+def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket):
+    from pipeline import connect
+    from pipeline.storage import open_store
+
+    bucket = open_store(s3_bucket.rsplit("/", 1)[0])
+    bucket.write_bytes("root/other-job/keep.txt", b"not ours")
+    opts = options(s3_bucket, workers=2)
+    # Workers started now, with the moto endpoint in their environment.
+    with connect(opts) as c:
+        est = estimate(lambda o: SquaresWorkload("sq", 200), opts, c, [])
+    assert est.sample.objects_per_unit == pytest.approx(1.0)  # one value object per square
+    here = est.projections[0]
+    assert here.limits["s3"] is not None and here.limits["s3"] >= 200 / 3500
+    assert bucket.list("root") == ["root/other-job/keep.txt"]
