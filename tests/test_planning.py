@@ -270,5 +270,7 @@ def test_row_groups_of_hundreds_of_chunks_get_tasks_of_hundreds(tmp_path, client
     sizes = _sizes(sum(head), stops)
     assert sizes[1:].min() >= 100, sizes  # the first ends the probes' row group
     assert all(stop % 262 == 0 for stop in stops[:-1])  # on row-group boundaries
-    assert 1.0 <= s.bytes_read_ratio < 2.0 and s.bytes_read > 0
+    # Aligned tasks read only their own row groups; the probes (a small task reads a
+    # whole row group) add a share that depends on how many rounds the load needed.
+    assert 1.0 <= s.bytes_read_ratio < 1.0 + len(head) and s.bytes_read > 0
     assert {"fixed", "per_unit", "per_byte", "overhead"} <= record["cost_model"].keys()
