@@ -4,8 +4,10 @@ A log record starts with a timestamp; the lines after it (a traceback) belong to
 it. Dask logs "Event loop was unresponsive in <Server> for <s>s" when a tick of an
 event loop lasted over ``distributed.admin.tick.limit`` (3 s): a stall, counted
 apart (its text mentions timeouts). "Batched Comm Closed" is the scheduler's
-stream to a worker that vanished: expected only when a worker process is killed,
-counted apart as ``lost_worker_streams``. Any other record naming an error, an
+stream to a worker that vanished, and "Couldn't gather keys" the scheduler's
+report that results held by such workers are gone (the client computes them
+again): both expected only when a worker process is killed, counted apart as
+``lost_worker_streams`` and ``lost_results``. Any other record naming an error, an
 exception, a timeout or a refused/reset connection counts as an error. HAProxy
 (``option tcplog``) ends each session line with a termination state: a lower-case
 ``c``/``s`` first means a client or server timeout, ``SC`` a refused connect.
@@ -19,6 +21,7 @@ from pathlib import Path
 RECORD_START = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/\d{4})")
 STALL = re.compile(r"Event loop was unresponsive in (\w+) for ([0-9.]+)s")
 LOST_STREAM = "Batched Comm Closed"
+LOST_RESULTS = "Couldn't gather keys"
 ERROR = re.compile(
     r"error|exception|traceback|timed out|timeout|refused|reset by peer|broken pipe",
     re.IGNORECASE,
@@ -48,13 +51,20 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
     """Per log file: stalls (count, longest), lost worker streams, errors (count, the
     first lines of the first few); and totals."""
     files: dict[str, dict] = {}
-    totals = {"errors": 0, "stalls": 0, "longest_stall_seconds": 0.0, "lost_worker_streams": 0}
+    totals = {
+        "errors": 0,
+        "stalls": 0,
+        "longest_stall_seconds": 0.0,
+        "lost_worker_streams": 0,
+        "lost_results": 0,
+    }
     for path in sorted(Path(log_dir).glob("*.log")):
         entry = {
             "errors": 0,
             "stalls": 0,
             "longest_stall_seconds": 0.0,
             "lost_worker_streams": 0,
+            "lost_results": 0,
             "error_records": [],
         }
         haproxy = path.name.startswith("haproxy")
@@ -66,12 +76,14 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
                 entry["longest_stall_seconds"] = max(entry["longest_stall_seconds"], seconds)
             elif LOST_STREAM in record:
                 entry["lost_worker_streams"] += 1
+            elif LOST_RESULTS in record:
+                entry["lost_results"] += 1
             elif _is_error(record, haproxy):
                 entry["errors"] += 1
                 if len(entry["error_records"]) < samples:
                     entry["error_records"].append("\n".join(record.splitlines()[:3])[:400])
         files[path.name] = entry
-        for key in ("errors", "stalls", "lost_worker_streams"):
+        for key in ("errors", "stalls", "lost_worker_streams", "lost_results"):
             totals[key] += entry[key]
         totals["longest_stall_seconds"] = max(
             totals["longest_stall_seconds"], entry["longest_stall_seconds"]

@@ -56,8 +56,9 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
         "ok": True, "rows": 400, "distinct_units": 400, "missing": []
     }  # fmt: skip
     assert figures["verify_exit_code"] == 0, figures["verify_output"]
-    # The scheduler's streams to the killed workers close (lost_worker_streams);
-    # nothing else in any log is an error, a timeout or a stall's consequence.
+    # The scheduler's streams to the killed workers close (lost_worker_streams) and
+    # results they held are computed again (lost_results); nothing else in any log is
+    # an error, a timeout or a stall's consequence.
     assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
     assert figures["scheduler_cpu_per_task_gross"] > 0
     assert figures["scheduler_cpu_per_worker_second"] > 0
