@@ -122,8 +122,12 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     if not store.exists(consolidated_manifest_key(workload.job_id)):
         return None
     plan = load_plan(workload, options.units_per_task, store)
+    return _finished(workload, store, plan, _completed(store, workload.job_id))
+
+
+def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> RunSummary | None:
+    """The summary of a job whose every task is ``done`` with nothing to retry, else None."""
     tasks = plan.tasks(workload.n_units)
-    done = _completed(store, workload.job_id)
     if not plan.sized or any(t.index not in done for t in tasks):
         return None
     if workload.tasks_to_retry(store, tasks):
@@ -142,12 +146,14 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     workload.preflight()
     price = worker_price(options)  # a bad price setting fails before any task
     store = open_output(workload, options, echo)
-    finished = completed_job(workload, options)
-    if finished is not None:
-        return finished
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)
+    # A complete job needs no cluster: the manifest is listed once, for both uses.
+    if store is not None and store.exists(consolidated_manifest_key(workload.job_id)):
+        finished = _finished(workload, store, plan, done)
+        if finished is not None:
+            return finished
     n_workers = _n_workers(client)
     known = plan.tasks(workload.n_units)
     if store is not None and done:
