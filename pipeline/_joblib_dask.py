@@ -1,7 +1,11 @@
-"""joblib's Dask backend, with one fix: a task that fails at the Dask level.
+"""joblib's Dask backend, with two fixes.
 
-Exceptions raised inside a task travel back as joblib results, but a task that
-Dask itself gives up on (``KilledWorker`` after its workers died, a cancelled
+Arguments shared by every task (the workload) can be given as a future already on
+every worker (:meth:`DaskBackend.share`), instead of joblib's scatter to one worker.
+
+A task that fails at the Dask level: exceptions raised inside a task travel back as
+joblib results, but a task that Dask itself gives up on (``KilledWorker`` after its
+workers died, a cancelled
 future) only sets an exception on joblib's internal future and never calls the
 completion callback, so ``Parallel`` with ``return_as="generator_unordered"``
 waits forever (joblib 1.4-1.6). Here that case calls the callback too, so
@@ -23,6 +27,11 @@ class _DaskLevelError:
 
 
 class DaskBackend(DaskDistributedBackend):
+    def share(self, arg, future) -> None:
+        """Pass ``future`` (already on the workers) wherever a task's argument is ``arg``."""
+        self._scatter.append(arg)  # joblib keys on id(arg): keep it alive
+        self.data_futures[id(arg)] = future
+
     async def _collect(self):
         while self._continue:
             async for future, result in self.waiting_futures:

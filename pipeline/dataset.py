@@ -14,6 +14,7 @@ their file order within a chunk, which HAC covariances rely on).
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +61,11 @@ class Dataset:
     @property
     def num_rows(self) -> int:
         return int(self.rg_rows.sum())
+
+    def file_size(self, f: int) -> int:
+        """Bytes of file ``f``: its version starts with them (see ``Store.version``)."""
+        head = self.versions[f].split("-", 1)[0]
+        return int(head) if head.isdigit() else sys.maxsize
 
     def describe(self) -> str:
         return open_store(self.url).describe(self.keys[0] if len(self.keys) == 1 else "")
@@ -143,8 +149,9 @@ def discover(url: str) -> Dataset:
     )
 
 
-#: Files whose footers (and chunk-by columns) are read at once: on S3 each is a
-#: round trip or two, and thousands of small files would otherwise take minutes.
+#: Files of a remote store whose footers (and chunk-by columns) are read at once: on
+#: S3 each is a round trip or two, and thousands of small files would otherwise take
+#: minutes.
 READ_THREADS = 16
 
 
@@ -159,9 +166,17 @@ def _footers(store: Store, keys: list[str]) -> list:
         except Exception as exc:  # raised in order by the caller, naming the file
             return exc
 
-    first = [one(keys[0])]  # creates the store's client before threads share it
-    with ThreadPoolExecutor(min(READ_THREADS, len(keys))) as pool:
-        return first + list(pool.map(one, keys[1:]))
+    return _per_file(store, one, keys)
+
+
+def _per_file(store: Store, fn, items) -> list:
+    """``[fn(x) for x in items]``, in threads for a remote store. From a local disk,
+    threads would only contend for the GIL (twice as slow on thousands of files)."""
+    if not store.remote or len(items) < 2:
+        return [fn(x) for x in items]
+    first = [fn(items[0])]  # creates the store's client before threads share it
+    with ThreadPoolExecutor(min(READ_THREADS, len(items))) as pool:
+        return first + list(pool.map(fn, items[1:]))
 
 
 @dataclass(frozen=True)
@@ -254,12 +269,9 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
         return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
     store = open_store(ds.url)
     first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
-    with ThreadPoolExecutor(min(READ_THREADS, len(ds.keys))) as pool:
-        parts = list(
-            pool.map(
-                lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
-            )
-        )
+    parts = _per_file(
+        store, lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
+    )
     # Rows grouped once for all files: a group-by per small file costs more than its rows.
     rows = [p for p in parts if "count_all" not in p.column_names]
     parts = [p for p in parts if "count_all" in p.column_names]
@@ -330,6 +342,10 @@ class ReadTally:
 READS = ReadTally()
 
 
+#: Files up to this size are read whole by a task (one request, footer included).
+WHOLE_FILE_BYTES = 1024 * 1024
+
+
 def read_task_rows(
     ds: Dataset,
     index: ChunkIndex,
@@ -350,8 +366,14 @@ def read_task_rows(
     for f in np.unique(ds.rg_file[rgs]):
         key = ds.keys[f]
         local = ds.rg_local[rgs[ds.rg_file[rgs] == f]].tolist()
+        if ds.file_size(f) <= WHOLE_FILE_BYTES:
+            # One read for footer and data: most of a small file is what a task needs.
+            whole = pa.BufferReader(pa.py_buffer(store.read_bytes(key)))
+            pf = pq.ParquetFile(whole, read_dictionary=as_dictionary)
+            tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
+            continue
         meta = _footer(ds.url, key, ds.versions[f])
-        with store.open_input(key) as fh:
+        with store.open_ranges(key, _column_spans(meta, local, wanted)) as fh:
             pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=as_dictionary)
             tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
@@ -383,6 +405,22 @@ def read_task_rows(
     READS.bytes_read += rows.bytes_read
     READS.bytes_needed += rows.bytes_needed
     return rows
+
+
+def _column_spans(meta, row_groups: list[int], columns: list[str]) -> list[tuple[int, int]]:
+    """The byte ranges of ``columns``' chunks in ``row_groups``: what reading them reads."""
+    names = meta.schema.names
+    wanted = [names.index(c) for c in columns if c in names]
+    spans = []
+    for g in row_groups:
+        rg = meta.row_group(g)
+        for j in wanted:
+            col = rg.column(j)
+            start = col.data_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                start = min(start, col.dictionary_page_offset)
+            spans.append((start, start + col.total_compressed_size))
+    return spans
 
 
 def _bytes_held(rg_bytes: np.ndarray, rg_rows: np.ndarray, kept: np.ndarray) -> int:

@@ -430,6 +430,15 @@ class _TaskRunner:
     client: Any
     bar: Any
     profile: bool = False
+    _shared: Any = None
+
+    def _workload_future(self):
+        """The workload, sent once per run to every worker. joblib would scatter it to
+        one worker per call, and the scheduler would then queue every short task (the
+        probes) on that worker while the others idle."""
+        if self._shared is None:
+            self._shared = self.client.scatter(self.workload, broadcast=True, hash=False)
+        return self._shared
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
         from joblib import Parallel, delayed, parallel_config
@@ -442,6 +451,7 @@ class _TaskRunner:
         store_url = self.store.url if self.store is not None else None
         try:
             backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
+            backend.share(self.workload, self._workload_future())
             with parallel_config(backend=backend):
                 results = Parallel(
                     n_jobs=-1,

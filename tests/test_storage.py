@@ -22,7 +22,14 @@ import pytest
 # Helper modules beside the tests (tests/conftest.py puts tests/ on sys.path and
 # loads s3_server's fixtures: moto_server, s3, s3_bucket).
 from fault_proxy import FaultProxy
-from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, isolate_aws_env, set_moto_auth
+from s3_server import (
+    BUCKET,
+    DUMMY_ACCESS_KEY_ID,
+    DUMMY_SECRET,
+    clear_store_cache,
+    isolate_aws_env,
+    set_moto_auth,
+)
 
 from pipeline.errors import ConfigError, StorageError
 from pipeline.storage import LocalStore, open_store, read_parquet_file, write_parquet
@@ -656,3 +663,46 @@ def test_fault_proxy_concurrent_clients(s3):
             t.join()
         assert errors == []
         assert proxy.failures_injected > 0
+
+
+@integration
+def test_s3_task_reads_one_get_per_file(s3, s3_bucket, monkeypatch):
+    """A task's row groups come in one ranged GET per file, not one per column chunk;
+    a small file in one GET, footer included."""
+    from pipeline.dataset import discover, plan_chunks, read_task_rows
+
+    rows_per_chunk, chunks = 1000, 64
+    rng = np.random.default_rng(3)
+    n = rows_per_chunk * chunks
+    table = pa.table(
+        {"chunk": np.repeat(np.arange(chunks), rows_per_chunk)}
+        | {f"x{j}": rng.random(n) for j in range(6)}
+    )
+    with FaultProxy(s3.endpoint) as proxy:
+        monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", proxy.url)  # the tasks' stores too
+        clear_store_cache()
+        store = S3Store(s3_bucket, endpoint_url=proxy.url)
+        big = io.BytesIO()
+        # 16 row groups, more than a task reads whole (pipeline.dataset.WHOLE_FILE_BYTES)
+        pq.write_table(table, big, row_group_size=4 * rows_per_chunk)
+        store.write_bytes("data/big.parquet", big.getvalue())
+        ds = discover(f"{store.url}/data")
+        index = plan_chunks(ds, ("chunk",), None)
+        proxy.reset_counters()
+        got = read_task_rows(ds, index, 8, 40, ["x0", "x3", "x5"])  # row groups 2..9
+        gets = [r for r in proxy.requests if r.method == "GET"]
+        assert len(gets) == 1, [r.response_bytes for r in gets]
+        assert got.table.num_rows == 32 * rows_per_chunk
+        assert got.table.column("x3").to_numpy().tolist() == (
+            table.column("x3").to_numpy()[8000:40000].tolist()
+        )
+        small = io.BytesIO()
+        pq.write_table(table.slice(0, 2 * rows_per_chunk), small)
+        store.write_bytes("few/small.parquet", small.getvalue())
+        ds = discover(f"{store.url}/few")
+        index = plan_chunks(ds, ("chunk",), None)
+        proxy.reset_counters()
+        got = read_task_rows(ds, index, 0, 2, ["x1"])
+        gets = [r for r in proxy.requests if r.method in ("GET", "HEAD")]
+        assert len(gets) == 1
+        assert got.table.column("x1").equals(table.column("x1").slice(0, 2 * rows_per_chunk))

@@ -24,6 +24,9 @@ class Store(ABC):
     its own output.
     """
 
+    #: Reads wait on a network (so many may be in flight); a local disk's do not.
+    remote: bool = True
+
     #: The root, e.g. ``/data/out`` or ``s3://bucket/prefix``.
     url: str
 
@@ -38,6 +41,11 @@ class Store(ABC):
     @abstractmethod
     def open_input(self, key: str) -> BinaryIO:
         """A seekable binary file for formats that read parts (parquet footers, row groups)."""
+
+    def open_ranges(self, key: str, spans: list[tuple[int, int]]) -> BinaryIO:
+        """:meth:`open_input` for a reader about to read the byte ranges ``spans``
+        (start, end): a remote store fetches them up front in as few requests as it can."""
+        return self.open_input(key)
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
@@ -62,7 +70,8 @@ class Store(ABC):
         return len(self.read_bytes(key))
 
     def version(self, key: str) -> str:
-        """A token that changes when the object changes (for caches keyed on inputs)."""
+        """A token that changes when the object changes (for caches keyed on inputs);
+        it starts with the size in bytes (``pipeline.dataset`` reads it)."""
         return str(self.size(key))
 
     def write_bytes(self, key: str, data: Buffer) -> int:

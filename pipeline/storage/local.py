@@ -63,6 +63,8 @@ def _pwrite_direct(path: str, view: memoryview, offset: int) -> None:
 
 
 class LocalStore(Store):
+    remote = False
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)

@@ -334,6 +334,11 @@ class S3Store(Store):
         head = self._head(key)
         return _S3InputFile(self, key, head["ContentLength"], head.get("ETag"))  # type: ignore[return-value]
 
+    def open_ranges(self, key: str, spans: list[tuple[int, int]]) -> BinaryIO:
+        f = self.open_input(key)
+        f.prefetch(spans)  # type: ignore[attr-defined]
+        return f
+
     def exists(self, key: str) -> bool:
         try:
             self._head(key)
