@@ -137,6 +137,7 @@ def test_a_unit_that_kills_every_worker_fails_its_task_not_the_run(tmp_path):
     # Each attempt of task 1 kills its worker; after distributed's allowed failures the
     # scheduler gives up on it. The run records that and still returns a summary.
     import dask
+    import distributed  # noqa: F401  (its defaults first: set() would drop them on exit)
 
     with (
         dask.config.set({"distributed.scheduler.allowed-failures": 1}),
@@ -152,3 +153,21 @@ def test_a_unit_that_kills_every_worker_fails_its_task_not_the_run(tmp_path):
     failed_units = {f["unit"] for f in s.failures}
     assert {3, 4, 5} <= failed_units
     assert any("KilledWorker" in f["error_type"] for f in s.failures)
+
+
+class _LargeSquares(SquaresWorkload):
+    def __sizeof__(self) -> int:
+        return 10_000_000  # like a dataset's chunk index: joblib scatters such arguments
+
+
+def test_probe_rounds_use_every_worker(tmp_path, client):
+    # joblib alone scatters a large workload to one worker per call, and the scheduler
+    # keeps short tasks where their data is, so whole probe rounds ran on that one
+    # worker while the other idled.
+    s = run_job(_LargeSquares("sq", 300, unit_seconds=0.01), options(tmp_path), client)
+    assert s.complete
+    by_index = {t["index"]: t["worker"] for t in s.task_timings}
+    head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]
+    rounds = [range(0, 2)] + [range(i, i + 4) for i in range(2, len(head), 4)]
+    for r in rounds:
+        assert len({by_index[i] for i in r}) == 2, (list(r), by_index)
