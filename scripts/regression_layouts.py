@@ -24,7 +24,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import Store
-from pipeline.workloads.regressions.generate import chunk_frame, write_regression_data
+from pipeline.workloads.regressions.generate import (
+    chunk_frame,
+    dictionary_columns,
+    write_regression_data,
+)
 
 LAYOUTS = {
     "i": "few files, row groups of 262 chunks",
@@ -50,7 +54,8 @@ def write_layout(layout: str, store: Store, *, chunks: int, rows: int, features:
 
 def _put(store: Store, key: str, tables: list[pa.Table], group_rows: int) -> None:
     sink = io.BytesIO()
-    pq.write_table(pa.concat_tables(tables), sink, row_group_size=group_rows)
+    table = pa.concat_tables(tables)
+    pq.write_table(table, sink, row_group_size=group_rows, use_dictionary=dictionary_columns(table))
     store.write_bytes(key, sink.getbuffer())
 
 

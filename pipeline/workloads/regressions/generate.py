@@ -78,6 +78,13 @@ def chunk_frame(seed: int, chunk: int, rows: int, features: int) -> pa.Table:
     return pa.table(cols)
 
 
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """Columns worth dictionary-encoding: all but the floats. Random doubles never fit a
+    dictionary, and the failed attempt (a dictionary page, then plain pages) reads 1.7x
+    slower than plain pages."""
+    return [f.name for f in table.schema if not pa.types.is_floating(f.type)]
+
+
 def write_regression_data(
     store: Store, prefix: str = "", *, chunks: int, rows: int, features: int, seed: int = 0
 ) -> dict:
@@ -96,7 +103,9 @@ def write_regression_data(
             ids = range(g0, min(chunks, first + per_file, g0 + per_group))
             table = pa.concat_tables([chunk_frame(seed, c, rows, features) for c in ids])
             if writer is None:
-                writer = pq.ParquetWriter(sink, table.schema)
+                writer = pq.ParquetWriter(
+                    sink, table.schema, use_dictionary=dictionary_columns(table)
+                )
             writer.write_table(table, row_group_size=table.num_rows)
             for c in ids:
                 truth["chunk"].append(c)
