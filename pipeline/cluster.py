@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +55,7 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
                 f"cannot reach the Dask scheduler at {address} "
                 f"(--scheduler / PIPELINE_SCHEDULER): {exc}"
             ) from exc
-        with client:
+        with _closing(client):
             try:
                 yield client
             except ClusterError:
@@ -66,9 +70,82 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
         log.info("TLS settings are ignored by the embedded cluster (it listens on loopback)")
     with (
         _embedded_cluster(options.workers or os.cpu_count() or 1, quiet) as cluster,
-        Client(cluster, set_as_default=True) as client,
+        _closing(Client(cluster, set_as_default=True)) as client,
     ):
         yield client
+
+
+@contextlib.contextmanager
+def _closing(client):
+    """Close ``client`` on exit. Not ``with client``: that sets a context variable,
+    which only the thread that set it may reset (:class:`ClusterStart` connects in
+    one thread and closes in another)."""
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+class ClusterStart:
+    """:func:`connect` begun in a thread, so that the cluster starts (and its workers
+    import ``modules``) while the driver validates its inputs. :meth:`client` waits
+    for it; leaving the ``with`` block closes it, whatever happened meanwhile."""
+
+    def __init__(self, options: RunOptions, modules: tuple[str, ...] = ()):
+        if not options.scheduler:
+            _check_main_guard()  # it inspects the caller's frames: this thread's
+        self._stack = contextlib.ExitStack()
+        self._client = None
+        self._error: BaseException | None = None
+        #: Seconds the start took, and of them the workers' imports.
+        self.seconds = self.import_seconds = 0.0
+        self._thread = threading.Thread(
+            target=self._start, args=(options, modules), name="pipeline-cluster-start"
+        )
+        self._thread.start()
+
+    def _start(self, options: RunOptions, modules: tuple[str, ...]) -> None:
+        t0 = time.perf_counter()
+        try:
+            client = self._stack.enter_context(connect(options))
+            t1 = time.perf_counter()
+            if modules and not options.scheduler:  # a fleet's workers live on: preloaded
+                client.run(import_modules, list(modules))
+            self.import_seconds = time.perf_counter() - t1
+            self._client = client
+        except BaseException as exc:  # raised in the driver's thread by client()
+            self._error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def client(self):
+        """The connected client, once the start is done (its error if it failed)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._client
+
+    def close_later(self) -> None:
+        """Close it from another thread, once started: an input error is reported now,
+        not when the cluster it no longer needs has come up (the process still waits
+        for the closing at exit, so no worker process is left behind)."""
+        threading.Thread(
+            target=self.__exit__, args=(None, None, None), name="pipeline-cluster-close"
+        ).start()
+
+    def __enter__(self) -> ClusterStart:
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        self._thread.join()
+        return bool(self._stack.__exit__(*exc_info))
+
+
+def import_modules(names: list[str]) -> None:
+    """Worker: import ``names`` (a missing one is for its task to report)."""
+    for name in names:
+        if name not in sys.modules:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
 
 
 def _require_tls_beyond_loopback(address: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .cluster import connect
+from .cluster import ClusterStart, connect
 from .config import (
     JobFile,
     RunOptions,
@@ -21,6 +21,7 @@ from .config import (
     load_job_file,
     resolve,
 )
+from .layout import consolidated_manifest_key
 from .prices import worker_price
 from .report import write_report_page
 from .runner import completed_job, run_job
@@ -78,37 +79,69 @@ def load_jobs(
 def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     """Run jobs in sequence on one cluster connection (that of the first job).
 
-    Every job's inputs are validated before the cluster starts, so a bad second
-    job fails the batch before the first one has spent an hour; a batch whose jobs
-    are all complete already starts no cluster at all.
+    Every job's inputs are validated before any task runs, so a bad second job fails
+    the batch before the first one has spent an hour. The cluster starts meanwhile,
+    unless every job's output looks complete already: a batch whose jobs are all
+    complete starts no cluster at all.
     """
     first = jobs[0].options
     workloads = [job.build() for job in jobs]
-    for job, workload in zip(jobs, workloads, strict=True):
-        workload.preflight()
-        worker_price(job.options)  # a bad instance type or price file, before the cluster
-        if workload.writes_output:
-            open_store(job.options.output).preflight()
-    finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+    modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
+    start = None
+    if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
+        start = ClusterStart(first, modules)
+    try:
+        t0 = time.perf_counter()
+        for job, workload in zip(jobs, workloads, strict=True):
+            workload.preflight()
+            worker_price(job.options)  # a bad instance type or price file, before any task
+            if workload.writes_output:
+                open_store(job.options.output).preflight()
+        finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+        validation_seconds = time.perf_counter() - t0
+    except BaseException:
+        if start is not None:
+            start.close_later()
+        raise
     if all(s is not None for s in finished):
+        if start is not None:
+            start.close_later()
         return finished
     summaries = []
-    t0 = time.perf_counter()
-    with _profiled(first.profile), connect(first) as client:
-        cluster_seconds = time.perf_counter() - t0
+    with start or ClusterStart(first, modules) as start, _profiled(first.profile):
+        t1 = time.perf_counter()
+        client = start.client()
+        startup = {
+            "inputs checked": validation_seconds,
+            "cluster start": start.seconds,
+            "worker imports": start.import_seconds,
+            "waited for the cluster": time.perf_counter() - t1,
+        }
         if not first.scheduler and client.dashboard_link:
             echo(f"dashboard: {client.dashboard_link}")
         for job, workload in zip(jobs, workloads, strict=True):
             echo(f"{workload.describe()} on {_cluster_name(client)}")
             with _performance_report(job.options.report, job.job_id):
                 summary = run_job(workload, job.options, client, echo=echo)
-            summary.cluster_seconds, cluster_seconds = cluster_seconds, 0.0
+            summary.cluster_seconds = startup.get("waited for the cluster", 0.0)
+            summary.startup, startup = startup, {}
             if job.options.report:
                 path = Path(job.options.report, f"{job.job_id}-summary.json")
                 path.write_text(summary.to_json())
                 write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
             summaries.append(summary)
     return summaries
+
+
+def _looks_complete(workload: Workload, options: RunOptions) -> bool:
+    """Whether the job's output holds its consolidated results (one cheap check:
+    whether they are current is for :func:`completed_job`, after validation)."""
+    if not workload.writes_output or options.overwrite:
+        return False
+    try:
+        return open_store(options.output).exists(consolidated_manifest_key(workload.job_id))
+    except Exception:  # a bad output: validation says what is wrong with it
+        return True
 
 
 def _cluster_name(client) -> str:

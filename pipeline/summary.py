@@ -45,7 +45,11 @@ class RunSummary:
     units_failed_in_run: int = 0
     failures: list[dict] = field(default_factory=list)
     wall_seconds: float = 0.0
+    #: Seconds the driver waited for the cluster, after validating the inputs.
     cluster_seconds: float = 0.0
+    #: The batch's start-up (its first job's summary): seconds checking the inputs,
+    #: starting the cluster (meanwhile) and its workers' imports, waiting for it.
+    startup: dict[str, float] = field(default_factory=dict)
     units_per_second: float = 0.0
     bytes_written: int = 0
     busy_seconds: float = 0.0
@@ -132,7 +136,13 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
 def time_split(s: RunSummary) -> str:
     """Wall time by phase: the workers' seconds per phase over the number of workers."""
     parts = []
-    if s.cluster_seconds:
+    if s.startup:
+        parts.append(
+            f"start-up {s.startup['inputs checked'] + s.startup['waited for the cluster']:.1f} s "
+            f"(inputs checked {s.startup['inputs checked']:.1f} s while the cluster started "
+            f"in {s.startup['cluster start']:.1f} s)"
+        )
+    elif s.cluster_seconds:
         parts.append(f"cluster start {s.cluster_seconds:.1f} s")
     w = max(1, s.workers)
     names = {"inputs": "input loading", "compute": _work_name(s), "writing": "writing"}

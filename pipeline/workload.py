@@ -137,6 +137,9 @@ class Workload(ABC):
     unit_name: str = "unit"
     #: Tasks hold a multiple of this many units (e.g. whole shards).
     granularity: int = 1
+    #: Modules its tasks import: loaded on every worker while the driver validates the
+    #: job's inputs, rather than by each worker's first task.
+    worker_modules: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod

@@ -234,6 +234,37 @@ def _set_env(env: dict) -> None:
 SWEEP = (300, 1000, 3000, 10_000)
 
 
+def startup_line(data: str, out: str, formula: str) -> str:
+    """A user's first command on this data: ``pipeline run`` in a process of its own
+    (an embedded cluster of its own), its wall time split into start-up, tasks, exit."""
+    import json
+    import subprocess
+    import sys
+
+    report = Path(out, "report")
+    cli = Path(sys.executable).with_name("pipeline")
+    t0 = time.perf_counter()
+    subprocess.run(
+        [str(cli), "run", "--workload", "regressions", "--data", data, "--chunk-by", "chunk",
+         "--formula", formula, "--cov-type", "HC1", "--output", out, "--name", "startup",
+         "--overwrite", "--no-progress", "--report", str(report)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    total = time.perf_counter() - t0
+    s = json.loads((report / "startup-summary.json").read_text())
+    up = s["startup"]
+    first = min((t["start"] for t in s["task_timings"]), default=0.0)
+    rest = total - up["inputs checked"] - up["waited for the cluster"] - s["wall_seconds"]
+    return (
+        f"start-up of `pipeline run` (a process of its own): {total:.1f} s in all = "
+        f"{up['inputs checked']:.2f} s checking inputs (footers, chunk index, a trial fit), "
+        f"while the cluster started in {up['cluster start']:.2f} s (of it "
+        f"{up['worker imports']:.2f} s workers' imports), + {up['waited for the cluster']:.2f} s "
+        f"more waiting for it; run {s['wall_seconds']:.2f} s (first task after "
+        f"{first:.2f} s); {rest:.2f} s interpreter start, imports and exit"
+    )
+
+
 def bench_layouts(args, client, root: Path) -> None:
     from regression_layouts import LAYOUTS, MotoProcess, write_layout
 
@@ -293,6 +324,7 @@ def bench_layouts(args, client, root: Path) -> None:
                         f"{s.units_per_task}, {s.probe_tasks} probes; bytes read / held "
                         f"{ratio}; efficiency {s.parallel_efficiency:.2f})"
                     )
+            print(startup_line(data, str(root / "startup"), formula))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 again = serial_smf(df, formula, sample, cov)  # after the runs: the better

@@ -119,7 +119,8 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert first.returncode == 0, first.stderr
     assert "dashboard: http://127.0.0.1:" in first.stderr
     assert "cubes job 'cubes': 40 of 40 cubes in " in first.stdout
-    assert "  time: cluster start " in first.stdout and "building" in first.stdout
+    assert "  time: start-up " in first.stdout and "while the cluster started" in first.stdout
+    assert "building" in first.stdout
     again = pipeline(*args)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith(
@@ -205,3 +206,24 @@ def test_the_example_plugin_runs_resumes_and_verifies_through_the_cli(tmp_path):
     assert verified.returncode == 0 and "wordcount (wordcount): OK" in verified.stdout
     shown = pipeline("results", tmp_path / "out")
     assert "table 'counts'" in shown.stdout and "the" in shown.stdout
+
+
+def test_an_input_error_found_while_the_cluster_starts_leaves_no_process(tmp_path):
+    # The cluster starts while the inputs are checked; an input error is reported
+    # then, and the cluster that started meanwhile is closed before the process exits.
+    proc = start(
+        "run", "--workload", "regressions", "--data", tmp_path / "no-such-data",
+        "--chunk-by", "chunk", "--formula", "y ~ x1", "--output", tmp_path / "out",
+    )  # fmt: skip
+    seen: set[int] = set()
+    while proc.poll() is None:
+        seen |= descendants(proc.pid)
+        time.sleep(0.05)
+    stderr = proc.stderr.read()
+    assert proc.returncode != 0
+    assert "no-such-data" in stderr and "Traceback" not in stderr, stderr
+    assert seen, "no cluster process was started while the inputs were checked"
+    wait_for(lambda: not alive(seen), 10, "the cluster's processes to exit")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+        raise AssertionError("a process of the run's session outlived it")

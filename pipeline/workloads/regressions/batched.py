@@ -27,7 +27,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
 
 __all__ = [
     "BatchedOLSResult",
@@ -323,6 +322,8 @@ def _solve_stack(
     """Fit a (B, n, k) stack: OLS, or WLS with weights ``w`` (B, n) as statsmodels'
     WLS does it (OLS of the whitened sqrt(w) y on sqrt(w) X, with the weighted centered
     total sum of squares and the weights' term in the log-likelihood)."""
+    from scipy import special  # here: 0.3 s of imports that the CLI need not pay
+
     B, n, k = X.shape
     k_const = 1 if has_constant else 0
     df_resid, df_model = float(n - k), float(k - k_const)
@@ -494,6 +495,8 @@ def _solve_stack(
 def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive):
     """statsmodels' fvalue and f_pvalue, and a mask of chunks where they are left undefined
     (robust F whose constraint covariance statsmodels finds rank-deficient: see the module doc)."""
+    from scipy import stats
+
     nan, none = np.full(len(ssr), np.nan), np.zeros(len(ssr), dtype=bool)
     if df_model == 0:  # intercept-only model: statsmodels gives NaN for both
         return nan, nan, none

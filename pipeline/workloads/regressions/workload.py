@@ -47,6 +47,12 @@ class RegressionWorkload(Workload):
     kind = "regressions"
     unit_name = "chunk"
     settings_class = RegressionJob
+    worker_modules = (
+        "pipeline.workloads.regressions.engine",
+        "scipy.stats",
+        "statsmodels.api",
+        "patsy",
+    )
 
     def __init__(self, job: RegressionJob, job_id: str):
         self.job = job
