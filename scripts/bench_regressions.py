@@ -236,32 +236,34 @@ SWEEP = (300, 1000, 3000, 10_000)
 
 def startup_line(data: str, out: str, formula: str) -> str:
     """A user's first command on this data: ``pipeline run`` in a process of its own
-    (an embedded cluster of its own), its wall time split into start-up, tasks, exit."""
-    import json
+    (an embedded cluster of its own), its wall time split as its summary splits it."""
+    import re
     import subprocess
     import sys
 
-    report = Path(out, "report")
     cli = Path(sys.executable).with_name("pipeline")
     t0 = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [str(cli), "run", "--workload", "regressions", "--data", data, "--chunk-by", "chunk",
          "--formula", formula, "--cov-type", "HC1", "--output", out, "--name", "startup",
-         "--overwrite", "--no-progress", "--report", str(report)],
-        check=True, capture_output=True,
+         "--overwrite", "--no-progress"],
+        check=True, capture_output=True, text=True,
     )  # fmt: skip
     total = time.perf_counter() - t0
-    s = json.loads((report / "startup-summary.json").read_text())
-    up = s["startup"]
-    first = min((t["start"] for t in s["task_timings"]), default=0.0)
-    rest = total - up["inputs checked"] - up["waited for the cluster"] - s["wall_seconds"]
+    m = re.search(
+        r"start-up ([\d.]+) s \(inputs checked ([\d.]+) s while the cluster started in "
+        r"([\d.]+) s\), run ([\d.]+) s",
+        done.stdout,
+    )
+    if m is None:
+        return f"start-up: not found in the summary:\n{done.stdout}"
+    startup, checked, cluster, run = map(float, m.groups())
     return (
         f"start-up of `pipeline run` (a process of its own): {total:.1f} s in all = "
-        f"{up['inputs checked']:.2f} s checking inputs (footers, chunk index, a trial fit), "
-        f"while the cluster started in {up['cluster start']:.2f} s (of it "
-        f"{up['worker imports']:.2f} s workers' imports), + {up['waited for the cluster']:.2f} s "
-        f"more waiting for it; run {s['wall_seconds']:.2f} s (first task after "
-        f"{first:.2f} s); {rest:.2f} s interpreter start, imports and exit"
+        f"{startup:.1f} s start-up (inputs checked in {checked:.1f} s: footers, chunk index, "
+        f"a trial fit; meanwhile the cluster started, and its workers imported the fit's "
+        f"modules, in {cluster:.1f} s) + {run:.1f} s run + {total - startup - run:.1f} s "
+        "interpreter start, imports and exit"
     )
 
 
