@@ -421,6 +421,10 @@ def _progress(workload: Workload, options: RunOptions, units_done: int):
         bar.close()
 
 
+#: Workers the workload is sent to up front (see ``_TaskRunner._workload_future``).
+SHARE_WORKERS = 32
+
+
 @dataclass
 class _TaskRunner:
     """Runs lists of tasks as joblib tasks on the Dask backend, receipts unordered."""
@@ -433,11 +437,20 @@ class _TaskRunner:
     _shared: Any = None
 
     def _workload_future(self):
-        """The workload, sent once per run to every worker. joblib would scatter it to
-        one worker per call, and the scheduler would then queue every short task (the
-        probes) on that worker while the others idle."""
+        """The workload, sent once per run to every worker, up to :data:`SHARE_WORKERS`.
+
+        joblib would scatter it to one worker per call, and the scheduler keeps a round
+        of a few short tasks (the probes) where their data is: on that one worker while
+        the others idle. Past a few dozen workers a broadcast costs more than it saves
+        (the scheduler opens a connection to every worker: 1,000 simulated ones did not
+        finish it in 5 minutes), and large rounds are spread regardless of where the
+        data is (Dask's queuing of root-ish tasks); the other workers fetch it from
+        the ones that hold it."""
         if self._shared is None:
-            self._shared = self.client.scatter(self.workload, broadcast=True, hash=False)
+            workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+            self._shared = self.client.scatter(
+                self.workload, workers=workers[:SHARE_WORKERS] or None, broadcast=True, hash=False
+            )
         return self._shared
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
