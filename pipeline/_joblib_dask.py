@@ -1,7 +1,8 @@
 """joblib's Dask backend, with two fixes.
 
-Arguments shared by every task (the workload) can be given as a future already on
-every worker (:meth:`DaskBackend.share`), instead of joblib's scatter to one worker.
+An argument shared by every task (the workload) can be given as a future already
+on the cluster, or as itself to pickle into each task (:meth:`DaskBackend.share`),
+instead of joblib's scatter to one worker per call.
 
 A task that fails at the Dask level: exceptions raised inside a task travel back as
 joblib results, but a task that Dask itself gives up on (``KilledWorker`` after its
@@ -28,7 +29,8 @@ class _DaskLevelError:
 
 class DaskBackend(DaskDistributedBackend):
     def share(self, arg, future) -> None:
-        """Pass ``future`` (already on the workers) wherever a task's argument is ``arg``."""
+        """Pass ``future`` (on the cluster; or ``arg`` itself, to pickle it into each
+        task) wherever a task's argument is ``arg``."""
         self._scatter.append(arg)  # joblib keys on id(arg): keep it alive
         self.data_futures[id(arg)] = future
 

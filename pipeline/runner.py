@@ -421,10 +421,6 @@ def _progress(workload: Workload, options: RunOptions, units_done: int):
         bar.close()
 
 
-#: Workers the workload is sent to up front (see ``_TaskRunner._workload_future``).
-SHARE_WORKERS = 32
-
-
 @dataclass
 class _TaskRunner:
     """Runs lists of tasks as joblib tasks on the Dask backend, receipts unordered."""
@@ -436,21 +432,21 @@ class _TaskRunner:
     profile: bool = False
     _shared: Any = None
 
-    def _workload_future(self):
-        """The workload, sent once per run to every worker, up to :data:`SHARE_WORKERS`.
+    def _workload_for(self, tasks: list[Task]):
+        """What the tasks get as their workload argument: the object itself (pickled
+        into each task) for a round of at most two tasks per worker, else a copy on the
+        cluster, sent once per run.
 
-        joblib would scatter it to one worker per call, and the scheduler keeps a round
-        of a few short tasks (the probes) where their data is: on that one worker while
-        the others idle. Past a few dozen workers a broadcast costs more than it saves
-        (the scheduler opens a connection to every worker: 1,000 simulated ones did not
-        finish it in 5 minutes), and large rounds are spread regardless of where the
-        data is (Dask's queuing of root-ish tasks); the other workers fetch it from
-        the ones that hold it."""
+        A copy on the cluster lives on one worker at first, and the scheduler keeps a
+        round of a few short tasks (the probes) where their data is: on that worker,
+        while the others idle. Copies on every worker (a broadcast) would need
+        ``replicate``, which did not finish in 5 minutes at 1,000 simulated workers.
+        Large rounds are spread whatever holds the data (Dask queues root-ish tasks),
+        and the other workers fetch it from those that have it."""
+        if len(tasks) <= 2 * _n_workers(self.client):
+            return self.workload
         if self._shared is None:
-            workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-            self._shared = self.client.scatter(
-                self.workload, workers=workers[:SHARE_WORKERS] or None, broadcast=True, hash=False
-            )
+            self._shared = self.client.scatter(self.workload, hash=False)
         return self._shared
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
@@ -464,7 +460,7 @@ class _TaskRunner:
         store_url = self.store.url if self.store is not None else None
         try:
             backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
-            backend.share(self.workload, self._workload_future())
+            backend.share(self.workload, self._workload_for(tasks))
             with parallel_config(backend=backend):
                 results = Parallel(
                     n_jobs=-1,
