@@ -421,6 +421,11 @@ def _progress(workload: Workload, options: RunOptions, units_done: int):
         bar.close()
 
 
+#: Bytes of workload the tasks of one round may carry inside them (the scheduler
+#: holds them until each task runs); beyond, they share one copy on the cluster.
+INLINE_BYTES = 128 * 1024 * 1024
+
+
 @dataclass
 class _TaskRunner:
     """Runs lists of tasks as joblib tasks on the Dask backend, receipts unordered."""
@@ -431,19 +436,25 @@ class _TaskRunner:
     bar: Any
     profile: bool = False
     _shared: Any = None
+    _pickled_bytes: int | None = None
 
     def _workload_for(self, tasks: list[Task]):
-        """What the tasks get as their workload argument: the object itself (pickled
-        into each task) for a round of at most two tasks per worker, else a copy on the
-        cluster, sent once per run.
+        """What the tasks get as their workload argument: the object itself, pickled
+        into each task, unless that makes the round's tasks hold more than
+        :data:`INLINE_BYTES`; then one copy on the cluster, sent once per run.
 
-        A copy on the cluster lives on one worker at first, and the scheduler keeps a
-        round of a few short tasks (the probes) where their data is: on that worker,
-        while the others idle. Copies on every worker (a broadcast) would need
-        ``replicate``, which did not finish in 5 minutes at 1,000 simulated workers.
-        Large rounds are spread whatever holds the data (Dask queues root-ish tasks),
-        and the other workers fetch it from those that have it."""
-        if len(tasks) <= 2 * _n_workers(self.client):
+        A copy on the cluster lives on one worker, which every other worker then
+        fetches it from: at 1,000 simulated workers those fetches swamped that
+        worker's connections and the run stalled. And the scheduler keeps a round of
+        a few short tasks where their data is, so the probe rounds ran on that one
+        worker while the others idled. A probe round (at most two tasks per worker)
+        is always given the object itself."""
+        if self._pickled_bytes is None:
+            import cloudpickle
+
+            self._pickled_bytes = len(cloudpickle.dumps(self.workload))
+        small_round = len(tasks) <= 2 * _n_workers(self.client)
+        if small_round or self._pickled_bytes * len(tasks) <= INLINE_BYTES:
             return self.workload
         if self._shared is None:
             self._shared = self.client.scatter(self.workload, hash=False)
