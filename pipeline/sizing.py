@@ -125,8 +125,19 @@ class UnitLayout:
         nearer_below = abs(self.cum_weight[i - 1] - weight) <= abs(self.cum_weight[i] - weight)
         return i - 1 if nearer_below else i
 
-    def snap(self, after: int, weight: float) -> int:
-        """The boundary past unit ``after`` whose cumulative weight is nearest ``weight``."""
+    def snap(self, after: int, weight: float, reach: float = math.inf) -> int:
+        """The boundary past unit ``after`` whose cumulative weight is nearest ``weight``;
+        for a splittable layout, the unit there instead when no boundary is within
+        ``reach`` of it (chunks that span row groups leave long stretches without a
+        boundary: a task there shares a group with the next rather than growing long)."""
+        b = self._snap(after, weight)
+        if self.splittable and abs(self.weight(0, b) - weight) > reach:
+            u = self.unit_at(weight)
+            if u > after:
+                return u
+        return b
+
+    def _snap(self, after: int, weight: float) -> int:
         if self.boundaries is None:
             g, u = self.granularity, self.unit_at(weight)
             first = min(self.n, (after // g + 1) * g)
@@ -207,6 +218,15 @@ def cut_tasks(
     for alt in alternatives:
         if alt and cost(alt) * ALIGNED_SLACK < cost(best):
             best = alt
+    size = layout.weight(start, n) / count
+    if layout.splittable and _too_long(layout, start, best, size):
+        # Boundaries far apart (chunks spanning row groups): tasks over twice their
+        # size, where cutting inside a stretch re-reads one group. Cut there unless
+        # that is clearly slower: the model, linear in units, does not see what
+        # long tasks cost (a worker idle at the end, tables of millions of rows).
+        near = _aligned(layout, start, count, reach=size / 2)
+        if cost(near) <= cost(best) * ALIGNED_SLACK:
+            best = near
     if layout.splittable:
         even = _even(layout, start, count)
         if cost(even) * ALIGNED_SLACK < cost(best):
@@ -225,10 +245,16 @@ def _even(layout: UnitLayout, start: int, count: int) -> list[int]:
     return [*sorted(c for c in cuts if start < c < layout.n), layout.n]
 
 
-def _aligned(layout: UnitLayout, start: int, count: int) -> list[int]:
-    """Even cuts moved to the nearest natural boundary (duplicates merged)."""
-    stops = {layout.snap(start, w) for w in _ideal_cuts(layout, start, count)}
+def _aligned(layout: UnitLayout, start: int, count: int, reach: float = math.inf) -> list[int]:
+    """Even cuts moved to the nearest natural boundary (duplicates merged); with
+    ``reach``, only to one that near (else cut there, if the layout may be cut)."""
+    stops = {layout.snap(start, w, reach) for w in _ideal_cuts(layout, start, count)}
     return sorted(stops | {layout.n})
+
+
+def _too_long(layout: UnitLayout, start: int, stops: list[int], size: float) -> bool:
+    """Whether a task is over twice ``size`` (weighted units)."""
+    return any(layout.weight(a, b) > 2 * size for a, b in zip([start, *stops], stops, strict=False))
 
 
 def _greedy(layout: UnitLayout, start: int, size: float) -> list[int]:

@@ -274,3 +274,21 @@ def test_row_groups_of_hundreds_of_chunks_get_tasks_of_hundreds(tmp_path, client
     # whole row group) add a share that depends on how many rounds the load needed.
     assert 1.0 <= s.bytes_read_ratio < 1.0 + len(head) and s.bytes_read > 0
     assert {"fixed", "per_unit", "per_byte", "overhead"} <= record["cost_model"].keys()
+
+
+def test_far_apart_boundaries_do_not_make_long_tasks():
+    # Chunks spanning row groups leave few boundaries: here those of 30,000 chunks
+    # of 250 rows in row groups of 9,999 rows (scripts/regression_layouts.py, layout
+    # iii), with the model its probes measured. Cutting inside such a stretch
+    # re-reads one row group, so tasks stay near 1 s (~1,600 chunks); they were
+    # 991, 11,433, 12,862 and 4,276 chunks (7-8 s).
+    layout = make_layout(
+        30_000,
+        boundaries=[0, 1429, 12_862, 25_724],
+        read_bytes=_groups_read_bytes(40, 967_000),
+    )
+    model = CostModel(0.014, 0.000459, per_byte=12.4e-9, overhead=0.00221)
+    stops = cut_tasks(layout, 438, model, 2, 1.0)
+    sizes = np.diff([438, *stops])
+    assert sizes.max() <= 2 * (30_000 - 438) / len(stops), sizes
+    assert len(stops) >= 8
