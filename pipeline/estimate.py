@@ -1,6 +1,6 @@
 """``pipeline estimate``: run a job's probe tasks into a scratch output, then project.
 
-The probes are the planner's own (:func:`pipeline.runner._probe`): rounds of a
+The probes are the planner's own (:func:`pipeline.probing.probe`): rounds of a
 small and a large task per worker until the cost model (fixed + per-unit
 seconds per task) is measured; then one round of tasks of the size the run will
 use, one per worker, whose rate replaces the per-unit seconds (the probes'
@@ -23,10 +23,12 @@ from dataclasses import dataclass
 
 from .config import RunOptions
 from .cost import Fleet, JobSample, Projection, project, projection_lines
+from .dispatch import TaskRunner, count_workers
 from .errors import PipelineError
 from .planning import Plan, is_small_job, unit_layout
 from .prices import worker_price
-from .runner import _n_workers, _probe, _TaskRunner, open_output
+from .probing import probe
+from .runner import open_output
 from .sizing import CostModel, ProbeSample, fit_costs
 from .storage import open_store
 from .workload import Workload
@@ -79,9 +81,9 @@ def estimate(
         workload = build(opts)
         workload.preflight()
         store = open_output(workload, opts, echo=lambda m: None)
-        n, workers = workload.n_units, _n_workers(client)
+        n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)
-        run = _TaskRunner(workload, store, client, _NoBar())
+        run = TaskRunner(workload, store, client, _NoBar())
         plan = Plan()
         t0 = time.perf_counter()
         small = is_small_job(n, workers)
@@ -89,7 +91,7 @@ def estimate(
             # Too small to probe: one task per unit on this cluster is the sample.
             receipts = run(plan.add_probes([1] * n))
         else:
-            receipts = _probe(run, plan, set(), opts, workers)
+            receipts = probe(run, plan, set(), opts, workers)
         seconds = time.perf_counter() - t0
         # A round of tasks of the size the run will use, one per worker: the probes'
         # largest last about PROBE_SECONDS, and a rate taken over full-size tasks

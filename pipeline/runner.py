@@ -1,91 +1,30 @@
-"""The runner: plan a job's tasks, skip the complete ones, run the rest as joblib
-tasks on the Dask backend, stream receipts back unordered, and summarize."""
+"""The runner: plan a job's tasks (the probes: :mod:`pipeline.probing`), skip the
+complete ones, run the rest (:mod:`pipeline.dispatch`), and summarize."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
-import os
-import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
 
 from .config import RunOptions
 from .cost import add_run_cost
-from .errors import ClusterError, Interrupted
-from .layout import consolidated_manifest_key, manifest_key
-from .planning import (
-    LARGE_PROBE_FACTOR,
-    PROBE_SECONDS,
-    Plan,
-    is_small_job,
-    load_plan,
-    next_large_probe,
-    probe_limit,
-    probe_round,
-    save_plan,
-    unit_layout,
-)
+from .dispatch import TaskRunner, count_workers
+from .errors import Interrupted
+from .layout import consolidated_manifest_key
+from .planning import Plan, load_plan
 from .prices import worker_price
+from .probing import probe
 from .report import task_timings
-from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
-from .storage import Store, join, open_store, write_parquet
+from .storage import Store, join, open_store
 from .summary import RunSummary
-from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
+from .workload import Task, TaskReceipt, UnitFailure, Workload
 
 __all__ = ["completed_job", "open_output", "run_job"]
 
 log = logging.getLogger(__name__)
-
-
-def execute_task(
-    workload: Workload, store_url: str | None, task: Task, profile: bool = False
-) -> TaskReceipt:
-    """Worker: run one task; never raises, so joblib never aborts the run. With
-    ``profile``, the receipt carries the task's cProfile statistics."""
-    if profile:
-        from .profiling import profiled
-
-        receipt, stats = profiled(execute_task, workload, store_url, task)
-        return dataclasses.replace(receipt, profile=stats)
-    started, t0 = time.time(), time.perf_counter()
-    try:
-        store = open_store(store_url) if store_url else None
-        out = workload.run_task(task, store)
-        if not out.failures and store is not None and out.manifest is not None:
-            # Last, so that an entry exists only for a task whose data is all written.
-            t_write = time.perf_counter()
-            out.bytes_written += write_parquet(
-                store, manifest_key(workload.job_id, task.index), out.manifest
-            )
-            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
-    except Exception as exc:
-        out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
-    seconds = time.perf_counter() - t0
-    return TaskReceipt(
-        index=task.index,
-        units=len(task.units),
-        failures=tuple(out.failures),
-        bytes_written=out.bytes_written,
-        seconds=seconds,
-        busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
-        worker=socket.gethostname(),
-        fingerprint=out.fingerprint,
-        phases=dict(out.phases),
-        bytes_read=out.bytes_read,
-        bytes_needed=out.bytes_needed,
-        read_seconds=out.read_seconds,
-        started=started,
-        pid=os.getpid(),
-    )
-
-
-def _n_workers(client) -> int:
-    return max(1, sum(client.ncores().values()))
 
 
 def _completed(store: Store | None, job_id: str) -> set[int]:
@@ -154,7 +93,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
         finished = _finished(workload, store, plan, done)
         if finished is not None:
             return finished
-    n_workers = _n_workers(client)
+    n_workers = count_workers(client)
     known = plan.tasks(workload.n_units)
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
@@ -167,8 +106,8 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     workload.prepare_cluster(client)
     try:
         with _progress(workload, options, _units_in(known, done)) as bar:
-            run = _TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
-            receipts = [] if plan.sized else _probe(run, plan, done, options, n_workers)
+            run = TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
+            receipts = [] if plan.sized else probe(run, plan, done, options, n_workers)
             tasks = plan.tasks(workload.n_units)
             ran = done | {r.index for r in receipts}
             receipts += run([t for t in tasks if t.index not in ran])
@@ -258,126 +197,6 @@ def _add_recorded(summary: RunSummary, recorded: list[UnitFailure], *, in_run: b
     summary.failures.extend(asdict(f) for f in recorded)
 
 
-def _probe(run: _TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):
-    """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
-
-    Each round is one task per worker (a round is waited for: its tasks' durations
-    size the next). A worker's first task also loads its inputs, so the first round
-    of this run only warms up; the others pair small and large tasks. The scheduling
-    cost per task is measured by a burst of no-op tasks (:func:`_task_overhead`).
-    Returns the probes' receipts.
-    """
-    workload, n = run.workload, run.workload.n_units
-    g = workload.granularity
-    layout = unit_layout(workload)
-    if not plan.head and is_small_job(n, n_workers):
-        plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
-        save_plan(workload, run.store, plan)
-        log.info("small job: %d %ss in %d tasks, unprobed", n, workload.unit_name, len(plan.stops))
-        return []
-    limit = max(g, probe_limit(n, n_workers, g))
-    large = min(limit, LARGE_PROBE_FACTOR * g)
-    # Probes an interrupted run recorded but did not finish come first (a warm-up).
-    round_ = [t for t in plan.tasks(n) if t.index not in done]
-    receipts: list[TaskReceipt] = []
-    samples: list[ProbeSample] = []
-    overhead = _task_overhead(run.client, n_workers)
-    model, warm, rounds = None, False, 0
-    while True:
-        left = n - sum(plan.head)
-        if not round_:
-            if not left:
-                break
-            sizes = [min(g, left)] * min(n_workers, math.ceil(left / g))
-            if warm:
-                sizes = probe_round(g, large, n_workers, left)
-            round_ = plan.add_probes(sizes)
-            save_plan(workload, run.store, plan)
-        got = run(round_)
-        receipts += got
-        timed = [r for r in got if r.complete and r.units]
-        if not timed:
-            break  # nothing to measure (failed units, or the cluster failing under us)
-        if warm:
-            ranges = {t.index: (t.start, t.stop) for t in round_}
-            samples += [
-                ProbeSample(
-                    layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read
-                )
-                for r in timed
-            ]
-            model = fit_costs(samples, overhead)
-            rounds += 1
-            # Measured, not modelled: the largest probe's time beyond reading lasts
-            # PROBE_SECONDS and twice the fixed part, so its per-unit part outweighs the
-            # fixed one; and two rounds at least, since two points fit any line.
-            biggest = max(samples, key=lambda p: p.units)
-            work = biggest.seconds - biggest.read_seconds
-            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * model.fixed)):
-                break
-            large = next_large_probe(model.per_unit, model.fixed, large, limit, g)
-        elif model is None:
-            # Cold, so slower than the rest will be: only a fallback should no other
-            # round run (the probes used up a small job).
-            cold = [ProbeSample(layout.weight(*_span(round_, r)), r.seconds) for r in timed]
-            model = fit_costs(cold)
-        warm, round_ = True, []
-    start = sum(plan.head)
-    if model is None:  # nothing measured: several tasks per worker, to be safe
-        plan.stops = cut_tasks(
-            layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
-        )
-    else:
-        plan.stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
-        plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
-    save_plan(workload, run.store, plan)
-    log.info(
-        "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
-        len(plan.head),
-        _describe_model(model, workload.unit_name),
-        n - start,
-        workload.unit_name,
-        len(plan.stops),
-        plan.typical_size(n),
-    )
-    return receipts
-
-
-def _noop(_i: int) -> None:
-    return None
-
-
-def _task_overhead(client, n_workers: int) -> float:
-    """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
-    worker, submitted at once; its wall time over its tasks is what the scheduler,
-    the network and the workers' task handling cost per task, the cost the probes'
-    round trips hold, without joblib's per-call setup (scattering the workload) that
-    a round of probes pays once."""
-    count = max(20, 4 * n_workers)
-    try:
-        t0 = time.perf_counter()
-        futures = client.map(_noop, range(count), pure=False)
-        client.gather(futures)
-        return (time.perf_counter() - t0) / count
-    except Exception:  # the cluster failing: the probes will say so
-        return 0.0
-
-
-def _span(tasks: list[Task], receipt: TaskReceipt) -> tuple[int, int]:
-    task = next(t for t in tasks if t.index == receipt.index)
-    return task.start, task.stop
-
-
-def _describe_model(model: CostModel | None, unit: str) -> str:
-    if model is None:
-        return "nothing measured"
-    return (
-        f"a task takes {model.fixed:.3g} s + {model.per_unit:.3g} s per {unit}"
-        + (f" + {model.per_byte * 1e9:.3g} s per GB read" if model.per_byte else "")
-        + f", and {model.overhead * 1e3:.3g} ms of scheduling"
-    )
-
-
 def _reads(summary: RunSummary, receipts: list[TaskReceipt]) -> None:
     """Bytes read against bytes the units hold: the summary's figures and a -v line."""
     read = sum(r.bytes_read for r in receipts)
@@ -419,95 +238,3 @@ def _progress(workload: Workload, options: RunOptions, units_done: int):
         yield bar
     finally:
         bar.close()
-
-
-#: Bytes of workload the tasks of one round may carry inside them (the scheduler
-#: holds them until each task runs); beyond, they share one copy on the cluster.
-INLINE_BYTES = 128 * 1024 * 1024
-
-
-@dataclass
-class _TaskRunner:
-    """Runs lists of tasks as joblib tasks on the Dask backend, receipts unordered."""
-
-    workload: Workload
-    store: Store | None
-    client: Any
-    bar: Any
-    profile: bool = False
-    _shared: Any = None
-    _pickled_bytes: int | None = None
-
-    def _workload_for(self, tasks: list[Task]):
-        """What the tasks get as their workload argument: the object itself, pickled
-        into each task, unless that makes the round's tasks hold more than
-        :data:`INLINE_BYTES`; then one copy on the cluster, sent once per run.
-
-        A copy on the cluster lives on one worker, which every other worker then
-        fetches it from: at 1,000 simulated workers those fetches swamped that
-        worker's connections and the run stalled. And the scheduler keeps a round of
-        a few short tasks where their data is, so the probe rounds ran on that one
-        worker while the others idled. A probe round (at most two tasks per worker)
-        is always given the object itself."""
-        if self._pickled_bytes is None:
-            import cloudpickle
-
-            self._pickled_bytes = len(cloudpickle.dumps(self.workload))
-        small_round = len(tasks) <= 2 * _n_workers(self.client)
-        if small_round or self._pickled_bytes * len(tasks) <= INLINE_BYTES:
-            return self.workload
-        if self._shared is None:
-            self._shared = self.client.scatter(self.workload, hash=False)
-        return self._shared
-
-    def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
-        from joblib import Parallel, delayed, parallel_config
-
-        from ._joblib_dask import DaskBackend
-
-        receipts: list[TaskReceipt] = []
-        if not tasks:
-            return receipts
-        store_url = self.store.url if self.store is not None else None
-        try:
-            backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
-            backend.share(self.workload, self._workload_for(tasks))
-            with parallel_config(backend=backend):
-                results = Parallel(
-                    n_jobs=-1,
-                    return_as="generator_unordered",
-                    batch_size=1,
-                    pre_dispatch="3*n_jobs",
-                )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
-                for receipt in results:
-                    receipts.append(receipt)
-                    self.bar.update(receipt.units)
-        except Exception as exc:
-            # The task wrapper never raises: this is the cluster failing under us (a
-            # worker killed too often, the scheduler gone).
-            if getattr(exc, "reason", None) == "scheduler-connection-lost":
-                # Every task in flight is lost with the scheduler; those that completed
-                # wrote their manifest entries, which is what a rerun resumes from.
-                raise ClusterError(
-                    f"lost the connection to the Dask scheduler at "
-                    f"{self.client.scheduler.address} in the middle of the run (the scheduler "
-                    f"or the way to it failed; {len(receipts)} of {len(tasks)} tasks reported "
-                    "back, every completed task is stored): when the scheduler is reachable, "
-                    "run the same command again: it resumes where this run stopped"
-                ) from None
-            # Every task not heard from is failed.
-            seen = {r.index for r in receipts}
-            receipts.extend(
-                TaskReceipt(
-                    t.index,
-                    len(t.units),
-                    tuple(UnitFailure.from_exception(u, exc) for u in t.units),
-                    0,
-                    0.0,
-                    0.0,
-                    "",
-                )
-                for t in tasks
-                if t.index not in seen
-            )
-        return receipts

@@ -12,5 +12,6 @@ import pyarrow
 import pyarrow.parquet  # noqa: F401
 import xxhash  # noqa: F401
 
+import pipeline.dispatch
 import pipeline.runner
 import pipeline.workloads.cubes  # noqa: F401

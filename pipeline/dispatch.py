@@ -1,0 +1,156 @@
+"""Running tasks on the cluster: the task wrapper a worker runs, and the runner of
+lists of tasks as joblib tasks on the Dask backend, receipts back unordered."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ClusterError
+from .layout import manifest_key
+from .storage import Store, open_store, write_parquet
+from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
+
+__all__ = ["INLINE_BYTES", "TaskRunner", "count_workers", "execute_task"]
+
+
+def execute_task(
+    workload: Workload, store_url: str | None, task: Task, profile: bool = False
+) -> TaskReceipt:
+    """Worker: run one task; never raises, so joblib never aborts the run. With
+    ``profile``, the receipt carries the task's cProfile statistics."""
+    if profile:
+        from .profiling import profiled
+
+        receipt, stats = profiled(execute_task, workload, store_url, task)
+        return dataclasses.replace(receipt, profile=stats)
+    started, t0 = time.time(), time.perf_counter()
+    try:
+        store = open_store(store_url) if store_url else None
+        out = workload.run_task(task, store)
+        if not out.failures and store is not None and out.manifest is not None:
+            # Last, so that an entry exists only for a task whose data is all written.
+            t_write = time.perf_counter()
+            out.bytes_written += write_parquet(
+                store, manifest_key(workload.job_id, task.index), out.manifest
+            )
+            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
+    except Exception as exc:
+        out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
+    seconds = time.perf_counter() - t0
+    return TaskReceipt(
+        index=task.index,
+        units=len(task.units),
+        failures=tuple(out.failures),
+        bytes_written=out.bytes_written,
+        seconds=seconds,
+        busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
+        worker=socket.gethostname(),
+        fingerprint=out.fingerprint,
+        phases=dict(out.phases),
+        bytes_read=out.bytes_read,
+        bytes_needed=out.bytes_needed,
+        read_seconds=out.read_seconds,
+        started=started,
+        pid=os.getpid(),
+    )
+
+
+def count_workers(client) -> int:
+    return max(1, sum(client.ncores().values()))
+
+
+#: Bytes of workload the tasks of one round may carry inside them (the scheduler
+#: holds them until each task runs); beyond, they share one copy on the cluster.
+INLINE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass
+class TaskRunner:
+    """Runs lists of tasks as joblib tasks on the Dask backend, receipts unordered."""
+
+    workload: Workload
+    store: Store | None
+    client: Any
+    bar: Any
+    profile: bool = False
+    _shared: Any = None
+    _pickled_bytes: int | None = None
+
+    def _workload_for(self, tasks: list[Task]):
+        """What the tasks get as their workload argument: the object itself, pickled
+        into each task, unless that makes the round's tasks hold more than
+        :data:`INLINE_BYTES`; then one copy on the cluster, sent once per run.
+
+        A copy on the cluster lives on one worker, which every other worker then
+        fetches it from: at 1,000 simulated workers those fetches swamped that
+        worker's connections and the run stalled. And the scheduler keeps a round of
+        a few short tasks where their data is, so the probe rounds ran on that one
+        worker while the others idled. A probe round (at most two tasks per worker)
+        is always given the object itself."""
+        if self._pickled_bytes is None:
+            import cloudpickle
+
+            self._pickled_bytes = len(cloudpickle.dumps(self.workload))
+        small_round = len(tasks) <= 2 * count_workers(self.client)
+        if small_round or self._pickled_bytes * len(tasks) <= INLINE_BYTES:
+            return self.workload
+        if self._shared is None:
+            self._shared = self.client.scatter(self.workload, hash=False)
+        return self._shared
+
+    def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
+        from joblib import Parallel, delayed, parallel_config
+
+        from ._joblib_dask import DaskBackend
+
+        receipts: list[TaskReceipt] = []
+        if not tasks:
+            return receipts
+        store_url = self.store.url if self.store is not None else None
+        try:
+            backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
+            backend.share(self.workload, self._workload_for(tasks))
+            with parallel_config(backend=backend):
+                results = Parallel(
+                    n_jobs=-1,
+                    return_as="generator_unordered",
+                    batch_size=1,
+                    pre_dispatch="3*n_jobs",
+                )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
+                for receipt in results:
+                    receipts.append(receipt)
+                    self.bar.update(receipt.units)
+        except Exception as exc:
+            # The task wrapper never raises: this is the cluster failing under us (a
+            # worker killed too often, the scheduler gone).
+            if getattr(exc, "reason", None) == "scheduler-connection-lost":
+                # Every task in flight is lost with the scheduler; those that completed
+                # wrote their manifest entries, which is what a rerun resumes from.
+                raise ClusterError(
+                    f"lost the connection to the Dask scheduler at "
+                    f"{self.client.scheduler.address} in the middle of the run (the scheduler "
+                    f"or the way to it failed; {len(receipts)} of {len(tasks)} tasks reported "
+                    "back, every completed task is stored): when the scheduler is reachable, "
+                    "run the same command again: it resumes where this run stopped"
+                ) from None
+            # Every task not heard from is failed.
+            seen = {r.index for r in receipts}
+            receipts.extend(
+                TaskReceipt(
+                    t.index,
+                    len(t.units),
+                    tuple(UnitFailure.from_exception(u, exc) for u in t.units),
+                    0,
+                    0.0,
+                    0.0,
+                    "",
+                )
+                for t in tasks
+                if t.index not in seen
+            )
+        return receipts

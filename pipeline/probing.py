@@ -1,0 +1,149 @@
+"""The probes: a job's first tasks, run in rounds to measure its cost model, then
+the rest of the job cut into tasks by it (see docs/planning.md)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict
+
+from .config import RunOptions
+from .dispatch import TaskRunner
+from .planning import (
+    LARGE_PROBE_FACTOR,
+    PROBE_SECONDS,
+    Plan,
+    is_small_job,
+    next_large_probe,
+    probe_limit,
+    probe_round,
+    save_plan,
+    unit_layout,
+)
+from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
+from .workload import Task, TaskReceipt
+
+__all__ = ["probe"]
+
+log = logging.getLogger("pipeline.runner")
+
+
+def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):
+    """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
+
+    Each round is one task per worker (a round is waited for: its tasks' durations
+    size the next). A worker's first task also loads its inputs, so the first round
+    of this run only warms up; the others pair small and large tasks. The scheduling
+    cost per task is measured by a burst of no-op tasks (:func:`_task_overhead`).
+    Returns the probes' receipts.
+    """
+    workload, n = run.workload, run.workload.n_units
+    g = workload.granularity
+    layout = unit_layout(workload)
+    if not plan.head and is_small_job(n, n_workers):
+        plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
+        save_plan(workload, run.store, plan)
+        log.info("small job: %d %ss in %d tasks, unprobed", n, workload.unit_name, len(plan.stops))
+        return []
+    limit = max(g, probe_limit(n, n_workers, g))
+    large = min(limit, LARGE_PROBE_FACTOR * g)
+    # Probes an interrupted run recorded but did not finish come first (a warm-up).
+    round_ = [t for t in plan.tasks(n) if t.index not in done]
+    receipts: list[TaskReceipt] = []
+    samples: list[ProbeSample] = []
+    overhead = _task_overhead(run.client, n_workers)
+    model, warm, rounds = None, False, 0
+    while True:
+        left = n - sum(plan.head)
+        if not round_:
+            if not left:
+                break
+            sizes = [min(g, left)] * min(n_workers, math.ceil(left / g))
+            if warm:
+                sizes = probe_round(g, large, n_workers, left)
+            round_ = plan.add_probes(sizes)
+            save_plan(workload, run.store, plan)
+        got = run(round_)
+        receipts += got
+        timed = [r for r in got if r.complete and r.units]
+        if not timed:
+            break  # nothing to measure (failed units, or the cluster failing under us)
+        if warm:
+            ranges = {t.index: (t.start, t.stop) for t in round_}
+            samples += [
+                ProbeSample(
+                    layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read
+                )
+                for r in timed
+            ]
+            model = fit_costs(samples, overhead)
+            rounds += 1
+            # Measured, not modelled: the largest probe's time beyond reading lasts
+            # PROBE_SECONDS and twice the fixed part, so its per-unit part outweighs the
+            # fixed one; and two rounds at least, since two points fit any line.
+            biggest = max(samples, key=lambda p: p.units)
+            work = biggest.seconds - biggest.read_seconds
+            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * model.fixed)):
+                break
+            large = next_large_probe(model.per_unit, model.fixed, large, limit, g)
+        elif model is None:
+            # Cold, so slower than the rest will be: only a fallback should no other
+            # round run (the probes used up a small job).
+            cold = [ProbeSample(layout.weight(*_span(round_, r)), r.seconds) for r in timed]
+            model = fit_costs(cold)
+        warm, round_ = True, []
+    start = sum(plan.head)
+    if model is None:  # nothing measured: several tasks per worker, to be safe
+        plan.stops = cut_tasks(
+            layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
+        )
+    else:
+        plan.stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
+    save_plan(workload, run.store, plan)
+    log.info(
+        "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
+        len(plan.head),
+        _describe_model(model, workload.unit_name),
+        n - start,
+        workload.unit_name,
+        len(plan.stops),
+        plan.typical_size(n),
+    )
+    return receipts
+
+
+def _noop(_i: int) -> None:
+    return None
+
+
+def _task_overhead(client, n_workers: int) -> float:
+    """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
+    worker, submitted at once; its wall time over its tasks is what the scheduler,
+    the network and the workers' task handling cost per task, the cost the probes'
+    round trips hold, without joblib's per-call setup (scattering the workload) that
+    a round of probes pays once."""
+    count = max(20, 4 * n_workers)
+    try:
+        t0 = time.perf_counter()
+        futures = client.map(_noop, range(count), pure=False)
+        client.gather(futures)
+        return (time.perf_counter() - t0) / count
+    except Exception:  # the cluster failing: the probes will say so
+        return 0.0
+
+
+def _span(tasks: list[Task], receipt: TaskReceipt) -> tuple[int, int]:
+    task = next(t for t in tasks if t.index == receipt.index)
+    return task.start, task.stop
+
+
+def _describe_model(model: CostModel | None, unit: str) -> str:
+    if model is None:
+        return "nothing measured"
+    return (
+        f"a task takes {model.fixed:.3g} s + {model.per_unit:.3g} s per {unit}"
+        + (f" + {model.per_byte * 1e9:.3g} s per GB read" if model.per_byte else "")
+        + f", and {model.overhead * 1e3:.3g} ms of scheduling"
+    )
