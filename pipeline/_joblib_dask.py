@@ -1,4 +1,7 @@
-"""joblib's Dask backend, with two fixes.
+"""joblib's Dask backend, with three fixes.
+
+joblib runs a call in the calling process when the backend has one worker: this
+backend always says two or more, so tasks run on the cluster however small it is.
 
 An argument shared by every task (the workload) can be given as a future already
 on the cluster, or as itself to pickle into each task (:meth:`DaskBackend.share`),
@@ -28,6 +31,12 @@ class _DaskLevelError:
 
 
 class DaskBackend(DaskDistributedBackend):
+    def effective_n_jobs(self, n_jobs):
+        # joblib runs a call in the calling process when this is 1: with one worker
+        # thread (--workers 1, or a worker of two just lost) every task would run in
+        # the driver. Never less than 2: the tasks go to the cluster, however small.
+        return max(2, super().effective_n_jobs(n_jobs))
+
     def share(self, arg, future) -> None:
         """Pass ``future`` (on the cluster; or ``arg`` itself, to pickle it into each
         task) wherever a task's argument is ``arg``."""

@@ -4,6 +4,7 @@ lists of tasks as joblib tasks on the Dask backend, receipts back unordered."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -15,7 +16,9 @@ from .layout import manifest_key
 from .storage import Store, open_store, write_parquet
 from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 
-__all__ = ["INLINE_BYTES", "TaskRunner", "count_workers", "execute_task"]
+__all__ = ["DASK_LEVEL_RETRIES", "INLINE_BYTES", "TaskRunner", "count_workers", "execute_task"]
+
+log = logging.getLogger("pipeline.runner")
 
 
 def execute_task(
@@ -64,6 +67,9 @@ def count_workers(client) -> int:
     return max(1, sum(client.ncores().values()))
 
 
+#: Times the tasks not heard from run again after a task failed at the Dask level.
+DASK_LEVEL_RETRIES = 2
+
 #: Bytes of workload the tasks of one round may carry inside them (the scheduler
 #: holds them until each task runs); beyond, they share one copy on the cluster.
 INLINE_BYTES = 128 * 1024 * 1024
@@ -104,13 +110,53 @@ class TaskRunner:
         return self._shared
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
+        """Run ``tasks``; receipts in completion order, one per task.
+
+        A task that fails at the Dask level (``KilledWorker``: the workers running it
+        died, as when a machine of many workers is lost at once) makes joblib give up
+        on every task in flight. The tasks not heard from then run again, up to
+        :data:`DASK_LEVEL_RETRIES` times (a task that completed is not rerun, and
+        rerunning one writes the same bytes); after that they are failed."""
+        receipts: list[TaskReceipt] = []
+        pending = tasks
+        for attempt in range(DASK_LEVEL_RETRIES + 1):
+            got, error = self._run_once(pending, len(receipts), len(tasks))
+            receipts += got
+            if error is None:
+                return receipts
+            seen = {r.index for r in got}
+            pending = [t for t in pending if t.index not in seen]
+            if attempt < DASK_LEVEL_RETRIES:
+                log.warning(
+                    "a task failed on the cluster (%s: %s); running the %d tasks not "
+                    "heard from again",
+                    type(error).__name__,
+                    error,
+                    len(pending),
+                )
+        receipts.extend(
+            TaskReceipt(
+                t.index,
+                len(t.units),
+                tuple(UnitFailure.from_exception(u, error) for u in t.units),
+                0,
+                0.0,
+                0.0,
+                "",
+            )
+            for t in pending
+        )
+        return receipts
+
+    def _run_once(self, tasks: list[Task], reported: int, total: int):
+        """(receipts, the Dask-level error that stopped the run or None)."""
         from joblib import Parallel, delayed, parallel_config
 
         from ._joblib_dask import DaskBackend
 
         receipts: list[TaskReceipt] = []
         if not tasks:
-            return receipts
+            return receipts, None
         store_url = self.store.url if self.store is not None else None
         try:
             backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
@@ -134,23 +180,9 @@ class TaskRunner:
                 raise ClusterError(
                     f"lost the connection to the Dask scheduler at "
                     f"{self.client.scheduler.address} in the middle of the run (the scheduler "
-                    f"or the way to it failed; {len(receipts)} of {len(tasks)} tasks reported "
-                    "back, every completed task is stored): when the scheduler is reachable, "
-                    "run the same command again: it resumes where this run stopped"
+                    f"or the way to it failed; {reported + len(receipts)} of {total} tasks "
+                    "reported back, every completed task is stored): when the scheduler is "
+                    "reachable, run the same command again: it resumes where this run stopped"
                 ) from None
-            # Every task not heard from is failed.
-            seen = {r.index for r in receipts}
-            receipts.extend(
-                TaskReceipt(
-                    t.index,
-                    len(t.units),
-                    tuple(UnitFailure.from_exception(u, exc) for u in t.units),
-                    0,
-                    0.0,
-                    0.0,
-                    "",
-                )
-                for t in tasks
-                if t.index not in seen
-            )
-        return receipts
+            return receipts, exc
+        return receipts, None

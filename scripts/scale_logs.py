@@ -6,8 +6,10 @@ event loop lasted over ``distributed.admin.tick.limit`` (3 s): a stall, counted
 apart (its text mentions timeouts). "Batched Comm Closed" is the scheduler's
 stream to a worker that vanished, and "Couldn't gather keys" the scheduler's
 report that results held by such workers are gone (the client computes them
-again): both expected only when a worker process is killed, counted apart as
-``lost_worker_streams`` and ``lost_results``. Any other record naming an error, an
+again), and "... workers died while trying to run it" a task the scheduler gave up
+on because the workers it was sent to kept dying (the runner runs it again): all
+three expected only when a worker process is killed, counted apart as
+``lost_worker_streams``, ``lost_results`` and ``killed_tasks``. Any other record naming an error, an
 exception, a timeout or a refused/reset connection counts as an error. HAProxy
 (``option tcplog``) ends each session line with a termination state: a lower-case
 ``c``/``s`` first means a client or server timeout, ``SC`` a refused connect.
@@ -22,6 +24,7 @@ RECORD_START = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/
 STALL = re.compile(r"Event loop was unresponsive in (\w+) for ([0-9.]+)s")
 LOST_STREAM = "Batched Comm Closed"
 LOST_RESULTS = "Couldn't gather keys"
+KILLED_TASK = "died while trying to run it"
 ERROR = re.compile(
     r"error|exception|traceback|timed out|timeout|refused|reset by peer|broken pipe",
     re.IGNORECASE,
@@ -57,6 +60,7 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
         "longest_stall_seconds": 0.0,
         "lost_worker_streams": 0,
         "lost_results": 0,
+        "killed_tasks": 0,
     }
     for path in sorted(Path(log_dir).glob("*.log")):
         entry = {
@@ -65,6 +69,7 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
             "longest_stall_seconds": 0.0,
             "lost_worker_streams": 0,
             "lost_results": 0,
+            "killed_tasks": 0,
             "error_records": [],
         }
         haproxy = path.name.startswith("haproxy")
@@ -78,12 +83,14 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
                 entry["lost_worker_streams"] += 1
             elif LOST_RESULTS in record:
                 entry["lost_results"] += 1
+            elif KILLED_TASK in record:
+                entry["killed_tasks"] += 1
             elif _is_error(record, haproxy):
                 entry["errors"] += 1
                 if len(entry["error_records"]) < samples:
                     entry["error_records"].append("\n".join(record.splitlines()[:3])[:400])
         files[path.name] = entry
-        for key in ("errors", "stalls", "lost_worker_streams", "lost_results"):
+        for key in ("errors", "stalls", "lost_worker_streams", "lost_results", "killed_tasks"):
             totals[key] += entry[key]
         totals["longest_stall_seconds"] = max(
             totals["longest_stall_seconds"], entry["longest_stall_seconds"]

@@ -171,3 +171,52 @@ def test_probe_rounds_use_every_worker(tmp_path, client):
     rounds = [range(0, 2)] + [range(i, i + 4) for i in range(2, len(head), 4)]
     for r in rounds:
         assert len({by_index[i] for i in r}) == 2, (list(r), by_index)
+
+
+class _KillsItsWorkerOnce(SquaresWorkload):
+    """Unit ``kill_unit`` kills its worker the first time only (a lost machine)."""
+
+    def __init__(self, *args, kill_unit, marker, **kw):
+        super().__init__(*args, **kw)
+        self.kill_unit, self.marker = kill_unit, str(marker)
+
+    def run_task(self, task, store):
+        import os
+
+        if self.kill_unit in task.units and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        return super().run_task(task, store)
+
+
+def test_a_task_given_up_at_the_dask_level_runs_again(tmp_path):
+    # The scheduler gives up on a task at its first worker death (allowed-failures 0),
+    # which makes joblib abandon every task in flight; the runner runs the tasks not
+    # heard from again, and the job completes in this run.
+    import dask
+    import distributed  # noqa: F401  (its defaults first: set() would drop them on exit)
+
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        connect(RunOptions(workers=2)) as c,
+    ):
+        s = run_job(
+            _KillsItsWorkerOnce("sq", 12, kill_unit=4, marker=tmp_path / "killed-once"),
+            options(tmp_path / "out", units_per_task=3),
+            c,
+            echo=lambda m: None,
+        )
+    assert (tmp_path / "killed-once").exists()
+    assert s.complete and s.units_failed == 0, s.failures[:2]
+    assert len(_values(tmp_path / "out")) == 12
+
+
+def test_one_worker_runs_the_tasks_not_the_driver(tmp_path):
+    # joblib runs a call in the calling process when its backend has one worker.
+    import os
+
+    with connect(RunOptions(workers=1)) as c:
+        s = run_job(SquaresWorkload("sq", 100), options(tmp_path, units_per_task=10), c)
+    assert s.complete
+    pids = {t["worker"].rsplit(":", 1)[1] for t in s.task_timings}
+    assert str(os.getpid()) not in pids, pids

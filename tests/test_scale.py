@@ -56,8 +56,10 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
         "ok": True, "rows": 400, "distinct_units": 400, "missing": []
     }  # fmt: skip
     assert figures["verify_exit_code"] == 0, figures["verify_output"]
-    # The scheduler's streams to the killed workers close (lost_worker_streams) and
-    # results they held are computed again (lost_results); nothing else in any log is
+    # The scheduler's streams to the killed workers close (lost_worker_streams),
+    # results they held are computed again (lost_results), a task sent to several of
+    # them is given up by the scheduler and run again by the runner (killed_tasks);
+    # nothing else in any log is
     # an error, a timeout or a stall's consequence.
     assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
     assert figures["scheduler_cpu_per_task_gross"] > 0
