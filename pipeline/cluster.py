@@ -124,14 +124,6 @@ class ClusterStart:
             raise self._error
         return self._client
 
-    def close_later(self) -> None:
-        """Close it from another thread, once started: an input error is reported now,
-        not when the cluster it no longer needs has come up (the process still waits
-        for the closing at exit, so no worker process is left behind)."""
-        threading.Thread(
-            target=self.__exit__, args=(None, None, None), name="pipeline-cluster-close"
-        ).start()
-
     def __enter__(self) -> ClusterStart:
         return self
 

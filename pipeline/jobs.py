@@ -101,11 +101,13 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
         validation_seconds = time.perf_counter() - t0
     except BaseException:
         if start is not None:
-            start.close_later()
+            # Closed here, before the error is shown: a cluster closed while the
+            # interpreter exits has its workers print tracebacks of lost heartbeats.
+            start.__exit__(None, None, None)
         raise
     if all(s is not None for s in finished):
         if start is not None:
-            start.close_later()
+            start.__exit__(None, None, None)
         return finished
     summaries = []
     with start or ClusterStart(first, modules) as start, _profiled(first.profile):

@@ -209,8 +209,8 @@ def test_the_example_plugin_runs_resumes_and_verifies_through_the_cli(tmp_path):
 
 
 def test_an_input_error_found_while_the_cluster_starts_leaves_no_process(tmp_path):
-    # The cluster starts while the inputs are checked; an input error is reported
-    # then, and the cluster that started meanwhile is closed before the process exits.
+    # The cluster starts while the inputs are checked; on an input error it is closed,
+    # then the error reported: no process outlives the command, no traceback.
     proc = start(
         "run", "--workload", "regressions", "--data", tmp_path / "no-such-data",
         "--chunk-by", "chunk", "--formula", "y ~ x1", "--output", tmp_path / "out",
