@@ -124,6 +124,10 @@ class ClusterStart:
             raise self._error
         return self._client
 
+    def close(self) -> None:
+        """Close it once started (it is not needed, or the inputs were bad)."""
+        self.__exit__(None, None, None)
+
     def __enter__(self) -> ClusterStart:
         return self
 

@@ -103,11 +103,11 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
         if start is not None:
             # Closed here, before the error is shown: a cluster closed while the
             # interpreter exits has its workers print tracebacks of lost heartbeats.
-            start.__exit__(None, None, None)
+            start.close()
         raise
     if all(s is not None for s in finished):
         if start is not None:
-            start.__exit__(None, None, None)
+            start.close()
         return finished
     summaries = []
     with start or ClusterStart(first, modules) as start, _profiled(first.profile):

@@ -22,9 +22,13 @@ from pathlib import Path
 
 RECORD_START = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/\d{4})")
 STALL = re.compile(r"Event loop was unresponsive in (\w+) for ([0-9.]+)s")
-LOST_STREAM = "Batched Comm Closed"
-LOST_RESULTS = "Couldn't gather keys"
-KILLED_TASK = "died while trying to run it"
+#: Records expected when a worker process is killed, counted apart, by their text.
+EXPECTED = {
+    "lost_worker_streams": "Batched Comm Closed",
+    "lost_results": "Couldn't gather keys",
+    "killed_tasks": "died while trying to run it",
+}
+COUNTS = ("errors", "stalls", *EXPECTED)
 ERROR = re.compile(
     r"error|exception|traceback|timed out|timeout|refused|reset by peer|broken pipe",
     re.IGNORECASE,
@@ -54,24 +58,9 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
     """Per log file: stalls (count, longest), lost worker streams, errors (count, the
     first lines of the first few); and totals."""
     files: dict[str, dict] = {}
-    totals = {
-        "errors": 0,
-        "stalls": 0,
-        "longest_stall_seconds": 0.0,
-        "lost_worker_streams": 0,
-        "lost_results": 0,
-        "killed_tasks": 0,
-    }
+    totals = {key: 0 for key in COUNTS} | {"longest_stall_seconds": 0.0}
     for path in sorted(Path(log_dir).glob("*.log")):
-        entry = {
-            "errors": 0,
-            "stalls": 0,
-            "longest_stall_seconds": 0.0,
-            "lost_worker_streams": 0,
-            "lost_results": 0,
-            "killed_tasks": 0,
-            "error_records": [],
-        }
+        entry = {key: 0 for key in COUNTS} | {"longest_stall_seconds": 0.0, "error_records": []}
         haproxy = path.name.startswith("haproxy")
         for record in _records(path.read_text(errors="replace")):
             stall = STALL.search(record)
@@ -79,18 +68,14 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
                 entry["stalls"] += 1
                 seconds = float(stall.group(2))
                 entry["longest_stall_seconds"] = max(entry["longest_stall_seconds"], seconds)
-            elif LOST_STREAM in record:
-                entry["lost_worker_streams"] += 1
-            elif LOST_RESULTS in record:
-                entry["lost_results"] += 1
-            elif KILLED_TASK in record:
-                entry["killed_tasks"] += 1
+            elif expected := next((k for k, text in EXPECTED.items() if text in record), None):
+                entry[expected] += 1
             elif _is_error(record, haproxy):
                 entry["errors"] += 1
                 if len(entry["error_records"]) < samples:
                     entry["error_records"].append("\n".join(record.splitlines()[:3])[:400])
         files[path.name] = entry
-        for key in ("errors", "stalls", "lost_worker_streams", "lost_results", "killed_tasks"):
+        for key in COUNTS:
             totals[key] += entry[key]
         totals["longest_stall_seconds"] = max(
             totals["longest_stall_seconds"], entry["longest_stall_seconds"]

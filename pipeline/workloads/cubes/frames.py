@@ -79,7 +79,8 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
         )
     used = keys[:dim]
     versions = tuple(store.version(key) for key in used)
-    cached = _INSPECTED.get((store.url, dim, tuple(used), versions))
+    key = (store.url, dim, tuple(used), versions)
+    cached = _INSPECTED.get(key)
     if cached is not None:
         return cached
     n_cols = None
@@ -121,7 +122,7 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
     frames = FrameSet(
         url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows, versions=versions
     )
-    _INSPECTED[(store.url, dim, tuple(used), versions)] = frames
+    _INSPECTED[key] = frames
     return frames
 
 
