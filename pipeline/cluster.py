@@ -88,10 +88,13 @@ def _closing(client):
 
 class ClusterStart:
     """:func:`connect` begun in a thread, so that the cluster starts (and its workers
-    import ``modules``) while the driver validates its inputs. :meth:`client` waits
-    for it; leaving the ``with`` block closes it, whatever happened meanwhile."""
+    import ``modules`` and open the stores at ``urls``) while the driver validates its
+    inputs. :meth:`client` waits for it; leaving the ``with`` block closes it,
+    whatever happened meanwhile."""
 
-    def __init__(self, options: RunOptions, modules: tuple[str, ...] = ()):
+    def __init__(
+        self, options: RunOptions, modules: tuple[str, ...] = (), urls: tuple[str, ...] = ()
+    ):
         if not options.scheduler:
             _check_main_guard()  # it inspects the caller's frames: this thread's
         self._stack = contextlib.ExitStack()
@@ -100,17 +103,17 @@ class ClusterStart:
         #: Seconds the start took, and of them the workers' imports.
         self.seconds = self.import_seconds = 0.0
         self._thread = threading.Thread(
-            target=self._start, args=(options, modules), name="pipeline-cluster-start"
+            target=self._start, args=(options, modules, urls), name="pipeline-cluster-start"
         )
         self._thread.start()
 
-    def _start(self, options: RunOptions, modules: tuple[str, ...]) -> None:
+    def _start(self, options: RunOptions, modules: tuple[str, ...], urls: tuple[str, ...]) -> None:
         t0 = time.perf_counter()
         try:
             client = self._stack.enter_context(connect(options))
             t1 = time.perf_counter()
-            if modules and not options.scheduler:  # a fleet's workers live on: preloaded
-                client.run(import_modules, list(modules))
+            if (modules or urls) and not options.scheduler:  # a fleet's workers live on
+                client.run(prepare_worker, list(modules), list(urls))
             self.import_seconds = time.perf_counter() - t1
             self._client = client
         except BaseException as exc:  # raised in the driver's thread by client()
@@ -136,12 +139,18 @@ class ClusterStart:
         return bool(self._stack.__exit__(*exc_info))
 
 
-def import_modules(names: list[str]) -> None:
-    """Worker: import ``names`` (a missing one is for its task to report)."""
-    for name in names:
+def prepare_worker(modules: list[str], urls: list[str]) -> None:
+    """Worker: import ``modules`` and open the stores at ``urls`` (what fails is for
+    the tasks to report)."""
+    for name in modules:
         if name not in sys.modules:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
+    from .storage import open_store
+
+    for url in urls:
+        with contextlib.suppress(Exception):
+            open_store(url).warm()
 
 
 def _require_tls_beyond_loopback(address: str) -> None:

@@ -87,9 +87,11 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     first = jobs[0].options
     workloads = [job.build() for job in jobs]
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
+    urls = [u for w in workloads for u in w.input_urls()]
+    urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
     start = None
     if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
-        start = ClusterStart(first, modules)
+        start = ClusterStart(first, modules, tuple(dict.fromkeys(urls)))
     try:
         t0 = time.perf_counter()
         for job, workload in zip(jobs, workloads, strict=True):

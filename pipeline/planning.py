@@ -182,18 +182,36 @@ def next_large_probe(
     return max(granularity, min(round_up(size, granularity), limit))
 
 
-def probe_round(small: int, large: int, n_workers: int, left: int) -> list[int]:
-    """A round of probes: one large task per worker, then one small per worker, cut to
-    the ``left`` units. Large ones first: each worker then takes one of each, and none
-    idles while another finishes its large one."""
+def probe_round(small: int | None, large: int, n_workers: int, left: int) -> list[int]:
+    """A round of probes: one large task per worker, then one ``small`` per worker
+    (none if None), cut to the ``left`` units. Large ones first: each worker then
+    takes one of each, and none idles while another finishes its large one."""
     sizes, used = [], 0
-    for want in [large] * n_workers + [small] * n_workers:
+    for want in [large] * n_workers + [small] * (n_workers if small else 0):
         take = min(want, left - used)
         if take <= 0:
             break
         sizes.append(take)
         used += take
     return sizes
+
+
+def aligned_probes(layout: UnitLayout, at: int, sizes: list[int]) -> list[int]:
+    """``sizes`` (large probes from unit ``at`` on), each moved to end on the natural
+    boundary nearest its wanted end when that is within half its size: a probe
+    that stops inside a row group leaves the rest of the group for the next task
+    to read again (on S3, a second request for the same bytes)."""
+    out = []
+    for want in sizes:
+        if at >= layout.n:
+            break
+        want = min(want, layout.n - at)
+        size = layout.snap(at, layout.weight(0, at) + want) - at
+        if not want / 2 <= size <= 1.5 * want:
+            size = want
+        out.append(size)
+        at += size
+    return out
 
 
 def round_up(n: int, multiple: int) -> int:

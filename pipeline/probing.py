@@ -14,6 +14,7 @@ from .planning import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
     Plan,
+    aligned_probes,
     is_small_job,
     next_large_probe,
     probe_limit,
@@ -61,7 +62,11 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
                 break
             sizes = [min(g, left)] * min(n_workers, math.ceil(left / g))
             if warm:
-                sizes = probe_round(g, large, n_workers, left)
+                # Small probes in the first measured round only: their fixed part
+                # stays in the fit, and on S3 every task pays a request or more.
+                sizes = probe_round(g if rounds == 0 else None, large, n_workers, left)
+                if rounds:
+                    sizes = aligned_probes(layout, sum(plan.head), sizes)
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         got = run(round_)

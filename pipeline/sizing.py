@@ -65,26 +65,41 @@ class ProbeSample:
 
 
 def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
-    """Least squares of (seconds - read_seconds) on units; per_byte from the reads.
+    """Least squares of (seconds - read_seconds) on units, and of read_seconds on
+    bytes read: a read's own fixed part (a request's latency; on S3 a task makes one
+    or more) joins the task's fixed part.
 
     Needs samples of sizes far apart (the probes pair 1-unit tasks with large ones);
     with one size only, the time is taken as all per unit (no fixed part).
     """
-    read_s = sum(s.read_seconds for s in samples)
-    read_b = sum(s.bytes_read for s in samples)
-    per_byte = read_s / read_b if read_b else 0.0
+    per_byte, read_fixed = _fit_reads(samples)
     x = np.array([s.units for s in samples], dtype=float)
     y = np.array([s.seconds - s.read_seconds for s in samples], dtype=float)
     y = np.maximum(y, 0.0)
     if len(samples) >= 2 and np.ptp(x) > 0:
         slope, intercept = np.polyfit(x, y, 1)
         if slope > 0 and intercept >= 0:
-            return CostModel(float(intercept), float(slope), per_byte, overhead)
+            return CostModel(float(intercept) + read_fixed, float(slope), per_byte, overhead)
         if slope <= 0:
             # Time did not grow with size: all fixed, units nearly free.
-            return CostModel(float(np.median(y)), 1e-9, per_byte, overhead)
+            return CostModel(float(np.median(y)) + read_fixed, 1e-9, per_byte, overhead)
     per_unit = float(y.sum() / max(x.sum(), 1e-9))
-    return CostModel(0.0, max(per_unit, 1e-9), per_byte, overhead)
+    return CostModel(read_fixed, max(per_unit, 1e-9), per_byte, overhead)
+
+
+def _fit_reads(samples: list[ProbeSample]) -> tuple[float, float]:
+    """(per_byte, fixed seconds per task) of the samples' reads: a line through them
+    where their sizes differ and it has a positive slope and intercept, else all
+    per byte."""
+    b = np.array([s.bytes_read for s in samples], dtype=float)
+    t = np.array([s.read_seconds for s in samples], dtype=float)
+    if not b.sum():
+        return 0.0, 0.0
+    if len(samples) >= 2 and np.ptp(b) > 0:
+        slope, intercept = np.polyfit(b, t, 1)
+        if slope > 0 and intercept > 0:
+            return float(slope), float(intercept)
+    return float(t.sum() / b.sum()), 0.0
 
 
 @dataclass

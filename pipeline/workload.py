@@ -150,6 +150,11 @@ class Workload(ABC):
     def preflight(self) -> None:
         """Driver: validate every input; raise ``InputError``/``ConfigError`` before any task."""
 
+    def input_urls(self) -> Sequence[str]:
+        """Driver, before ``preflight``: where its tasks read (folders, ``s3://``
+        prefixes); the workers open these stores while the driver validates."""
+        return ()
+
     def prepare_cluster(self, client) -> None:
         """Driver: anything the workers need before the first task (e.g. shipped code)."""
         return None

@@ -22,8 +22,10 @@ rate is the best of several runs (loops: 3, runner: ``--repeats``).
 With ``--layouts i,ii,iii,iv`` it benchmarks the task planner instead, on the data
 layouts of scripts/regression_layouts.py (OLS with HC1): per layout, the naive loop,
 the runner with default settings, and the runner with each ``units_per_task`` of a
-sweep; the default's speed-up over the loop, and its *regret* (default rate over
-the best fixed size's rate).
+sweep; the default's speed-up over the loop, its *regret* (default rate over the
+best fixed size's rate), and its share of the physical limit: ``workers`` x one
+core's loop (b) of the fits alone, on arrays in memory (no reading, no design, no
+writing, no scheduling).
 
     python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
 """
@@ -278,6 +280,7 @@ def bench_layouts(args, client, root: Path) -> None:
     cov = {"cov_type": "HC1"}
     moto = None
     rows_out = []
+    n_workers = sum(client.ncores().values())
     try:
         for layout in args.layouts.split(","):
             where = root / f"layout-{layout}"
@@ -304,6 +307,11 @@ def bench_layouts(args, client, root: Path) -> None:
                 naive = serial_smf(df, formula, sample, cov)
             print(f"naive loop smf.ols(f, chunk).fit(cov_type='HC1') {naive:8.1f} fits/s "
                   f"(on {sample} chunks)")  # fmt: skip
+            Xs, ys = arrays(df, features, sample)
+            fits_only = max(serial_sm(Xs, ys, cov) for _ in range(3))
+            limit = n_workers * fits_only
+            print(f"the limit: {n_workers} x sm.OLS(arrays).fit(cov_type='HC1') with its "
+                  f"statistics, {fits_only:.1f} fits/s a core = {limit:.1f} fits/s")  # fmt: skip
             results: dict = {}
             lines: dict = {}
             configs = (None, *[u for u in SWEEP if u <= chunks // 4])
@@ -332,22 +340,26 @@ def bench_layouts(args, client, root: Path) -> None:
                 again = serial_smf(df, formula, sample, cov)  # after the runs: the better
             print(f"naive loop again, after the runs {again:8.1f} fits/s; counted: the better")
             naive = max(naive, again)
-            del df
+            del df, Xs, ys
             for upt in configs:
                 print(lines[upt])
             best = max((u for u in results if u is not None), key=results.get)
             speedup, regret = results[None] / naive, results[None] / results[best]
+            share = results[None] / limit
             print(f"layout ({layout}): default = {speedup:.1f}x the naive loop; best fixed "
                   f"size {best} ({results[best]:.1f} fits/s); regret (default / best) "
-                  f"{regret:.2f}")  # fmt: skip
-            rows_out.append((layout, naive, results[None], best, results[best], speedup, regret))
+                  f"{regret:.2f}; default / limit {share:.2f}")  # fmt: skip
+            rows_out.append(
+                (layout, naive, results[None], best, results[best], speedup, regret, share)
+            )
     finally:
         if moto is not None:
             moto.stop()
-    print("\nlayout  naive/s  default/s  best size  best/s  default/naive  default/best")
-    for layout, naive, default, best, best_rate, speedup, regret in rows_out:
+    print("\nlayout  naive/s  default/s  best size  best/s  default/naive  default/best  "
+          "default/limit")  # fmt: skip
+    for layout, naive, default, best, best_rate, speedup, regret, share in rows_out:
         print(f"{layout:6s} {naive:8.1f} {default:10.1f} {best:10d} {best_rate:7.1f} "
-              f"{speedup:14.1f} {regret:13.2f}")  # fmt: skip
+              f"{speedup:14.1f} {regret:13.2f} {share:14.2f}")  # fmt: skip
 
 
 def main() -> None:

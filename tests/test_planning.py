@@ -16,6 +16,7 @@ from pipeline.dataset import chunk_boundaries, discover, plan_chunks, read_task_
 from pipeline.errors import ConfigError
 from pipeline.planning import (
     Plan,
+    aligned_probes,
     is_small_job,
     load_plan,
     next_large_probe,
@@ -61,6 +62,20 @@ def test_fit_separates_the_fixed_part_from_the_part_per_unit():
     assert model.per_unit == pytest.approx(0.001)
     assert model.per_byte == pytest.approx(1e-8)
     assert model.overhead == 0.002
+
+
+def test_a_reads_cost_per_request_is_part_of_the_fixed_part():
+    # Each task's read: 50 ms a request (S3's first byte; moto copying the object) +
+    # 20 ms per MB; tasks of 1 unit read a 4 MB row group, larger ones 16 kB a unit.
+    def sample(units: int, nbytes: int) -> ProbeSample:
+        read = 0.05 + 2e-8 * nbytes
+        return ProbeSample(units, 0.01 + 0.0005 * units + read, read, nbytes)
+
+    model = fit_costs([sample(1, 4_000_000), sample(16, 4_000_000), sample(800, 12_800_000),
+                       sample(1, 4_000_000), sample(2000, 32_000_000)])  # fmt: skip
+    assert model.fixed == pytest.approx(0.06)
+    assert model.per_byte == pytest.approx(2e-8)
+    assert model.seconds(1000, 16_000_000) == pytest.approx(0.01 + 0.5 + 0.05 + 0.32)
 
 
 def test_fit_with_one_size_only_is_all_per_unit():
@@ -170,12 +185,24 @@ def test_probe_sizes():
     assert probe_round(1, 16, 2, 1000) == [16, 16, 1, 1]  # one of each per worker
     assert probe_round(1, 16, 1, 1000) == [16, 1]
     assert probe_round(32, 512, 2, 600) == [512, 88]  # cut to the units left
+    assert probe_round(None, 512, 2, 2000) == [512, 512]  # large ones only
     # Aimed at 1.5x the larger of 0.1 s and the fixed part, 2x-100x the last, whole shards.
     assert next_large_probe(0.001, 0.0, 16, 10_000, 1) == 150
     assert next_large_probe(0.0005, 0.2, 16, 10_000, 1) == 600
     assert next_large_probe(1e-7, 0.0, 16, 10_000, 1) == 1600
     assert next_large_probe(0.001, 0.0, 16, 100, 1) == 100
     assert next_large_probe(0.01, 0.0, 16, 10_000, 16) == 32
+
+
+def test_large_probes_end_on_row_group_boundaries():
+    group = 262
+    layout = make_layout(10 * group, boundaries=range(0, 10 * group + 1, group))
+    got = aligned_probes(layout, 34, [800, 800])
+    assert np.cumsum([34, *got])[1:].tolist() == [786, 1572], got  # 3 and 6 groups
+    # No boundary within half the wanted size: as wanted.
+    assert aligned_probes(layout, 34, [100, 40]) == [100, 40]
+    # Cut to the units left.
+    assert aligned_probes(layout, 2000, [800, 800]) == [620]
 
 
 # -- the dataset's boundaries and bytes ---------------------------------------------------

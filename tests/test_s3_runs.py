@@ -109,3 +109,21 @@ def test_s3_errors_and_slowdowns_lose_nothing(s3, s3_bucket, frames_dir, monkeyp
         for p in ("clean", "faulted")
     }
     assert body["clean"] == body["faulted"]
+
+
+def _has_s3_client(url: str) -> bool:
+    from pipeline.storage import open_store
+
+    return open_store(url)._client_obj is not None
+
+
+def test_workers_open_the_jobs_stores_while_the_cluster_starts(s3, s3_bucket):
+    # A process's first S3 client loads botocore's models (0.2-0.3 s of CPU): made on
+    # every worker while the driver validates, not by each worker's first task.
+    from pipeline.cluster import ClusterStart
+
+    data, out = s3.url(prefix="data"), s3.url(prefix="out")
+    with ClusterStart(RunOptions(workers=2), urls=(data,)) as start:
+        client = start.client()
+        assert client.run(_has_s3_client, data) and all(client.run(_has_s3_client, data).values())
+        assert not any(client.run(_has_s3_client, out).values())

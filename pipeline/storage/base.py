@@ -81,6 +81,10 @@ class Store(ABC):
         """A human-readable location for messages."""
         return f"{self.url.rstrip('/')}/{key}" if key else self.url
 
+    def warm(self) -> None:
+        """Get ready for a task's first request (a worker's, while the driver validates)."""
+        return None
+
     def preflight(self) -> None:
         """Check that the store can be written, read and deleted; raise ``StorageError``."""
         from ..errors import StorageError

@@ -128,6 +128,10 @@ class MapWorkload(Workload):
 
     # -- driver ---------------------------------------------------------------------------
 
+    def input_urls(self) -> tuple[str, ...]:
+        where = self.job.data or self.job.files
+        return (where,) if where and not any(c in where for c in "*?[") else ()
+
     def preflight(self) -> None:
         if self.input is not None:
             return

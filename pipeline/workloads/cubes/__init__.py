@@ -131,6 +131,9 @@ class CubeWorkload(Workload):
             frames = ensure_auto_frames(output, job.dim, job.seed)
         return cls(job, job_id, frames)
 
+    def input_urls(self) -> tuple[str, ...]:
+        return (self._frames_url,)
+
     def preflight(self) -> None:
         if self.frames is None:
             self.frames = inspect_frames(self._frames_url, self.job.dim)

@@ -75,6 +75,9 @@ class RegressionWorkload(Workload):
 
     # -- driver ---------------------------------------------------------------------------
 
+    def input_urls(self) -> tuple[str, ...]:
+        return (self.job.data,) if self.job.data else ()
+
     def preflight(self) -> None:
         if self.index is not None:
             return
