@@ -24,8 +24,9 @@ layouts of scripts/regression_layouts.py (OLS with HC1): per layout, the naive l
 the runner with default settings, and the runner with each ``units_per_task`` of a
 sweep; the default's speed-up over the loop, its *regret* (default rate over the
 best fixed size's rate), and its share of the physical limit: ``workers`` x one
-core's loop (b) of the fits alone, on arrays in memory (no reading, no design, no
-writing, no scheduling).
+core's loop of the statsmodels calls the engine makes per chunk, on arrays in
+memory (loop (b) without the p-values and intervals, which the engine computes
+for a task's chunks at once; no reading, no design, no writing, no scheduling).
 
     python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
 """
@@ -76,18 +77,23 @@ def arrays(df: pd.DataFrame, features: int, n: int):
     ]
 
 
-def serial_sm(Xs, ys, cov: dict, *, with_tables: bool = True) -> float:
+def serial_sm(Xs, ys, cov: dict, *, with_tables: bool = True, inference: bool = True) -> float:
     """``sm.OLS(y, X).fit()`` per chunk; with ``with_tables``, also the statistics the
     coefficients and models tables hold (statsmodels computes them lazily, on first
-    access), so the loop does the work the runner and the batched engine do."""
+    access), so the loop does the work the runner and the batched engine do. Without
+    ``inference``, not the p-values and intervals: the statsmodels engine computes
+    those for all of a task's chunks at once, so that is the work it asks of
+    statsmodels per chunk."""
     import statsmodels.api as sm
 
     t0 = time.perf_counter()
     for X, y in zip(Xs, ys, strict=True):
         r = sm.OLS(y, X).fit(**cov)
         if with_tables:
-            (r.params, r.bse, r.tvalues, r.pvalues, r.conf_int(), r.rsquared, r.rsquared_adj,
-             r.llf, r.aic, r.bic, r.condition_number)  # fmt: skip
+            read = [r.params, r.bse, r.tvalues, r.rsquared, r.rsquared_adj, r.llf, r.aic,
+                    r.bic, r.condition_number]  # fmt: skip
+            if inference:
+                read += [r.pvalues, r.conf_int()]
     return len(Xs) / (time.perf_counter() - t0)
 
 
@@ -308,10 +314,10 @@ def bench_layouts(args, client, root: Path) -> None:
             print(f"naive loop smf.ols(f, chunk).fit(cov_type='HC1') {naive:8.1f} fits/s "
                   f"(on {sample} chunks)")  # fmt: skip
             Xs, ys = arrays(df, features, sample)
-            fits_only = max(serial_sm(Xs, ys, cov) for _ in range(3))
+            fits_only = max(serial_sm(Xs, ys, cov, inference=False) for _ in range(3))
             limit = n_workers * fits_only
-            print(f"the limit: {n_workers} x sm.OLS(arrays).fit(cov_type='HC1') with its "
-                  f"statistics, {fits_only:.1f} fits/s a core = {limit:.1f} fits/s")  # fmt: skip
+            print(f"the limit: {n_workers} x the statsmodels calls of a chunk's fit on arrays "
+                  f"in memory, {fits_only:.1f} fits/s a core = {limit:.1f} fits/s")  # fmt: skip
             results: dict = {}
             lines: dict = {}
             configs = (None, *[u for u in SWEEP if u <= chunks // 4])
