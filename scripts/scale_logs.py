@@ -9,7 +9,10 @@ report that results held by such workers are gone (the client computes them
 again), and "... workers died while trying to run it" a task the scheduler gave up
 on because the workers it was sent to kept dying (the runner runs it again): all
 three expected only when a worker process is killed, counted apart as
-``lost_worker_streams``, ``lost_results`` and ``killed_tasks``. Any other record naming an error, an
+``lost_worker_streams``, ``lost_results`` and ``killed_tasks``. So is a TLS
+handshake reset by its peer within :data:`KILL_WINDOW` seconds of the kill (the
+killed process's workers were connecting), as ``killed_handshakes``; at another
+time it is an error. Any other record naming an error, an
 exception, a timeout or a refused/reset connection counts as an error. HAProxy
 (``option tcplog``) ends each session line with a termination state: a lower-case
 ``c``/``s`` first means a client or server timeout, ``SC`` a refused connect.
@@ -18,6 +21,7 @@ exception, a timeout or a refused/reset connection counts as an error. HAProxy
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 
 RECORD_START = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/\d{4})")
@@ -28,7 +32,10 @@ EXPECTED = {
     "lost_results": "Couldn't gather keys",
     "killed_tasks": "died while trying to run it",
 }
-COUNTS = ("errors", "stalls", *EXPECTED)
+#: A handshake reset this long after a worker process was killed was one of its own.
+KILL_WINDOW = 10.0
+HANDSHAKE_RESET = re.compile(r"TLS handshake failed.*reset by peer")
+COUNTS = ("errors", "stalls", *EXPECTED, "killed_handshakes")
 ERROR = re.compile(
     r"error|exception|traceback|timed out|timeout|refused|reset by peer|broken pipe",
     re.IGNORECASE,
@@ -54,9 +61,25 @@ def _is_error(record: str, haproxy: bool) -> bool:
     return bool(ERROR.search(record))
 
 
-def scan_logs(log_dir: Path, samples: int = 5) -> dict:
+def _seconds(record: str) -> float | None:
+    """The record's time (a Dask log's local time), or None."""
+    try:
+        return datetime.strptime(record[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def _killed_handshake(record: str, killed_at: float | None) -> bool:
+    if killed_at is None or not HANDSHAKE_RESET.search(record):
+        return False
+    at = _seconds(record)
+    return at is not None and killed_at - 1.0 <= at <= killed_at + KILL_WINDOW
+
+
+def scan_logs(log_dir: Path, samples: int = 5, killed_at: float | None = None) -> dict:
     """Per log file: stalls (count, longest), lost worker streams, errors (count, the
-    first lines of the first few); and totals."""
+    first lines of the first few); and totals. ``killed_at``: when a worker process
+    was killed (``time.time()``), if one was."""
     files: dict[str, dict] = {}
     totals = {key: 0 for key in COUNTS} | {"longest_stall_seconds": 0.0}
     for path in sorted(Path(log_dir).glob("*.log")):
@@ -70,6 +93,8 @@ def scan_logs(log_dir: Path, samples: int = 5) -> dict:
                 entry["longest_stall_seconds"] = max(entry["longest_stall_seconds"], seconds)
             elif expected := next((k for k, text in EXPECTED.items() if text in record), None):
                 entry[expected] += 1
+            elif _killed_handshake(record, killed_at):
+                entry["killed_handshakes"] += 1
             elif _is_error(record, haproxy):
                 entry["errors"] += 1
                 if len(entry["error_records"]) < samples:

@@ -221,7 +221,7 @@ def run(opts) -> dict:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **env},
             )
-            killed = None
+            killed, killed_at = None, None
             driver_cpu = 0.0
             while driver.poll() is None:
                 driver_cpu = max(driver_cpu, _cpu(driver.pid))
@@ -232,6 +232,7 @@ def run(opts) -> dict:
                     killed = procs[0]
                     killed_cpu = sum(_cpu(q) for q in killed.pids())
                     killed.kill()
+                    killed_at = time.time()
                     others["worker_processes"] = [q for p in procs[1:] for q in p.pids()]
                     o0["worker_processes"] -= killed_cpu
                     figures["killed_worker_process_after_parts"] = _parts_done(output)
@@ -266,7 +267,7 @@ def run(opts) -> dict:
         verified = _pipeline(["verify", output], env)
         figures["verify_exit_code"] = verified.returncode
         figures["verify_output"] = verified.stdout.strip()[-300:]
-        figures["logs"] = scan_logs(pm.log_dir)
+        figures["logs"] = scan_logs(pm.log_dir, killed_at=killed_at)
         figures["log_dir"] = str(pm.log_dir)
     return figures
 

@@ -58,13 +58,34 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
     assert figures["verify_exit_code"] == 0, figures["verify_output"]
     # The scheduler's streams to the killed workers close (lost_worker_streams),
     # results they held are computed again (lost_results), a task sent to several of
-    # them is given up by the scheduler and run again by the runner (killed_tasks);
+    # them is given up by the scheduler and run again by the runner (killed_tasks),
+    # its workers' TLS handshakes under way are reset (killed_handshakes);
     # nothing else in any log is
     # an error, a timeout or a stall's consequence.
     assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
     assert figures["scheduler_cpu_per_task_gross"] > 0
     assert figures["scheduler_cpu_per_worker_second"] > 0
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from scale_logs import scan_logs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    reset = (
+        "{} - distributed.comm.tcp - WARNING - Listener on 'tls://127.0.0.1:51433': TLS "
+        "handshake failed with remote 'tls://127.0.0.1:48150': [Errno 104] Connection "
+        "reset by peer\n"
+    )
+    (tmp_path / "scheduler.log").write_text(
+        reset.format("2026-11-23 05:30:57,905") + reset.format("2026-11-23 05:45:00,000")
+    )
+    killed_at = time.mktime(time.strptime("2026-11-23 05:30:56", "%Y-%m-%d %H:%M:%S"))
+    logs = scan_logs(tmp_path, killed_at=killed_at)
+    assert (logs["killed_handshakes"], logs["errors"]) == (1, 1)  # the later one: an error
+    assert scan_logs(tmp_path)["errors"] == 2  # nothing killed: both errors
 
 
 # ---------------------------------------------------------------- scheduler loss
