@@ -14,10 +14,11 @@ from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
 from .errors import Interrupted
 from .layout import consolidated_manifest_key
-from .planning import Plan, load_plan
+from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
 from .probing import probe
 from .report import task_timings
+from .sizing import longest_first
 from .storage import Store, join, open_store
 from .summary import RunSummary
 from .workload import Task, TaskReceipt, UnitFailure, Workload
@@ -110,7 +111,8 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
             receipts = [] if plan.sized else probe(run, plan, done, options, n_workers)
             tasks = plan.tasks(workload.n_units)
             ran = done | {r.index for r in receipts}
-            receipts += run([t for t in tasks if t.index not in ran])
+            rest = [t for t in tasks if t.index not in ran]
+            receipts += run(longest_first(unit_layout(workload), rest))
     except KeyboardInterrupt:
         complete = _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
         raise Interrupted(workload.job_id, complete, workload.n_units, workload.unit_name) from None

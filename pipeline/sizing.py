@@ -281,15 +281,25 @@ def _greedy(layout: UnitLayout, start: int, size: float) -> list[int]:
     return stops
 
 
+def longest_first(layout: UnitLayout, tasks: list) -> list:
+    """``tasks`` (with ``start`` and ``stop``) longest first, ties in unit order: the
+    last task each worker takes is then among the shortest, so the workers finish
+    together (tasks cut on far-apart row-group boundaries differ by half a task)."""
+    return sorted(tasks, key=lambda t: -layout.weight(t.start, t.stop))
+
+
 def makespan(
     layout: UnitLayout, start: int, stops: list[int], model: CostModel, n_workers: int
 ) -> float:
-    """Estimated wall time of the tasks, handed out in order to the first free worker."""
+    """Estimated wall time of the tasks, handed out longest first (as the runner does)
+    to the first free worker."""
     free = [0.0] * n_workers
-    first = start
-    for stop in stops:
-        cost = model.seconds(layout.weight(first, stop), layout.bytes(first, stop))
+    bounds = [start, *stops]
+    costs = [
+        model.seconds(layout.weight(a, b), layout.bytes(a, b))
+        for a, b in zip(bounds, stops, strict=False)
+    ]
+    for cost in sorted(costs, reverse=True):
         heapq.heappush(free, heapq.heappop(free) + cost + model.overhead)
-        first = stop
     # The scheduler handles tasks one after another: a floor of its own.
     return max(max(free), len(stops) * model.overhead)

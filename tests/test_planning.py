@@ -29,10 +29,13 @@ from pipeline.sizing import (
     ProbeSample,
     cut_tasks,
     fit_costs,
+    longest_first,
     make_layout,
+    makespan,
     target_seconds,
 )
 from pipeline.storage import LocalStore
+from pipeline.workload import Task
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload, write_regression_data
 
 
@@ -179,6 +182,18 @@ def test_shards_are_never_split():
     layout = make_layout(1000, granularity=32)
     stops = cut_tasks(layout, 64, CostModel(0.05, 1 / 96, overhead=0.002), 2, 1.0)
     assert all(s % 32 == 0 for s in stops[:-1]) and stops[-1] == 1000
+
+
+def test_tasks_run_longest_first_so_workers_finish_together():
+    # Cut on far-apart boundaries (layout iii): 925 and 1,449 units, then 6 of 1,187.
+    layout = make_layout(10_000)
+    stops = list(np.cumsum([925, 1449, *[1187] * 6]))
+    tasks = [Task(i, a, b) for i, (a, b) in enumerate(zip([0, *stops], stops, strict=False))]
+    order = [t.stop - t.start for t in longest_first(layout, tasks)]
+    assert order == [1449, *[1187] * 6, 925]
+    # Handed out in that order to 2 workers, each gets 4,748 units (in unit order,
+    # 4,486 and 5,010).
+    assert makespan(layout, 0, stops, CostModel(0.0, 0.001), 2) == pytest.approx(4.748)
 
 
 def test_probe_sizes():
