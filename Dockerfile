@@ -95,7 +95,9 @@ CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py"]
 # ------------------------------------------------------------------- runtime
 FROM base AS runtime
 # Thread pinning: one task per single-threaded worker, and BLAS must not start
-# threads of its own on top. Dask settings the reference deployment needed at
+# threads of its own on top. MALLOC_*: glibc keeps its heap for arrays under
+# 32 MiB (Dask's nanny would set a 64 KiB trim threshold, which turns every
+# array over 128 KiB into a fresh mapping: tasks 35 % slower; pipeline/cluster.py). Dask settings the reference deployment needed at
 # scale: a deep listen backlog for thousands of workers connecting at once,
 # and a connect timeout that survives a busy scheduler's TLS handshakes.
 # WORKER_TTL: a worker silent this long is removed; Dask spaces heartbeats at
@@ -111,6 +113,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     MKL_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \
+    MALLOC_TRIM_THRESHOLD_=67108864 \
+    MALLOC_MMAP_THRESHOLD_=33554432 \
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
     DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s \

@@ -17,11 +17,22 @@ import dask
 from .config import RunOptions
 from .errors import ClusterError
 
-__all__ = ["THREAD_ENV", "connect"]
+__all__ = ["WORKER_ENV", "connect"]
 
-#: Set in every worker process before numpy loads there: one task per worker
-#: thread, and BLAS must not start its own threads on top of that.
-THREAD_ENV = {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+#: Set in every worker process before numpy loads there. One task per worker
+#: thread, and BLAS must not start its own threads on top of that. glibc's heap
+#: kept for arrays under 32 MiB, trimmed above 64 MiB: Dask's nanny sets
+#: MALLOC_TRIM_THRESHOLD_=65536, which also fixes glibc's mmap threshold at 128 KiB,
+#: so every array over that was a fresh mapping, its pages faulted in again by each
+#: use: regression tasks of 2,500 chunks took 0.38-0.40 s with it, 0.25-0.26 s
+#: with these (median of 16 tasks, 2 workers).
+WORKER_ENV = {
+    "MKL_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+}
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +261,7 @@ def _embedded_cluster(n_workers: int, quiet: bool):
     _quiet_resource_tracker()
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV}
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_ENV}
     preload = [*dask.config.get("distributed.worker.preload", []), "pipeline.worker"]
     with dask.config.set(
         {

@@ -77,6 +77,8 @@ locals {
     MKL_NUM_THREADS                            = "1"
     OMP_NUM_THREADS                            = "1"
     OPENBLAS_NUM_THREADS                       = "1"
+    MALLOC_TRIM_THRESHOLD_                     = "67108864"
+    MALLOC_MMAP_THRESHOLD_                     = "33554432"
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG     = "4096"
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
     DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL    = "300s"

@@ -59,10 +59,11 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.cluster import WORKER_ENV
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 LOOPBACK = "127.0.0.1"
-WORKER_THREAD_ENV = {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 ENCRYPTION_ENV = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
 
 
@@ -328,7 +329,7 @@ def start_worker(
         "--local-directory", str(pm.log_dir / "scratch"),
         *_tls_args(certs, "worker"), *extra_args,
     ]  # fmt: skip
-    return pm.start(f"worker-{name}", argv, {**ENCRYPTION_ENV, **WORKER_THREAD_ENV, **(env or {})})
+    return pm.start(f"worker-{name}", argv, {**ENCRYPTION_ENV, **WORKER_ENV, **(env or {})})
 
 
 def client_security(certs: Mapping[str, Path], role: str = "client"):

@@ -208,6 +208,8 @@ def test_final_stage_is_the_non_root_runtime_with_the_cluster_environment():
         "MKL_NUM_THREADS=1",
         "OMP_NUM_THREADS=1",
         "OPENBLAS_NUM_THREADS=1",
+        "MALLOC_TRIM_THRESHOLD_=67108864",
+        "MALLOC_MMAP_THRESHOLD_=33554432",
         "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096",
         "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s",
         "MPLCONFIGDIR=/tmp/matplotlib",
