@@ -236,3 +236,21 @@ def test_report_and_profile_files(tmp_path, frames_dir):
     assert "Dask Performance Report" in html
     stats = pstats.Stats(str(tmp_path / "driver.prof"))
     assert any("run_job" in fn for (_file, _line, fn) in stats.stats)
+
+
+def test_a_frame_set_is_inspected_once_per_version(tmp_path, frames_dir):
+    # An epoch's iter_cubes checks the frames again: 100 footers of 1,000 columns are
+    # 1.8 s to read, so they are read once per version of the frames.
+    import shutil
+
+    from pipeline.workloads.cubes.frames import inspect_frames
+
+    folder = tmp_path / "frames"
+    shutil.copytree(frames_dir, folder)
+    first = inspect_frames(str(folder), 10)
+    assert inspect_frames(str(folder), 10) is first
+    # A frame rewritten (another size) is inspected again.
+    frame = sorted(folder.glob("*.parquet"))[3]
+    pq.write_table(pq.read_table(frame).slice(0, 20), frame)
+    again = inspect_frames(str(folder), 10)
+    assert again is not first and again.n_rows == 20

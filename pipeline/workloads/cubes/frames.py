@@ -79,8 +79,8 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
         )
     used = keys[:dim]
     versions = tuple(store.version(key) for key in used)
-    key = (store.url, dim, tuple(used), versions)
-    cached = _INSPECTED.get(key)
+    inspected = (store.url, dim, tuple(used), versions)
+    cached = _INSPECTED.get(inspected)
     if cached is not None:
         return cached
     n_cols = None
@@ -122,7 +122,7 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
     frames = FrameSet(
         url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows, versions=versions
     )
-    _INSPECTED[key] = frames
+    _INSPECTED[inspected] = frames
     return frames
 
 
