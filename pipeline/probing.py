@@ -85,13 +85,15 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
             model = fit_costs(samples, overhead)
             rounds += 1
             # Measured, not modelled: the largest probe's time beyond reading lasts
-            # PROBE_SECONDS and twice the fixed part, so its per-unit part outweighs the
-            # fixed one; and two rounds at least, since two points fit any line.
+            # PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit
+            # part outweighs that; and two rounds at least, since two points fit any
+            # line. (The reads are measured apart, their fixed part with them.)
             biggest = max(samples, key=lambda p: p.units)
             work = biggest.seconds - biggest.read_seconds
-            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * model.fixed)):
+            fixed = model.fixed - model.read_fixed
+            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * fixed)):
                 break
-            large = next_large_probe(model.per_unit, model.fixed, large, limit, g)
+            large = next_large_probe(model.per_unit, fixed, large, limit, g)
         elif model is None:
             # Cold, so slower than the rest will be: only a fallback should no other
             # round run (the probes used up a small job).

@@ -51,6 +51,8 @@ class CostModel:
     per_byte: float = 0.0
     #: Scheduler and round-trip seconds per task, beyond the task's own run time.
     overhead: float = 0.0
+    #: Of ``fixed``, what a task's reads pay whatever their size (a request's latency).
+    read_fixed: float = 0.0
 
     def seconds(self, units: float, bytes_read: float = 0.0) -> float:
         return self.fixed + self.per_unit * units + self.per_byte * bytes_read
@@ -79,12 +81,14 @@ def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
     if len(samples) >= 2 and np.ptp(x) > 0:
         slope, intercept = np.polyfit(x, y, 1)
         if slope > 0 and intercept >= 0:
-            return CostModel(float(intercept) + read_fixed, float(slope), per_byte, overhead)
+            return CostModel(
+                float(intercept) + read_fixed, float(slope), per_byte, overhead, read_fixed
+            )
         if slope <= 0:
             # Time did not grow with size: all fixed, units nearly free.
-            return CostModel(float(np.median(y)) + read_fixed, 1e-9, per_byte, overhead)
+            return CostModel(float(np.median(y)) + read_fixed, 1e-9, per_byte, overhead, read_fixed)
     per_unit = float(y.sum() / max(x.sum(), 1e-9))
-    return CostModel(read_fixed, max(per_unit, 1e-9), per_byte, overhead)
+    return CostModel(read_fixed, max(per_unit, 1e-9), per_byte, overhead, read_fixed)
 
 
 def _fit_reads(samples: list[ProbeSample]) -> tuple[float, float]:

@@ -76,7 +76,7 @@ def test_a_reads_cost_per_request_is_part_of_the_fixed_part():
 
     model = fit_costs([sample(1, 4_000_000), sample(16, 4_000_000), sample(800, 12_800_000),
                        sample(1, 4_000_000), sample(2000, 32_000_000)])  # fmt: skip
-    assert model.fixed == pytest.approx(0.06)
+    assert (model.fixed, model.read_fixed) == (pytest.approx(0.06), pytest.approx(0.05))
     assert model.per_byte == pytest.approx(2e-8)
     assert model.seconds(1000, 16_000_000) == pytest.approx(0.01 + 0.5 + 0.05 + 0.32)
 
