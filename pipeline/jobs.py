@@ -89,9 +89,10 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
     urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
+    urls = tuple(dict.fromkeys(urls))
     start = None
     if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
-        start = ClusterStart(first, modules, tuple(dict.fromkeys(urls)))
+        start = ClusterStart(first, modules, urls)
     try:
         t0 = time.perf_counter()
         for job, workload in zip(jobs, workloads, strict=True):
@@ -112,7 +113,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             start.close()
         return finished
     summaries = []
-    with start or ClusterStart(first, modules) as start, _profiled(first.profile):
+    with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
         t1 = time.perf_counter()
         client = start.client()
         startup = {

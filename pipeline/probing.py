@@ -23,7 +23,7 @@ from .planning import (
     unit_layout,
 )
 from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
-from .workload import Task, TaskReceipt
+from .workload import TaskReceipt
 
 __all__ = ["probe"]
 
@@ -33,10 +33,11 @@ log = logging.getLogger("pipeline.runner")
 def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):
     """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
-    Each round is one task per worker (a round is waited for: its tasks' durations
-    size the next). A worker's first task also loads its inputs, so the first round
-    of this run only warms up; the others pair small and large tasks. The scheduling
-    cost per task is measured by a burst of no-op tasks (:func:`_task_overhead`).
+    Each round is waited for: its tasks' durations size the next. A worker's first
+    task also loads its inputs, so the first round of this run (one small task per
+    worker) only warms up; the next gives each worker a large and a small task, the
+    later ones a large task each. The scheduling cost per task is measured by a
+    burst of no-op tasks (:func:`_task_overhead`).
     Returns the probes' receipts.
     """
     workload, n = run.workload, run.workload.n_units
@@ -74,8 +75,8 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
         timed = [r for r in got if r.complete and r.units]
         if not timed:
             break  # nothing to measure (failed units, or the cluster failing under us)
+        ranges = {t.index: (t.start, t.stop) for t in round_}
         if warm:
-            ranges = {t.index: (t.start, t.stop) for t in round_}
             samples += [
                 ProbeSample(
                     layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read
@@ -97,7 +98,7 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
         elif model is None:
             # Cold, so slower than the rest will be: only a fallback should no other
             # round run (the probes used up a small job).
-            cold = [ProbeSample(layout.weight(*_span(round_, r)), r.seconds) for r in timed]
+            cold = [ProbeSample(layout.weight(*ranges[r.index]), r.seconds) for r in timed]
             model = fit_costs(cold)
         warm, round_ = True, []
     start = sum(plan.head)
@@ -139,11 +140,6 @@ def _task_overhead(client, n_workers: int) -> float:
         return (time.perf_counter() - t0) / count
     except Exception:  # the cluster failing: the probes will say so
         return 0.0
-
-
-def _span(tasks: list[Task], receipt: TaskReceipt) -> tuple[int, int]:
-    task = next(t for t in tasks if t.index == receipt.index)
-    return task.start, task.stop
 
 
 def _describe_model(model: CostModel | None, unit: str) -> str:
