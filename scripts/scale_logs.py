@@ -24,7 +24,12 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-RECORD_START = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/\d{4})")
+# A timestamp (Dask, HAProxy), or asyncio's own messages, which the Dask logging
+# setup leaves without one: they start records of their own, not a traceback's tail.
+RECORD_START = re.compile(
+    r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\S+:\d+ \[\d\d/\w{3}/\d{4}"
+    r"|Exception in callback |Task exception was never retrieved|Future exception was never)"
+)
 STALL = re.compile(r"Event loop was unresponsive in (\w+) for ([0-9.]+)s")
 #: Records expected when a worker process is killed, counted apart, by their text.
 EXPECTED = {
@@ -59,6 +64,14 @@ def _is_error(record: str, haproxy: bool) -> bool:
         state = HAPROXY_STATE.search(record)
         return bool(state) and (state.group(1)[0] in "cs" or state.group(1) == "SC")
     return bool(ERROR.search(record))
+
+
+def _sample(record: str) -> str:
+    """The record's first lines and, for a traceback, its last (the exception)."""
+    lines = record.splitlines()
+    if len(lines) > 8:
+        lines = [*lines[:3], "...", *lines[-4:]]
+    return "\n".join(line[:300] for line in lines)
 
 
 def _seconds(record: str) -> float | None:
@@ -98,7 +111,7 @@ def scan_logs(log_dir: Path, samples: int = 5, killed_at: float | None = None) -
             elif _is_error(record, haproxy):
                 entry["errors"] += 1
                 if len(entry["error_records"]) < samples:
-                    entry["error_records"].append("\n".join(record.splitlines()[:3])[:400])
+                    entry["error_records"].append(_sample(record))
         files[path.name] = entry
         for key in COUNTS:
             totals[key] += entry[key]

@@ -88,6 +88,31 @@ def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
     assert scan_logs(tmp_path)["errors"] == 2  # nothing killed: both errors
 
 
+def test_the_log_scan_reads_asyncios_untimed_messages_as_records_of_their_own(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from scale_logs import scan_logs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    # What CI once printed: a harmless handshake warning, then asyncio's report of an
+    # exception in the listener's accept callback, without a timestamp of its own.
+    (tmp_path / "scheduler.log").write_text(
+        "2026-11-23 07:15:13,490 - distributed.comm.tcp - WARNING - Listener on "
+        "'tls://127.0.0.1:48985': TLS handshake failed with remote 'tls://127.0.0.1:49070': "
+        "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol\n"
+        "Exception in callback BaseAsyncIOLoop._handle_events(7, 1)\n"
+        "handle: <Handle BaseAsyncIOLoop._handle_events(7, 1)>\n"
+        "Traceback (most recent call last):\n"
+        + '  File "x.py", line 1, in f\n' * 6
+        + "ConnectionResetError: [Errno 104] Connection reset by peer\n"
+    )
+    logs = scan_logs(tmp_path)
+    assert logs["errors"] == 1, logs
+    (record,) = logs["files"]["scheduler.log"]["error_records"]
+    assert record.startswith("Exception in callback"), record
+    assert record.endswith("Connection reset by peer"), record  # the exception is shown
+
+
 # ---------------------------------------------------------------- scheduler loss
 
 
