@@ -384,21 +384,23 @@ def read_task_rows(
         bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
         first = start * index.chunk_rows - bounds[rgs[0]]
         last = min(stop * index.chunk_rows, index.total_rows) - bounds[rgs[0]]
-        kept = np.zeros(table.num_rows, dtype=bool)
-        kept[first:last] = True
+        kept = np.arange(first, last)
         table = table.slice(first, last - first)
         offsets = np.minimum(np.arange(n + 1) * index.chunk_rows, last - first)
         rows = TaskRows(table.select(columns), offsets.astype(np.int64), start)
     else:
         pos = _chunk_positions(table, index, start, stop)
-        kept = pos >= 0
-        keep = np.flatnonzero(kept)
-        order = keep[np.argsort(pos[keep], kind="stable")]
-        if len(order) and (np.diff(order) == 1).all():  # rows already in order: no copy
-            table = table.select(columns).slice(int(order[0]), len(order))
+        kept = keep = np.flatnonzero(pos >= 0)
+        pos_kept = pos[keep]
+        if len(keep) and keep[-1] - keep[0] == len(keep) - 1 and _ascending(pos_kept):
+            # the task's rows in one stretch, in chunk order (as data written by chunk
+            # is): a slice, without a sort or a copy
+            table = table.select(columns).slice(int(keep[0]), len(keep))
         else:
-            table = table.select(columns).take(pa.array(order))
-        offsets = np.searchsorted(pos[order], np.arange(n + 1), side="left").astype(np.int64)
+            order = np.argsort(pos_kept, kind="stable")
+            keep, pos_kept = keep[order], pos_kept[order]
+            table = table.select(columns).take(pa.array(keep))
+        offsets = np.searchsorted(pos_kept, np.arange(n + 1), side="left").astype(np.int64)
         rows = TaskRows(table, offsets, start)
     rows.bytes_read = int(rg_bytes.sum())
     rows.bytes_needed = _bytes_held(rg_bytes, ds.rg_rows[rgs], kept)
@@ -425,12 +427,17 @@ def _column_spans(meta, row_groups: list[int], columns: list[str]) -> list[tuple
 
 def _bytes_held(rg_bytes: np.ndarray, rg_rows: np.ndarray, kept: np.ndarray) -> int:
     """The bytes of the kept rows, each row group's bytes shared evenly by its rows
-    (``kept`` is a mask over the row groups' rows, concatenated in order)."""
+    (``kept``: the kept rows' ascending positions in the row groups' rows, concatenated
+    in order)."""
     if not len(kept):
         return 0
-    rg_of_row = np.repeat(np.arange(len(rg_rows)), rg_rows)
-    kept_per_rg = np.bincount(rg_of_row, weights=kept, minlength=len(rg_rows))
+    bounds = np.concatenate([[0], np.cumsum(rg_rows)])
+    kept_per_rg = np.diff(np.searchsorted(kept, bounds))
     return round(float((rg_bytes * kept_per_rg / np.maximum(rg_rows, 1)).sum()))
+
+
+def _ascending(a: np.ndarray) -> bool:
+    return bool((a[1:] >= a[:-1]).all())
 
 
 def chunk_boundaries(ds: Dataset, index: ChunkIndex) -> np.ndarray:
@@ -460,7 +467,15 @@ def _chunk_positions(table: pa.Table, index: ChunkIndex, start: int, stop: int) 
     keys = index.keys.slice(start, stop - start)
     if len(index.by) == 1:
         b = index.by[0]
-        idx = pc.index_in(table.column(b), value_set=keys.column(b).combine_chunks())
+        column, value_set = table.column(b), keys.column(b).combine_chunks()
+        if column.null_count == 0 and pa.types.is_integer(column.type) and len(column):
+            # rows come in runs of one chunk: look up each run's value, not each row's
+            values = column.to_numpy()
+            run_starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+            idx = pc.index_in(pa.array(values[run_starts]), value_set=value_set)
+            run_pos = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False))
+            return np.repeat(run_pos.astype(np.int64), np.diff([*run_starts, len(values)]))
+        idx = pc.index_in(column, value_set=value_set)
         return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
     left = table.select(list(index.by)).append_column(
         "__row", pa.array(np.arange(table.num_rows, dtype=np.int64))

@@ -20,13 +20,16 @@ rate is the best of several runs (loops: 3, runner: ``--repeats``).
     python scripts/bench_regressions.py --case default --workers 2
 
 With ``--layouts i,ii,iii,iv`` it benchmarks the task planner instead, on the data
-layouts of scripts/regression_layouts.py (OLS with HC1): per layout, the naive loop,
-the runner with default settings, and the runner with each ``units_per_task`` of a
-sweep; the default's speed-up over the loop, its *regret* (default rate over the
-best fixed size's rate), and its share of the physical limit: ``workers`` x one
-core's loop of the statsmodels calls the engine makes per chunk, on arrays in
-memory (loop (b) without the p-values and intervals, which the engine computes
-for a task's chunks at once; no reading, no design, no writing, no scheduling).
+layouts of scripts/regression_layouts.py (OLS with HC1): per layout and engine
+(``--engine``: auto, the default, and statsmodels), the naive loop, the runner with
+default settings, and the runner with each ``units_per_task`` of a sweep; the
+default's speed-up over the loop, its *regret* (default rate over the best fixed
+size's rate), and its share of the physical limit: ``workers`` x one core's fits on
+arrays in memory, no reading, no design, no writing, no scheduling. For engine auto
+that is the batched engine (so the share is (d')/(workers x (d)) of the default
+case); for statsmodels, a loop of the statsmodels calls the engine makes per chunk
+(loop (b) without the p-values and intervals, which the engine computes for a
+task's chunks at once).
 
     python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
 """
@@ -315,57 +318,70 @@ def bench_layouts(args, client, root: Path) -> None:
                   f"(on {sample} chunks)")  # fmt: skip
             Xs, ys = arrays(df, features, sample)
             fits_only = max(serial_sm(Xs, ys, cov, inference=False) for _ in range(3))
-            limit = n_workers * fits_only
-            print(f"the limit: {n_workers} x the statsmodels calls of a chunk's fit on arrays "
-                  f"in memory, {fits_only:.1f} fits/s a core = {limit:.1f} fits/s")  # fmt: skip
-            results: dict = {}
-            lines: dict = {}
-            configs = (None, *[u for u in SWEEP if u <= chunks // 4])
-            # The best of --repeats runs each, the order rotated from one repeat to the
-            # next (the default never twice at the ends): the machine's load drifts, and
-            # a run's rate can only be lowered by it.
-            for rep in range(args.repeats):
-                shift = rep * (len(configs) // 2 + 1) % len(configs)
-                for upt in configs[shift:] + configs[:shift]:
-                    s, wall = runner(client, data, out, formula, "statsmodels", "HC1", None, upt)
-                    rate = chunks / s.wall_seconds
-                    if rate <= results.get(upt, 0.0):
-                        continue
-                    results[upt] = rate
-                    ratio = f"{s.bytes_read_ratio:.2f}" if s.bytes_read_ratio else "n/a"
-                    lines[upt] = (
-                        f"runner {'default' if upt is None else f'--units-per-task {upt}':22s} "
-                        f"{rate:8.1f} fits/s  ({s.wall_seconds:.2f} s run + "
-                        f"{wall - s.wall_seconds:.2f} s inputs; {s.tasks} tasks, typically "
-                        f"{s.units_per_task}, {s.probe_tasks} probes; bytes read / held "
-                        f"{ratio}; efficiency {s.parallel_efficiency:.2f})"
-                    )
+            batched = max(serial_batched(Xs, ys, "HC1") for _ in range(3))
+            limits = {"statsmodels": n_workers * fits_only, "auto": n_workers * batched}
+            print(f"the limits: {n_workers} x one core's statsmodels calls of a chunk's fit "
+                  f"on arrays in memory, {fits_only:.1f} fits/s a core = "
+                  f"{limits['statsmodels']:.1f} fits/s (engine statsmodels); {n_workers} x the "
+                  f"batched engine on them, {batched:.1f} fits/s a core = {limits['auto']:.1f} "
+                  "fits/s (engine auto)")  # fmt: skip
+            for engine in args.engine.split(","):
+                rows_out.append(
+                    _layout_runs(args, client, layout, engine, data, out, formula, naive,
+                                 limits[engine], df, sample)
+                )  # fmt: skip
             print(startup_line(data, str(root / "startup"), formula))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                again = serial_smf(df, formula, sample, cov)  # after the runs: the better
-            print(f"naive loop again, after the runs {again:8.1f} fits/s; counted: the better")
-            naive = max(naive, again)
             del df, Xs, ys
-            for upt in configs:
-                print(lines[upt])
-            best = max((u for u in results if u is not None), key=results.get)
-            speedup, regret = results[None] / naive, results[None] / results[best]
-            share = results[None] / limit
-            print(f"layout ({layout}): default = {speedup:.1f}x the naive loop; best fixed "
-                  f"size {best} ({results[best]:.1f} fits/s); regret (default / best) "
-                  f"{regret:.2f}; default / limit {share:.2f}")  # fmt: skip
-            rows_out.append(
-                (layout, naive, results[None], best, results[best], speedup, regret, share)
-            )
     finally:
         if moto is not None:
             moto.stop()
-    print("\nlayout  naive/s  default/s  best size  best/s  default/naive  default/best  "
-          "default/limit")  # fmt: skip
-    for layout, naive, default, best, best_rate, speedup, regret, share in rows_out:
-        print(f"{layout:6s} {naive:8.1f} {default:10.1f} {best:10d} {best_rate:7.1f} "
-              f"{speedup:14.1f} {regret:13.2f} {share:14.2f}")  # fmt: skip
+    print("\nlayout  engine       naive/s  default/s  best size  best/s  default/naive  "
+          "default/best  default/limit")  # fmt: skip
+    for layout, engine, naive, default, best, best_rate, speedup, regret, share in rows_out:
+        print(f"{layout:6s}  {engine:11s} {naive:8.1f} {default:10.1f} {best:10d} "
+              f"{best_rate:7.1f} {speedup:14.1f} {regret:13.2f} {share:14.2f}")  # fmt: skip
+
+
+def _layout_runs(args, client, layout, engine, data, out, formula, naive, limit, df, sample):
+    """The default and the sweep's fixed sizes with ``engine``; the figures' row."""
+    chunks = args.layout_chunks
+    results: dict = {}
+    lines: dict = {}
+    configs = (None, *[u for u in SWEEP if u <= chunks // 4])
+    # The best of --repeats runs each, the order rotated from one repeat to the
+    # next (the default never twice at the ends): the machine's load drifts, and
+    # a run's rate can only be lowered by it.
+    for rep in range(args.repeats):
+        shift = rep * (len(configs) // 2 + 1) % len(configs)
+        for upt in configs[shift:] + configs[:shift]:
+            s, wall = runner(client, data, out, formula, engine, "HC1", None, upt)
+            rate = chunks / s.wall_seconds
+            if rate <= results.get(upt, 0.0):
+                continue
+            results[upt] = rate
+            ratio = f"{s.bytes_read_ratio:.2f}" if s.bytes_read_ratio else "n/a"
+            lines[upt] = (
+                f"runner {'default' if upt is None else f'--units-per-task {upt}':22s} "
+                f"{rate:8.1f} fits/s  ({s.wall_seconds:.2f} s run + "
+                f"{wall - s.wall_seconds:.2f} s inputs; {s.tasks} tasks, typically "
+                f"{s.units_per_task}, {s.probe_tasks} probes; bytes read / held "
+                f"{ratio}; efficiency {s.parallel_efficiency:.2f})"
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = serial_smf(df, formula, sample, {"cov_type": "HC1"})  # after the runs
+    print(f"-- engine {engine}\nnaive loop again, after the runs {again:8.1f} fits/s; "
+          "counted: the better")  # fmt: skip
+    naive = max(naive, again)
+    for upt in configs:
+        print(lines[upt])
+    best = max((u for u in results if u is not None), key=results.get)
+    speedup, regret = results[None] / naive, results[None] / results[best]
+    share = results[None] / limit
+    print(f"layout ({layout}), engine {engine}: default = {speedup:.1f}x the naive loop; best "
+          f"fixed size {best} ({results[best]:.1f} fits/s); regret (default / best) "
+          f"{regret:.2f}; default / limit {share:.2f}")  # fmt: skip
+    return (layout, engine, naive, results[None], best, results[best], speedup, regret, share)
 
 
 def main() -> None:
@@ -390,6 +406,11 @@ def main() -> None:
         "--layouts", default=None, help="Benchmark the planner on these layouts (i,ii,iii,iv)."
     )
     p.add_argument("--layout-chunks", type=int, default=10_000, help="Chunks per layout.")
+    p.add_argument(
+        "--engine",
+        default="auto,statsmodels",
+        help="Engines the layouts are run with (auto: the runner's default).",
+    )
     p.add_argument("--repeats", type=int, default=2, help="Runs of each setting (the best).")
     args = p.parse_args()
     from pipeline import RunOptions, connect

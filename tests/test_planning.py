@@ -250,6 +250,28 @@ def test_dataset_boundaries_are_row_group_and_file_starts(tmp_path):
     assert rows.bytes_needed == pytest.approx(rows.bytes_read / 3, rel=0.35)
 
 
+def test_a_tasks_rows_come_by_chunk_whatever_the_files_row_order(tmp_path):
+    # Chunks 3, 1, 2 interleaved with rows of chunk 0 (another task's) in one row group;
+    # then chunks 4-5 in order: the task of chunks 1-3 gets its rows sorted by chunk,
+    # in their file order within a chunk; the task of 4-5 a slice of its row group.
+    def rows_of(ids):
+        return pa.table({"chunk": np.array(ids), "x": np.arange(len(ids), dtype=float)})
+
+    mixed = [3, 0, 1, 3, 2, 0, 1, 2, 3, 1]
+    _write(tmp_path / "a.parquet", [rows_of(mixed), rows_of([4, 4, 5, 5, 5])], 10)
+    ds = discover(str(tmp_path))
+    index = plan_chunks(ds, ("chunk",), None)
+    rows = read_task_rows(ds, index, 1, 4, ["x"])
+    assert rows.offsets.tolist() == [0, 3, 5, 8]
+    expected = [2, 6, 9, 4, 7, 0, 3, 8]  # positions in the file of chunks 1, 2, 3
+    assert rows.table.column("x").to_pylist() == [float(i) for i in expected]
+    assert rows.bytes_needed == pytest.approx(rows.bytes_read * 8 / 10, rel=0.05)
+    rows = read_task_rows(ds, index, 4, 6, ["x"])
+    assert rows.offsets.tolist() == [0, 2, 5]
+    assert rows.table.column("x").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert rows.bytes_needed == rows.bytes_read
+
+
 def test_chunk_rows_are_weights_when_chunks_differ(tmp_path):
     tables = [*_chunks([0], 10), *_chunks([1], 30), *_chunks([2], 20)]
     _write(tmp_path / "a.parquet", tables, 100)
