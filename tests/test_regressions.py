@@ -217,10 +217,49 @@ def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
     for c in range(4):
         assert_same(coefs, c, smf.ols(formula, df[df.chunk == c]).fit())
     assert "C(sector)[T.B]" not in coefs[coefs.chunk_id == 1].term.tolist()
+    # WLS too: the chunks lacking a level are batched one by one, with their weights.
+    coefs, models = fit_all(workload(data, formula=formula, model="wls", weights="w"))
+    assert models.engine.tolist() == ["batched"] * 4
+    for c in range(4):
+        chunk = df[df.chunk == c]
+        assert_same(coefs, c, smf.wls(formula, chunk, weights=chunk["w"]).fit())
     # A formula with a stateful transform is built per chunk, and still matches.
     coefs, _ = fit_all(workload(data, formula="y ~ center(x1) + C(sector)"))
     for c in range(4):
         assert_same(coefs, c, smf.ols("y ~ center(x1) + C(sector)", df[df.chunk == c]).fit())
+
+
+def test_design_slices_cover_a_task_in_order_within_the_cells():
+    from pipeline.workloads.regressions.design import SLICE_CELLS, design_slices
+
+    offsets = np.array([0, 100, 250, 250, 400, 2000, 2100])  # an empty chunk, a long one
+    assert design_slices(offsets, 5) == [(0, 6)]  # all within one slice's cells
+    wide = SLICE_CELLS // 200  # a table this wide: slices of 200 rows at most, or a chunk
+    assert design_slices(offsets, wide) == [(0, 1), (1, 3), (3, 4), (4, 5), (5, 6)]
+    assert design_slices(np.array([0]), 5) == []
+
+
+@pytest.mark.parametrize("settings", [{}, {"cov_type": "HC1"}, {"model": "wls", "weights": "w"},
+                                      {"cov_type": "HAC", "maxlags": 2}])  # fmt: skip
+def test_a_task_fitted_in_slices_gives_the_tables_of_a_whole_design(tmp_path, monkeypatch,
+                                                                      settings):  # fmt: skip
+    from pipeline.workloads.regressions import design
+
+    # Slices with other level sets than the task's: chunk 1 lacks A, chunk 3 has E.
+    df = panel(chunks=6, rows=60)
+    df.loc[(df.chunk == 1) & (df.sector == "A"), "sector"] = "B"
+    df.loc[(df.chunk == 3) & (df.t < 15), "sector"] = "E"
+    w = workload(write(df, tmp_path / "d"), **settings)
+    whole = fit_all(w)
+    monkeypatch.setattr(design, "SLICE_CELLS", 60 * 2 * len(w.columns))  # 2 chunks a slice
+    sliced = fit_all(w)
+    for a, b in zip(whole, sliced, strict=True):
+        a, b = (
+            a.drop(columns=["fit_seconds"], errors="ignore"),
+            b.drop(columns=["fit_seconds"], errors="ignore"),
+        )
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert (sliced[1].engine == "batched").any() == (settings.get("cov_type") != "HAC")
 
 
 def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):

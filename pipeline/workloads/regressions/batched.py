@@ -134,16 +134,21 @@ def fit_ols_batch(
     *,
     cov_type: str = "nonrobust",
     has_constant: bool = True,
+    weights: list[np.ndarray] | None = None,
+    alpha: float = 0.05,
 ) -> list[BatchedOLSResult | Unsupported]:
-    """Fit each (X_i, y_i) like sm.OLS(y_i, X_i).fit(cov_type=cov_type).
+    """Fit each (X_i, y_i) like sm.OLS(y_i, X_i).fit(cov_type=cov_type), or like sm.WLS
+    with ``weights`` (one float64 array per chunk); intervals at ``1 - alpha``.
 
     ``has_constant`` is the caller's claim that every X has an intercept column; a chunk where
     statsmodels' constant detection disagrees comes back Unsupported.  One result per chunk, in
-    order; a bad chunk never changes the others' results.
+    order; a bad chunk never changes the others' results, nor do its neighbours its bits.
     """
     canonical = _canonical_cov_type(cov_type)
     if len(Xs) != len(ys):
         raise ValueError(f"{len(Xs)} design matrices but {len(ys)} responses")
+    if weights is not None and len(weights) != len(Xs):
+        raise ValueError(f"{len(Xs)} design matrices but {len(weights)} weight arrays")
     out: list[BatchedOLSResult | Unsupported | None] = [None] * len(Xs)
     if canonical is None:
         return [
@@ -164,10 +169,16 @@ def fit_ols_batch(
         size = batch_size(n, k)
         for start in range(0, len(idx), size):
             part = idx[start : start + size]
-            X = np.stack([checked[i][0] for i in part])
-            y = np.stack([checked[i][1] for i in part])
-            for i, res in zip(part, _fit_stack(X, y, canonical, has_constant), strict=True):
-                out[i] = res
+            # C order whatever the inputs' (np.stack keeps theirs): the results' last
+            # bits depend on the layout BLAS and LAPACK are given
+            X = np.ascontiguousarray(np.stack([checked[i][0] for i in part]))
+            y = np.ascontiguousarray(np.stack([checked[i][1] for i in part]))
+            w = None
+            if weights is not None:
+                w = np.ascontiguousarray(np.stack([weights[i] for i in part]), dtype=np.float64)
+            fit = _solve_stack(X, y, canonical, has_constant, alpha, True, w)
+            for j, i in enumerate(part):
+                out[i] = fit.result(j)
     return out  # type: ignore[return-value]
 
 
@@ -302,12 +313,6 @@ def fit_ols_stack(
         k_const = 1 if has_constant else 0
         return StackFit.empty(0, n, k, float(k - k_const), float(n - k))
     return StackFit.concat(parts)
-
-
-def _fit_stack(X: np.ndarray, y: np.ndarray, cov_type: str, has_constant: bool) -> list:
-    """Fit a (B, n, k) stack; chunks failing a check become Unsupported, the rest are solved."""
-    fit = _solve_stack(X, y, cov_type, has_constant, 0.05)
-    return [fit.result(b) for b in range(len(fit.ok))]
 
 
 def _solve_stack(

@@ -44,7 +44,7 @@ def fit_task(
     rest = list(range(design.n))
     if batched_covers(spec):
         rest = _fit_stacks(spec, design, has_constant, out, keep_resid)
-        if rest and spec.model == "ols":  # (the list engine has no weights)
+        if rest:
             rest = _fit_batched_list(spec, design, has_constant, rest, out, keep_resid)
     for i in rest:
         t0 = time.perf_counter()
@@ -92,7 +92,8 @@ def _fit_batched_list(
     spec, design: TaskDesign, has_constant, todo: list[int], out: TaskFits, keep_resid: bool
 ) -> list[int]:
     """Chunks built one by one (dropped rows, missing levels, per-chunk formulas): the
-    batched engine on their arrays; return those it hands back."""
+    batched engine on their arrays (row-major, as the stacked chunks': a chunk gets the
+    same bits whichever way its neighbours send it); return those it hands back."""
     idx, Xs, ys, preps, rest = [], [], [], {}, []
     t0 = time.perf_counter()
     for i in todo:
@@ -114,14 +115,15 @@ def _fit_batched_list(
         ys.append(p.y)
     if not idx:
         return rest
-    results = fit_ols_batch(Xs, ys, cov_type=spec.cov_type, has_constant=has_constant)
+    weights = [preps[i].weights for i in idx] if spec.model == "wls" else None
+    results = fit_ols_batch(Xs, ys, cov_type=spec.cov_type, has_constant=has_constant,
+                            weights=weights, alpha=spec.alpha)  # fmt: skip
     each = (time.perf_counter() - t0) / len(idx)
-    use_t = spec.cov_type == "nonrobust"
     for i, r in zip(idx, results, strict=True):
         if isinstance(r, Exception):
             rest.append(i)
         else:
-            fit = out.single[i] = from_batched(r, preps[i], spec.alpha, use_t, each)
+            fit = out.single[i] = from_batched(r, preps[i], each)
             if keep_resid:
                 fit.fitted = preps[i].X @ fit.params
                 fit.resid = preps[i].y - fit.fitted

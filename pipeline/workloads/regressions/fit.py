@@ -339,8 +339,9 @@ def finish_inference(fits: list[ChunkFit], alpha: float) -> None:
         f.p_value, f.ci_low, f.ci_high = pval[a:b], low[a:b], high[a:b]
 
 
-def from_batched(r, p: Prepared, alpha: float, use_t: bool, seconds: float) -> ChunkFit:
-    """A :class:`ChunkFit` from the batched engine's result for one chunk."""
+def from_batched(r, p: Prepared, seconds: float) -> ChunkFit:
+    """A :class:`ChunkFit` from the batched engine's result for one chunk (its intervals
+    at the job's level, as the stacked chunks' are: the same bits by either way)."""
     out = ChunkFit(
         nobs=int(r.nobs),
         nobs_dropped=p.dropped,
@@ -362,11 +363,7 @@ def from_batched(r, p: Prepared, alpha: float, use_t: bool, seconds: float) -> C
         engine="batched",
         warnings=f"dropped {p.dropped} rows with missing values" if p.dropped else None,
     )
-    if alpha == 0.05:
-        out.p_value = np.asarray(r.pvalues)
-        ci = np.asarray(r.conf_int)
-        out.ci_low, out.ci_high = ci[:, 0], ci[:, 1]
-    else:  # the engine's intervals are 95 %: recompute like statsmodels (t for nonrobust)
-        out.use_t = use_t
-        out.df_inference = float(r.df_resid)
+    out.p_value = np.asarray(r.pvalues)
+    ci = np.asarray(r.conf_int)
+    out.ci_low, out.ci_high = ci[:, 0], ci[:, 1]
     return out

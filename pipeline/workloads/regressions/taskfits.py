@@ -88,6 +88,13 @@ class TaskFits:
     def __iter__(self) -> Iterator[ChunkFit]:
         return (self[i] for i in range(self.n))
 
+    def add(self, part: TaskFits, at: int) -> None:
+        """Take ``part``'s results as those of chunks ``at..at + len(part) - 1``."""
+        for b in part.blocks:
+            b.chunks = b.chunks + at
+            self.blocks.append(b)
+        self.single.update({i + at: f for i, f in part.single.items()})
+
     @classmethod
     def of(cls, fits: list[ChunkFit]) -> TaskFits:
         out = cls(len(fits))

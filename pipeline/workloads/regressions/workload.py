@@ -30,7 +30,7 @@ from ...errors import ConfigError, InputError
 from ...layout import consolidated_manifest_key, part_key
 from ...storage import Store, join, write_parquet
 from ...workload import Task, TaskOutput, UnitFailure, Workload
-from .design import ChunkError, TaskDesign
+from .design import ChunkError, TaskDesign, design_slices
 from .engine import fit_task
 from .fit import ChunkFit
 from .options import check_fit_options, check_trial_fit
@@ -191,13 +191,19 @@ class RegressionWorkload(Workload):
     # -- worker ---------------------------------------------------------------------------
 
     def fit_range(self, start: int, stop: int, *, keep_resid: bool = False) -> TaskFits:
-        """Fit chunks ``start..stop-1`` (reads their rows); their results by local position."""
+        """Fit chunks ``start..stop-1``: their rows read once, designed and fitted a slice
+        at a time (:func:`.design.design_slices`); their results by local position."""
         spec = self.spec
         rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns),
                               dictionary=self._text_columns())  # fmt: skip
-        design = TaskDesign(spec, rows.table, rows.offsets, self.info)
         has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
-        return fit_task(spec, design, has_constant, keep_resid=keep_resid)
+        table, offsets = rows.table, rows.offsets
+        fits = TaskFits(stop - start)
+        for a, b in design_slices(offsets, table.num_columns):
+            lo, hi = int(offsets[a]), int(offsets[b])
+            design = TaskDesign(spec, table.slice(lo, hi - lo), offsets[a : b + 1] - lo, self.info)
+            fits.add(fit_task(spec, design, has_constant, keep_resid=keep_resid), a)
+        return fits
 
     def _text_columns(self) -> tuple[str, ...]:
         """The formula's string columns (not the cluster groups): read as dictionaries,
