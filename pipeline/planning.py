@@ -34,6 +34,11 @@ from .workload import Task, Workload, plan_tasks, tasks_from_stops
 PROBE_SECONDS = 0.1
 #: The first large probe, in units (or shards) of the small one.
 LARGE_PROBE_FACTOR = 16
+#: The next large probe is aimed at this many times PROBE_SECONDS (or the fixed part):
+#: the first round's per-unit estimate (16 units against 1) can be several times too
+#: high, and a probe aimed at 1.5x fell short of PROBE_SECONDS often enough that a
+#: short job paid a third round (a probe is useful work: a longer one costs nothing).
+PROBE_AIM = 4.0
 #: Jobs of at most this many units per worker run as one round, unprobed.
 SMALL_JOB_UNITS_PER_WORKER = 32
 #: The job.json plan formats this version reads (1: head + units_per_task; 2: + stops).
@@ -174,10 +179,10 @@ def probe_limit(n_units: int, n_workers: int, granularity: int = 1) -> int:
 def next_large_probe(
     per_unit: float, fixed: float, previous: int, limit: int, granularity: int
 ) -> int:
-    """Units for the next large probe: aimed so its per-unit part lasts 1.5x the more of
-    :data:`PROBE_SECONDS` and the fixed part, at least 2x and at most 100x the last,
-    never past ``limit``."""
-    aim = math.ceil(round(1.5 * max(PROBE_SECONDS, fixed) / max(per_unit, 1e-9), 6))
+    """Units for the next large probe: aimed so its per-unit part lasts :data:`PROBE_AIM`
+    times the more of :data:`PROBE_SECONDS` and the fixed part, at least 2x and at most
+    100x the last, never past ``limit``."""
+    aim = math.ceil(round(PROBE_AIM * max(PROBE_SECONDS, fixed) / max(per_unit, 1e-9), 6))
     size = min(max(aim, 2 * previous), 100 * previous)
     return max(granularity, min(round_up(size, granularity), limit))
 

@@ -34,10 +34,11 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
     """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
     Each round is waited for: its tasks' durations size the next. A worker's first
-    task also loads its inputs, so the first round of this run (one small task per
-    worker) only warms up; the next gives each worker a large and a small task, the
-    later ones a large task each. The scheduling cost per task is measured by a
-    burst of no-op tasks (:func:`_task_overhead`).
+    task also loads its inputs, so the first round of this run starts with one small
+    task per worker, a warm-up left out of the fit (each worker's first task to
+    start is), then a large and a small task per worker; the later rounds give each
+    worker a large task. The scheduling cost per task is measured by a burst of
+    no-op tasks (:func:`_task_overhead`).
     Returns the probes' receipts.
     """
     workload, n = run.workload, run.workload.n_units
@@ -55,52 +56,57 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     overhead = _task_overhead(run.client, n_workers)
-    model, warm, rounds = None, False, 0
+    model, rounds, first_round = None, 0, True
     while True:
         left = n - sum(plan.head)
+        resumed = bool(round_)
         if not round_:
             if not left:
                 break
-            sizes = [min(g, left)] * min(n_workers, math.ceil(left / g))
-            if warm:
-                # Small probes in the first measured round only: their fixed part
-                # stays in the fit, and on S3 every task pays a request or more.
-                sizes = probe_round(g if rounds == 0 else None, large, n_workers, left)
-                if rounds:
-                    sizes = aligned_probes(layout, sum(plan.head), sizes)
+            # Small probes in the first measured round only: their fixed part stays
+            # in the fit, and on S3 every task pays a request or more.
+            sizes = probe_round(g if rounds == 0 else None, large, n_workers, left)
+            if rounds:
+                sizes = aligned_probes(layout, sum(plan.head), sizes)
+            elif first_round:  # a warm-up per worker first: each worker's first to start
+                warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
+                sizes = warm_ups + probe_round(g, large, n_workers, left - sum(warm_ups))
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         got = run(round_)
         receipts += got
-        timed = [r for r in got if r.complete and r.units]
-        if not timed:
-            break  # nothing to measure (failed units, or the cluster failing under us)
         ranges = {t.index: (t.start, t.stop) for t in round_}
-        if warm:
-            samples += [
-                ProbeSample(
-                    layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read
-                )
-                for r in timed
-            ]
-            model = fit_costs(samples, overhead)
-            rounds += 1
-            # Measured, not modelled: the largest probe's time beyond reading lasts
-            # PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit
-            # part outweighs that; and two rounds at least, since two points fit any
-            # line. (The reads are measured apart, their fixed part with them.)
-            biggest = max(samples, key=lambda p: p.units)
-            work = biggest.seconds - biggest.read_seconds
-            fixed = model.fixed - model.read_fixed
-            if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * fixed)):
-                break
-            large = next_large_probe(model.per_unit, fixed, large, limit, g)
-        elif model is None:
-            # Cold, so slower than the rest will be: only a fallback should no other
-            # round run (the probes used up a small job).
-            cold = [ProbeSample(layout.weight(*ranges[r.index]), r.seconds) for r in timed]
-            model = fit_costs(cold)
-        warm, round_ = True, []
+        timed = [r for r in got if r.complete and r.units]
+        if first_round:
+            # Cold, so slower than the rest will be: left out of the fit, and only a
+            # fallback should no other task be measured (a small job used up).
+            cold = _first_tasks(timed)
+            if cold:
+                model = fit_costs([ProbeSample(layout.weight(*ranges[r.index]), r.seconds)
+                                   for r in cold])  # fmt: skip
+            cold_tasks = {r.index for r in cold}
+            timed = [] if resumed else [r for r in timed if r.index not in cold_tasks]
+        first_round, round_ = False, []
+        if not timed:
+            if resumed and any(r.complete for r in got):
+                continue  # the interrupted run's probes warmed the workers: measure now
+            break  # nothing to measure (failed units, or the cluster failing under us)
+        samples += [
+            ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
+            for r in timed
+        ]
+        model = fit_costs(samples, overhead)
+        rounds += 1
+        # Measured, not modelled: the largest probe's time beyond reading lasts
+        # PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
+        # outweighs that; and two rounds at least, since two points fit any line.
+        # (The reads are measured apart, their fixed part with them.)
+        biggest = max(samples, key=lambda p: p.units)
+        work = biggest.seconds - biggest.read_seconds
+        fixed = model.fixed - model.read_fixed
+        if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * fixed)):
+            break
+        large = next_large_probe(model.per_unit, fixed, large, limit, g)
     start = sum(plan.head)
     if model is None:  # nothing measured: several tasks per worker, to be safe
         plan.stops = cut_tasks(
@@ -120,6 +126,16 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
         plan.typical_size(n),
     )
     return receipts
+
+
+def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
+    """Each worker process's first task to start among ``receipts``."""
+    first: dict[tuple[str, int], TaskReceipt] = {}
+    for r in receipts:
+        key = (r.worker, r.pid)
+        if key not in first or r.started < first[key].started:
+            first[key] = r
+    return list(first.values())
 
 
 def _noop(_i: int) -> None:

@@ -201,12 +201,13 @@ def test_probe_sizes():
     assert probe_round(1, 16, 1, 1000) == [16, 1]
     assert probe_round(32, 512, 2, 600) == [512, 88]  # cut to the units left
     assert probe_round(None, 512, 2, 2000) == [512, 512]  # large ones only
-    # Aimed at 1.5x the larger of 0.1 s and the fixed part, 2x-100x the last, whole shards.
-    assert next_large_probe(0.001, 0.0, 16, 10_000, 1) == 150
-    assert next_large_probe(0.0005, 0.2, 16, 10_000, 1) == 600
+    # Aimed at 4x the larger of 0.1 s and the fixed part, 2x-100x the last, whole shards.
+    assert next_large_probe(0.001, 0.0, 16, 10_000, 1) == 400
+    assert next_large_probe(0.0005, 0.2, 16, 10_000, 1) == 1600
     assert next_large_probe(1e-7, 0.0, 16, 10_000, 1) == 1600
     assert next_large_probe(0.001, 0.0, 16, 100, 1) == 100
-    assert next_large_probe(0.01, 0.0, 16, 10_000, 16) == 32
+    assert next_large_probe(0.01, 0.0, 16, 10_000, 16) == 48
+    assert next_large_probe(0.1, 0.0, 16, 10_000, 16) == 32
 
 
 def test_large_probes_end_on_row_group_boundaries():
