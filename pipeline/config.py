@@ -190,7 +190,12 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         with open(p, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"job file {p}: no such file") from None
+        from . import registry
+
+        hint = ""
+        if str(path) in registry.names():
+            hint = f" (to run the {path} workload from flags alone: --workload {path})"
+        raise ConfigError(f"job file {p}: no such file{hint}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
     workload = data.pop("workload", default_workload)

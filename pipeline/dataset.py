@@ -81,6 +81,7 @@ def discover(url: str) -> Dataset:
     if not url:
         raise InputError("no dataset given: set data (--data PATH or s3://bucket/prefix)")
     store = open_store(url)
+    url = store.url  # a local path made absolute: "data.parquet" has a parent folder too
     try:
         keys = [k for k in store.list() if k and _is_data_key(k)]
         if not keys:
@@ -98,6 +99,13 @@ def discover(url: str) -> Dataset:
     except OSError as exc:
         raise InputError(f"dataset {url}: cannot list it: {exc}") from exc
     if not keys:
+        if url.rstrip("/").lower().endswith((".csv", ".csv.gz", ".tsv", ".json", ".jsonl")):
+            raise InputError(
+                f"dataset {url}: only parquet is read (chunks are planned from its row "
+                "groups); convert it once, e.g. with pandas: "
+                f"pd.read_csv({url.rstrip('/')!r}).to_parquet('data.parquet', "
+                "row_group_size=100_000)"
+            )
         raise InputError(
             f"dataset {url}: no .parquet files there (make a demo dataset with "
             "`pipeline data regressions`)"

@@ -159,3 +159,45 @@ def test_cli_reports_bad_input_in_one_line_and_exits_non_zero(tmp_path):
     assert "Error: frames folder" in proc.stderr and "nope is missing or empty" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_file_in_the_working_directory_is_found(tmp_path, monkeypatch):
+    from pipeline.dataset import discover
+
+    pd.DataFrame({"g": [1, 1, 2], "y": [1.0, 2.0, 3.0]}).to_parquet(tmp_path / "panel.parquet")
+    monkeypatch.chdir(tmp_path)
+    ds = discover("panel.parquet")
+    assert ds.num_rows == 3 and ds.url == str(tmp_path)
+
+
+def test_a_csv_dataset_gets_told_to_become_parquet(tmp_path):
+    from pipeline.dataset import discover
+
+    (tmp_path / "panel.csv").write_text("g,y\n1,1.0\n")
+    with pytest.raises(InputError, match=r"only parquet is read.*pd\.read_csv"):
+        discover(str(tmp_path / "panel.csv"))
+
+
+def test_a_job_file_named_like_a_workload_points_to_the_flag(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"no such file \(.*--workload regressions\)"):
+        load_jobs(["regressions"], {}, environ={})
+
+
+def test_bad_input_found_while_the_cluster_starts_prints_one_line(tmp_path):
+    # The embedded cluster starts while the inputs are checked; closing it right away
+    # made a worker log its in-flight heartbeat's failure (two tracebacks), in about
+    # one run of five. Three runs, each must print the error alone.
+    pd.DataFrame({"g": [1, 1, 2, 2], "y": [1.0, 2.0, 3.0, 4.0]}).to_parquet(tmp_path / "d.parquet")
+    argv = [
+        sys.executable, "-m", "pipeline", "run", "--workload", "regressions",
+        "--data", str(tmp_path / "d.parquet"), "--chunk-by", "g", "--formula", "y ~ nope",
+        "--output", str(tmp_path / "out"),
+    ]  # fmt: skip
+    for _ in range(3):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
+        assert "nope" in lines[0]
+    assert not (tmp_path / "out").exists()
