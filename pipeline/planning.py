@@ -181,8 +181,12 @@ def next_large_probe(
 ) -> int:
     """Units for the next large probe: aimed so its per-unit part lasts :data:`PROBE_AIM`
     times the more of :data:`PROBE_SECONDS` and the fixed part, at least 2x and at most
-    100x the last, never past ``limit``."""
+    100x the last, never past ``limit``. A last probe whose per-unit part was smaller
+    than its fixed part measured little but noise for the slope: 100x then (its
+    per-unit part stays under 100x the fixed part)."""
     aim = math.ceil(round(PROBE_AIM * max(PROBE_SECONDS, fixed) / max(per_unit, 1e-9), 6))
+    if per_unit * previous < fixed:
+        aim = 100 * previous
     size = min(max(aim, 2 * previous), 100 * previous)
     return max(granularity, min(round_up(size, granularity), limit))
 

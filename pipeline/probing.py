@@ -144,11 +144,12 @@ def _noop(_i: int) -> None:
 
 def _task_overhead(client, n_workers: int) -> float:
     """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
-    worker, submitted at once; its wall time over its tasks is what the scheduler,
-    the network and the workers' task handling cost per task, the cost the probes'
-    round trips hold, without joblib's per-call setup (scattering the workload) that
-    a round of probes pays once."""
-    count = max(20, 4 * n_workers)
+    worker (8 at least), submitted at once; its wall time over its tasks is what the
+    scheduler, the network and the workers' task handling cost per task, the cost the
+    probes' round trips hold, without joblib's per-call setup (scattering the
+    workload) that a round of probes pays once. (On a few workers the figure cannot
+    bind: 8 no-ops cost 15 ms where 20 cost 37, before every probed run.)"""
+    count = max(8, 4 * n_workers)
     try:
         t0 = time.perf_counter()
         futures = client.map(_noop, range(count), pure=False)

@@ -208,6 +208,9 @@ def test_probe_sizes():
     assert next_large_probe(0.001, 0.0, 16, 100, 1) == 100
     assert next_large_probe(0.01, 0.0, 16, 10_000, 16) == 48
     assert next_large_probe(0.1, 0.0, 16, 10_000, 16) == 32
+    # A last probe mostly fixed part (16 x 0.5 ms < 15 ms): its slope is noise, 100x.
+    assert next_large_probe(0.0005, 0.015, 16, 10_000, 1) == 1600
+    assert next_large_probe(0.0005, 0.015, 16, 1000, 1) == 1000
 
 
 def test_large_probes_end_on_row_group_boundaries():
