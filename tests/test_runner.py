@@ -54,10 +54,10 @@ def _manifest_parts(out, job="sq"):
 
 
 def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
-    # At least 10 ms per unit. A warm-up round of one unit per worker, a round giving
-    # each worker a task of 16 units and one of 1, then rounds of one large task per
-    # worker, two measured rounds at least, until the large one lasts 0.1 s. The rest
-    # is cut into tasks of about 1 s, in whole rounds of 2 tasks.
+    # At least 10 ms per unit. A first round of a warm-up unit per worker (left out of
+    # the fit), then a task of 16 units and one of 1 per worker; then rounds of one
+    # large task per worker, two measured rounds at least, until the large one lasts
+    # 0.1 s. The rest is cut into tasks of about 1 s, in whole rounds of 2 tasks.
     s = run_job(
         SquaresWorkload("sq", 300, unit_seconds=0.01), options(tmp_path), client, echo=print
     )
