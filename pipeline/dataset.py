@@ -371,9 +371,12 @@ def read_task_rows(
     wanted = list(dict.fromkeys([*columns, *index.by]))
     as_dictionary = [c for c in dictionary if c in columns and c not in index.by] or None
     tables = []
-    for f in np.unique(ds.rg_file[rgs]):
+    files = ds.rg_file[rgs]  # ascending: global row-group ids run file by file
+    firsts = np.flatnonzero(np.concatenate([[True], files[1:] != files[:-1]]))
+    for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rgs)], strict=True):
+        f = int(files[a])
         key = ds.keys[f]
-        local = ds.rg_local[rgs[ds.rg_file[rgs] == f]].tolist()
+        local = ds.rg_local[rgs[a:b]].tolist()
         if ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
             whole = pa.BufferReader(pa.py_buffer(store.read_bytes(key)))

@@ -706,3 +706,13 @@ def test_s3_task_reads_one_get_per_file(s3, s3_bucket, monkeypatch):
         gets = [r for r in proxy.requests if r.method in ("GET", "HEAD")]
         assert len(gets) == 1
         assert got.table.column("x1").equals(table.column("x1").slice(0, 2 * rows_per_chunk))
+
+
+def test_a_local_key_cannot_climb_out_of_its_store(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    for key in ("../escape", "a/../../escape", "a\\..\\escape"):
+        with pytest.raises(StorageError, match=r"must not contain '\.\.'"):
+            store.write_bytes(key, b"x")
+    store.write_bytes("a/..b/c..", b"x")  # dots inside names are names
+    assert (tmp_path / "store" / "a" / "..b" / "c..").read_bytes() == b"x"
+    assert not (tmp_path / "escape").exists()

@@ -70,7 +70,7 @@ class LocalStore(Store):
         self.url = str(self.root)
 
     def path(self, key: str) -> Path:
-        if ".." in Path(key).parts:
+        if ".." in key.replace("\\", "/").split("/"):
             raise StorageError(f"key {key!r} must not contain '..'")
         return self.root / key
 
