@@ -478,16 +478,15 @@ def _chunk_positions(table: pa.Table, index: ChunkIndex, start: int, stop: int) 
     keys = index.keys.slice(start, stop - start)
     if len(index.by) == 1:
         b = index.by[0]
-        column, value_set = table.column(b), keys.column(b).combine_chunks()
+        column, runs = table.column(b), None
         if column.null_count == 0 and pa.types.is_integer(column.type) and len(column):
             # rows come in runs of one chunk: look up each run's value, not each row's
             values = column.to_numpy()
-            run_starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
-            idx = pc.index_in(pa.array(values[run_starts]), value_set=value_set)
-            run_pos = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False))
-            return np.repeat(run_pos.astype(np.int64), np.diff([*run_starts, len(values)]))
-        idx = pc.index_in(column, value_set=value_set)
-        return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+            column, runs = pa.array(values[starts]), np.diff([*starts, len(values)])
+        idx = pc.index_in(column, value_set=keys.column(b).combine_chunks())
+        pos = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return pos if runs is None else np.repeat(pos, runs)
     left = table.select(list(index.by)).append_column(
         "__row", pa.array(np.arange(table.num_rows, dtype=np.int64))
     )

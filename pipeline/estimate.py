@@ -85,13 +85,14 @@ def estimate(
         workload.prepare_cluster(client)
         run = TaskRunner(workload, store, client, _NoBar())
         plan = Plan()
+        layout = unit_layout(workload)
         t0 = time.perf_counter()
         small = is_small_job(n, workers)
         if small:
             # Too small to probe: one task per unit on this cluster is the sample.
             receipts = run(plan.add_probes([1] * n))
         else:
-            receipts = probe(run, plan, set(), opts, workers)
+            receipts = probe(run, plan, set(), opts, workers, layout)
         seconds = time.perf_counter() - t0
         # A round of tasks of the size the run will use, one per worker: the probes'
         # largest last about PROBE_SECONDS, and a rate taken over full-size tasks
@@ -115,9 +116,6 @@ def estimate(
                 for key in store.list(workload.job_id)
                 if "/manifest" not in key and not key.endswith("job.json")
             )
-        # Inputs may live in the scratch output (cubes' default frames): project before
-        # it goes, since the planner's layout may read their metadata.
-        layout = unit_layout(workload)
         if plan.model:
             model = _refit(CostModel(**plan.model), receipts[-len(full) :], plan, layout)
         else:

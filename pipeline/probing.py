@@ -22,7 +22,14 @@ from .planning import (
     save_plan,
     unit_layout,
 )
-from .sizing import MIN_TASKS_PER_WORKER, CostModel, ProbeSample, cut_tasks, fit_costs
+from .sizing import (
+    MIN_TASKS_PER_WORKER,
+    CostModel,
+    ProbeSample,
+    UnitLayout,
+    cut_tasks,
+    fit_costs,
+)
 from .workload import TaskReceipt
 
 __all__ = ["probe"]
@@ -30,7 +37,14 @@ __all__ = ["probe"]
 log = logging.getLogger("pipeline.runner")
 
 
-def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_workers: int):
+def probe(
+    run: TaskRunner,
+    plan: Plan,
+    done: set[int],
+    options: RunOptions,
+    n_workers: int,
+    layout: UnitLayout | None = None,
+):
     """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
     Each round is waited for: its tasks' durations size the next. A worker's first
@@ -39,11 +53,12 @@ def probe(run: TaskRunner, plan: Plan, done: set[int], options: RunOptions, n_wo
     start is), then a large and a small task per worker; the later rounds give each
     worker a large task. The scheduling cost per task is measured by a burst of
     no-op tasks (:func:`_task_overhead`).
+    ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
     Returns the probes' receipts.
     """
     workload, n = run.workload, run.workload.n_units
     g = workload.granularity
-    layout = unit_layout(workload)
+    layout = layout or unit_layout(workload)
     if not plan.head and is_small_job(n, n_workers):
         plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
         save_plan(workload, run.store, plan)

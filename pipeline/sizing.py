@@ -75,20 +75,21 @@ def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
     with one size only, the time is taken as all per unit (no fixed part).
     """
     per_byte, read_fixed = _fit_reads(samples)
+
+    def model(fixed_beyond_reads: float, per_unit: float) -> CostModel:
+        return CostModel(fixed_beyond_reads + read_fixed, per_unit, per_byte, overhead, read_fixed)
+
     x = np.array([s.units for s in samples], dtype=float)
     y = np.array([s.seconds - s.read_seconds for s in samples], dtype=float)
     y = np.maximum(y, 0.0)
     if len(samples) >= 2 and np.ptp(x) > 0:
         slope, intercept = np.polyfit(x, y, 1)
         if slope > 0 and intercept >= 0:
-            return CostModel(
-                float(intercept) + read_fixed, float(slope), per_byte, overhead, read_fixed
-            )
+            return model(float(intercept), float(slope))
         if slope <= 0:
             # Time did not grow with size: all fixed, units nearly free.
-            return CostModel(float(np.median(y)) + read_fixed, 1e-9, per_byte, overhead, read_fixed)
-    per_unit = float(y.sum() / max(x.sum(), 1e-9))
-    return CostModel(read_fixed, max(per_unit, 1e-9), per_byte, overhead, read_fixed)
+            return model(float(np.median(y)), 1e-9)
+    return model(0.0, max(float(y.sum() / max(x.sum(), 1e-9)), 1e-9))
 
 
 def _fit_reads(samples: list[ProbeSample]) -> tuple[float, float]:
