@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError
 from .layout import job_record_key
-from .sizing import MIN_TASKS_PER_WORKER, UnitLayout, make_layout
+from .sizing import MIN_TASKS_PER_WORKER, CostModel, UnitLayout, cut_tasks, make_layout
 from .storage import Store
 from .workload import Task, Workload, plan_tasks, tasks_from_stops
 
@@ -189,6 +189,21 @@ def next_large_probe(
         aim = 100 * previous
     size = min(max(aim, 2 * previous), 100 * previous)
     return max(granularity, min(round_up(size, granularity), limit))
+
+
+def cut_is_settled(
+    layout: UnitLayout, start: int, model: CostModel, n_workers: int, task_seconds: float
+) -> bool:
+    """Whether units ``start..`` are cut into as many tasks with the per-unit cost
+    half or twice ``model``'s: then a more precise model would not change the plan
+    (a short job's rest fits one round of tasks however the slope is off), and a
+    probe round more is only a barrier more."""
+    count = len(cut_tasks(layout, start, model, n_workers, task_seconds))
+    for factor in (0.5, 2.0):
+        scaled = replace(model, per_unit=model.per_unit * factor, per_byte=model.per_byte * factor)
+        if len(cut_tasks(layout, start, scaled, n_workers, task_seconds)) != count:
+            return False
+    return True
 
 
 def probe_round(small: int | None, large: int, n_workers: int, left: int) -> list[int]:

@@ -15,6 +15,7 @@ from .planning import (
     PROBE_SECONDS,
     Plan,
     aligned_probes,
+    cut_is_settled,
     is_small_job,
     next_large_probe,
     probe_limit,
@@ -115,11 +116,18 @@ def probe(
         # Measured, not modelled: the largest probe's time beyond reading lasts
         # PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
         # outweighs that; and two rounds at least, since two points fit any line.
-        # (The reads are measured apart, their fixed part with them.)
+        # (The reads are measured apart, their fixed part with them.) Or the rest is
+        # cut into as many tasks whatever a closer slope would be.
         biggest = max(samples, key=lambda p: p.units)
         work = biggest.seconds - biggest.read_seconds
         fixed = model.fixed - model.read_fixed
-        if large >= limit or (rounds >= 2 and work >= max(PROBE_SECONDS, 2 * fixed)):
+        if large >= limit or (
+            rounds >= 2
+            and (
+                work >= max(PROBE_SECONDS, 2 * fixed)
+                or cut_is_settled(layout, sum(plan.head), model, n_workers, options.task_seconds)
+            )
+        ):
             break
         large = next_large_probe(model.per_unit, fixed, large, limit, g)
     start = sum(plan.head)

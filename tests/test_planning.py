@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError
 from pipeline.planning import (
     Plan,
     aligned_probes,
+    cut_is_settled,
     is_small_job,
     load_plan,
     next_large_probe,
@@ -211,6 +212,20 @@ def test_probe_sizes():
     # A last probe mostly fixed part (16 x 0.5 ms < 15 ms): its slope is noise, 100x.
     assert next_large_probe(0.0005, 0.015, 16, 10_000, 1) == 1600
     assert next_large_probe(0.0005, 0.015, 16, 1000, 1) == 1000
+
+
+def test_probing_stops_when_a_closer_slope_would_not_change_the_cut():
+    # The 10,000-chunk job of the layouts benchmark after its second probe round:
+    # the 7,400 chunks left are 0.27 s a worker, one round of two tasks at half or
+    # twice that slope, so a third round would only add a barrier.
+    layout = make_layout(10_000, boundaries=range(0, 10_000, 262))
+    model = CostModel(0.012, 7.3e-5, overhead=0.002)
+    assert cut_is_settled(layout, 2_600, model, 2, 1.0)
+    assert len(cut_tasks(layout, 2_600, model, 2, 1.0)) == 2
+    # A hundred times the chunks: the count of tasks follows the slope, so probing
+    # goes on until the probes measure it.
+    layout = make_layout(1_000_000, boundaries=range(0, 1_000_000, 262))
+    assert not cut_is_settled(layout, 2_600, model, 2, 1.0)
 
 
 def test_large_probes_end_on_row_group_boundaries():
