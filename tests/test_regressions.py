@@ -330,6 +330,12 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ({"formula": "y ~ x1 + nope"}, InputError, "no column 'nope'"),
         ({"formula": "y ~ x1 +"}, ConfigError, "does not parse"),
         ({"formula": "y ~ np.lgo(x1)"}, ConfigError, "cannot be evaluated"),
+        (  # patsy makes a True/False response two columns
+            {"model": "logit", "formula": "I(y > 0) ~ x1"},
+            ConfigError,
+            r"gives 2 columns: I\(y > 0\)\[False\], I\(y > 0\)\[True\]\); a True/False "
+            r"response is fitted as 0/1: write I\(\(y > 0\) \* 1\)",
+        ),
         ({"model": "tobit"}, ConfigError, "model 'tobit'"),
         ({"cov_type": "HC9"}, ConfigError, "cov_type 'HC9'"),
         ({"cov_type": "HAC"}, ConfigError, "needs maxlags"),

@@ -151,9 +151,17 @@ class RegressionWorkload(Workload):
                 f"{type(exc).__name__}: {exc}"
             ) from None
         if y.shape[1] != 1:
+            names = y.design_info.column_names
+            response = self.spec.formula.split("~", 1)[0].strip()
+            if response.startswith("I(") and response.endswith(")"):
+                response = response[2:-1]
+            hint = ""
+            if len(names) == 2 and names[0].endswith("[False]") and names[1].endswith("[True]"):
+                # patsy codes a True/False response as two columns, as statsmodels sees it
+                hint = f"; a True/False response is fitted as 0/1: write I(({response}) * 1)"
             raise ConfigError(
                 f"formula {self.spec.formula!r}: the response must be numeric (it gives "
-                f"{y.shape[1]} columns: {', '.join(y.design_info.column_names)})"
+                f"{y.shape[1]} columns: {', '.join(names)}){hint}"
             )
 
     def fingerprint(self) -> dict:
