@@ -123,7 +123,36 @@ def test_files_and_dataset_chunks(tmp_path, client):
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"
-    assert "returned a builtins.list; expected a mapping" in s.failures[0]["message"]
+    assert (
+        "returned a builtins.list; expected a mapping or a pandas Series (one row), a "
+        in (s.failures[0]["message"])
+    )
+
+
+def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, client):
+    df = pd.DataFrame({"g": np.repeat(["a", "b"], 4), "h": ["p", "q"] * 4, "y": np.arange(8.0)})
+    data = tmp_path / "data"
+    data.mkdir()
+    df.to_parquet(data / "d.parquet", index=False)
+
+    def table(fn: str) -> pd.DataFrame:
+        run(client, tmp_path / fn, function=f"{FN}:{fn}", data=str(data), chunk_by="g")
+        return results_table(str(tmp_path / fn)).to_pandas()
+
+    # The groupby's index (h) is data: kept as a column, after the unit's keys.
+    t = table("group_means")
+    assert list(t.columns) == ["unit", "g", "h", "y"]
+    assert t[["g", "h", "y"]].values.tolist() == [["a", "p", 1.0], ["a", "q", 2.0],
+                                                  ["b", "p", 5.0], ["b", "q", 6.0]]  # fmt: skip
+    # A filtered chunk's index is row labels, left out.
+    assert list(table("big_rows").columns) == ["unit", "g", "y"]
+    # A Series is one row, its labels naming the columns.
+    t = table("summary_series")
+    assert t[["g", "min", "max"]].values.tolist() == [["a", 0.0, 3.0], ["b", 4.0, 7.0]]
+    # A list of mappings is rows.
+    t = table("rows_as_dicts")
+    assert t[["unit", "i", "y"]].values.tolist()[:5] == [[0, 0, 0.0], [0, 1, 1.0], [0, 2, 2.0],
+                                                         [0, 3, 3.0], [1, 0, 4.0]]  # fmt: skip
 
 
 def test_columns_that_differ_between_units_name_two_units(tmp_path, client):

@@ -1,9 +1,10 @@
 """The ``map`` workload: the user's function over dataset chunks, a grid, or files.
 
-Each unit's call returns a mapping (one row), a pandas DataFrame or pyarrow Table
-(rows), or None. Task ``i`` writes the rows of its units, in unit order, with the
-unit's key columns first (``unit``, then the chunk key, the grid's parameters or
-the file), to ``<job>/results/part-NNNNNN.parquet``; units that raised (after
+Each unit's call returns a mapping or pandas Series (one row), a pandas DataFrame,
+pyarrow Table or list of mappings (rows), or None. Task ``i`` writes the rows of
+its units, in unit order, with the unit's key columns first (``unit``, then the
+chunk key, the grid's parameters or the file), to
+``<job>/results/part-NNNNNN.parquet``; units that raised (after
 ``retries`` more tries) go to ``<job>/failures/part-NNNNNN.parquet`` with their
 error and the innermost frame of the user's code. Both are listed with checksums
 in the task's manifest entry. The next run of the same command calls again only
@@ -264,11 +265,30 @@ class MapWorkload(Workload):
         elif isinstance(returned, pa.RecordBatch):
             table = pa.Table.from_batches([returned])
         elif type(returned).__name__ == "DataFrame" and hasattr(returned, "to_numpy"):
+            # A named index (what a groupby gives) is data: its levels become columns.
+            # An unnamed one is row labels (a filtered chunk's), left out.
+            if any(name is not None for name in returned.index.names):
+                returned = returned.reset_index()
             table = pa.Table.from_pandas(returned, preserve_index=False)
+        elif type(returned).__name__ == "Series" and hasattr(returned, "index"):
+            # One row, its labels naming the columns (as chunk.mean() gives).
+            row = {str(label): value for label, value in returned.items()}
+            if len(row) != len(returned):
+                raise ValueError(
+                    "the function returned a pandas Series with repeated labels; as one row, "
+                    "its labels name the columns and must differ"
+                )
+            self._check_names(row)
+            return row
+        elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
+            if not returned:
+                return None
+            table = pa.Table.from_pylist([dict(r) for r in returned])
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
-                "expected a mapping (one row), a pandas DataFrame or pyarrow Table (rows), or None"
+                "expected a mapping or a pandas Series (one row), a pandas DataFrame, a pyarrow "
+                "Table or a list of mappings (rows), or None"
             )
         self._check_names(table.column_names)
         return table

@@ -48,6 +48,24 @@ def rows_per_unit(x):
     return pd.DataFrame({"i": np.arange(x), "half": np.arange(x) / 2})
 
 
+def group_means(chunk: pd.DataFrame):
+    """A groupby's frame: the group is the index."""
+    return chunk.groupby("h")[["y"]].mean()
+
+
+def big_rows(chunk: pd.DataFrame):
+    """A filtered chunk: its index is row labels."""
+    return chunk[chunk["y"] >= 6][["y"]]
+
+
+def summary_series(chunk: pd.DataFrame):
+    return chunk[["y"]].agg(["min", "max"]).iloc[:, 0]
+
+
+def rows_as_dicts(chunk: pd.DataFrame):
+    return [{"i": i, "y": float(y)} for i, y in enumerate(chunk["y"])]
+
+
 def wrong_type(x):
     return [x]
 
