@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import InputError
+from .partitions import Partitions, parse_partitions
 from .storage import Store, open_store
 
 __all__ = [
@@ -50,6 +51,13 @@ class Dataset:
     rg_local: np.ndarray  # row-group index within its file
     #: Compressed bytes of each row group's columns: (row groups, schema fields).
     rg_col_bytes: np.ndarray | None = None
+    #: Columns of ``key=value`` folders (the schema's last fields), not in the files.
+    partitions: Partitions | None = None
+
+    def in_files(self, columns) -> list[str]:
+        """``columns`` less the partition columns: those the files hold."""
+        names = self.partitions.names if self.partitions else ()
+        return [c for c in columns if c not in names]
 
     def rg_bytes(self, columns) -> np.ndarray:
         """Compressed bytes of ``columns`` in each row group (what reading them fetches)."""
@@ -110,6 +118,7 @@ def discover(url: str) -> Dataset:
             f"dataset {url}: no .parquet files there (make a demo dataset with "
             "`pipeline data regressions`)"
         )
+    partitions = parse_partitions(keys, url)
     schema = None
     rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
     for i, (key, footer) in enumerate(zip(keys, _footers(store, keys), strict=True)):
@@ -145,6 +154,16 @@ def discover(url: str) -> Dataset:
                     sizes[t] += rg.column(j).total_compressed_size
             col_bytes.append(sizes)
         versions.append(version)
+    col_bytes = np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema))
+    if partitions is not None:
+        clash = [n for n in partitions.names if n in schema.names]
+        if clash:
+            raise InputError(
+                f"dataset {url}: column {clash[0]!r} is both a partition folder "
+                f"({clash[0]}=...) and a column of the files; rename one of them"
+            )
+        schema = pa.schema([*schema, *partitions.fields])
+        col_bytes = np.pad(col_bytes, ((0, 0), (0, len(partitions.fields))))
     return Dataset(
         url=store.url,
         keys=tuple(keys),
@@ -153,7 +172,8 @@ def discover(url: str) -> Dataset:
         rg_rows=np.asarray(rg_rows, dtype=np.int64),
         rg_file=np.asarray(rg_file, dtype=np.int32),
         rg_local=np.asarray(rg_local, dtype=np.int32),
-        rg_col_bytes=np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema)),
+        rg_col_bytes=col_bytes,
+        partitions=partitions,
     )
 
 
@@ -251,7 +271,8 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     key = ds.keys[i]
     meta = _footer(ds.url, key, ds.versions[i])
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-    cols = [names.index(b) if b in names else -1 for b in by]
+    read = ds.in_files(by)  # the others are the file's partition values
+    cols = [names.index(b) if b in names else -1 for b in read]
     stats = (
         [_stats_keys(meta, g, cols) for g in range(meta.num_row_groups)]
         if -1 not in cols
@@ -261,13 +282,21 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
     if all(s is not None for s in stats) and meta.num_row_groups:
         arrays = [
-            pa.array([s[j] for s in stats], type=ds.schema.field(b).type) for j, b in enumerate(by)
+            pa.array([s[read.index(b)] for s in stats], type=ds.schema.field(b).type)
+            if b in read
+            else ds.partitions.column(i, b, len(stats))
+            for b in by
         ]
         return pa.table(
             [*arrays, rgs, pa.array(counts, pa.int64())], names=[*by, "__rg", "count_all"]
         )
     with store.open_input(key) as f:
-        table = pq.ParquetFile(f, metadata=meta).read(columns=list(by), use_threads=False)
+        table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
+    if len(read) < len(by):
+        n = table.num_rows
+        table = pa.table(
+            [table.column(b) if b in read else ds.partitions.column(i, b, n) for b in by], names=by
+        )
     return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
 
 
@@ -369,7 +398,10 @@ def read_task_rows(
     store = open_store(ds.url)
     rgs = index.row_groups(start, stop, ds)
     wanted = list(dict.fromkeys([*columns, *index.by]))
-    as_dictionary = [c for c in dictionary if c in columns and c not in index.by] or None
+    as_dictionary = [c for c in dictionary if c in columns and c not in index.by]
+    read = ds.in_files(wanted)  # the others are each file's partition values
+    from_paths = [c for c in wanted if c not in read]
+    read_dictionary = [c for c in as_dictionary if c in read] or None
     tables = []
     files = ds.rg_file[rgs]  # ascending: global row-group ids run file by file
     firsts = np.flatnonzero(np.concatenate([[True], files[1:] != files[:-1]]))
@@ -380,13 +412,16 @@ def read_task_rows(
         if ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
             whole = pa.BufferReader(pa.py_buffer(store.read_bytes(key)))
-            pf = pq.ParquetFile(whole, read_dictionary=as_dictionary)
-            tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
-            continue
-        meta = _footer(ds.url, key, ds.versions[f])
-        with store.open_ranges(key, _column_spans(meta, local, wanted)) as fh:
-            pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=as_dictionary)
-            tables.append(pf.read_row_groups(local, columns=wanted, use_threads=False))
+            pf = pq.ParquetFile(whole, read_dictionary=read_dictionary)
+            tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
+        else:
+            meta = _footer(ds.url, key, ds.versions[f])
+            with store.open_ranges(key, _column_spans(meta, local, read)) as fh:
+                pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
+                tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
+        for c in from_paths:
+            part = ds.partitions.column(f, c, tables[-1].num_rows, c in as_dictionary)
+            tables[-1] = tables[-1].append_column(c, part)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     READS.seconds += time.perf_counter() - t0
     n = stop - start
