@@ -254,3 +254,16 @@ def test_a_frame_set_is_inspected_once_per_version(tmp_path, frames_dir):
     pq.write_table(pq.read_table(frame).slice(0, 20), frame)
     again = inspect_frames(str(folder), 10)
     assert again is not first and again.n_rows == 20
+
+
+def test_a_hosts_layout_read_in_threads_is_the_frames_in_order(tmp_path):
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import _read_layout, inspect_frames, write_frames
+
+    write_frames(LocalStore(tmp_path), "", count=12, rows=20, cols=14, seed=4)
+    fs = inspect_frames(str(tmp_path), 10)
+    threaded = _read_layout(fs, 10, "float64", threads=3)
+    np.testing.assert_array_equal(threaded, _read_layout(fs, 10, "float64"))
+    # T[c - 1, r, f] = frame_f[r, c]
+    f7 = frames(tmp_path)[7]
+    np.testing.assert_array_equal(threaded[:, :, 7], f7.iloc[:10, 1:].to_numpy().T)

@@ -7,6 +7,7 @@ import fcntl
 import functools
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +153,8 @@ def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
             if not path.exists():
-                layout = _read_layout(frames, dim, dtype)
+                # The host's other workers wait on the lock: their cores read frames too.
+                layout = _read_layout(frames, dim, dtype, threads=_reader_threads())
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 with open(tmp, "wb") as f:
                     np.save(f, layout)
@@ -171,13 +173,22 @@ def layout_cache_dir() -> Path | None:
     return Path(value or Path.home() / ".cache" / "pipeline") / "layouts"
 
 
-def _read_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
+#: Threads reading frames while a host's layout is built (its cores, up to this).
+MAX_READER_THREADS = 8
+
+
+def _reader_threads() -> int:
+    return max(1, min(MAX_READER_THREADS, len(os.sched_getaffinity(0))))
+
+
+def _read_layout(frames: FrameSet, dim: int, dtype: str, threads: int = 1) -> np.ndarray:
     store = open_store(frames.url)
     # Read frame by frame into (frame, column, row), then transpose once: writing
     # each frame straight into the final layout is a cache-hostile strided scatter.
     by_frame = np.empty((dim, frames.n_cols - 1, dim), dtype=dtype)
-    for f, key in enumerate(frames.keys):
-        with store.open_input(key) as fh:
+
+    def read(f: int) -> None:
+        with store.open_input(frames.keys[f]) as fh:
             pf = pq.ParquetFile(fh)
             groups, rows = [], 0
             while rows < dim:
@@ -186,4 +197,12 @@ def _read_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
             names = pf.schema_arrow.names[1:]
             table = pf.read_row_groups(groups, columns=names, use_threads=False).slice(0, dim)
         by_frame[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
+
+    if threads > 1 and len(frames.keys) > 1:
+        read(0)  # creates the store's client before threads share it
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(read, range(1, len(frames.keys))))
+    else:
+        for f in range(len(frames.keys)):
+            read(f)
     return np.ascontiguousarray(by_frame.transpose(1, 2, 0))
