@@ -71,12 +71,16 @@ class Dataset:
         return int(self.rg_rows.sum())
 
     def file_size(self, f: int) -> int:
-        """Bytes of file ``f``: its version starts with them (see ``Store.version``)."""
-        head = self.versions[f].split("-", 1)[0]
-        return int(head) if head.isdigit() else sys.maxsize
+        return _version_size(self.versions[f])
 
     def describe(self) -> str:
         return open_store(self.url).describe(self.keys[0] if len(self.keys) == 1 else "")
+
+
+def _version_size(version: str) -> int:
+    """A file's bytes: its version starts with them (see ``Store.version``)."""
+    head = version.split("-", 1)[0]
+    return int(head) if head.isdigit() else sys.maxsize
 
 
 def _is_data_key(key: str) -> bool:
@@ -84,8 +88,10 @@ def _is_data_key(key: str) -> bool:
     return name.endswith(".parquet") and not name.startswith(("_", "."))
 
 
-def discover(url: str) -> Dataset:
-    """One parquet file, a folder of them, or an s3:// prefix; footers only."""
+def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
+    """One parquet file, a folder of them, or an s3:// prefix; footers only, and for
+    small files (at most :data:`WHOLE_FILE_BYTES`) also their ``chunk_by`` columns,
+    from the same read, for :func:`plan_chunks` (one read of each file, not two)."""
     if not url:
         raise InputError("no dataset given: set data (--data PATH or s3://bucket/prefix)")
     store = open_store(url)
@@ -119,9 +125,10 @@ def discover(url: str) -> Dataset:
             "`pipeline data regressions`)"
         )
     partitions = parse_partitions(keys, url)
-    schema = None
+    schema = top_same = None
     rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
-    for i, (key, footer) in enumerate(zip(keys, _footers(store, keys), strict=True)):
+    footers = _footers(store, keys, tuple(chunk_by))
+    for i, (key, footer) in enumerate(zip(keys, footers, strict=True)):
         where = store.describe(key)
         try:
             if isinstance(footer, Exception):
@@ -130,9 +137,11 @@ def discover(url: str) -> Dataset:
             file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
+        # Thousands of files share one schema: the checks below are for those that don't.
+        same = schema is None or file_schema.equals(schema)
         if schema is None:
             schema = file_schema
-        else:
+        elif not same:
             for fld in schema:
                 other = file_schema.field(fld.name) if fld.name in file_schema.names else None
                 if other is None or other.type != fld.type:
@@ -141,8 +150,12 @@ def discover(url: str) -> Dataset:
                         f"{'missing' if other is None else other.type}; expected {fld.type} "
                         f"like {store.describe(keys[0])}"
                     )
-        top = [schema.get_field_index(meta.schema.column(j).path.split(".")[0])
-               for j in range(meta.num_columns)]  # fmt: skip
+        top = top_same if same and top_same is not None else None
+        if top is None:  # each of the file's columns' field in the schema
+            top = [schema.get_field_index(meta.schema.column(j).path.split(".")[0])
+                   for j in range(meta.num_columns)]  # fmt: skip
+            if same:
+                top_same = top
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
             rg_rows.append(rg.num_rows)
@@ -183,13 +196,21 @@ def discover(url: str) -> Dataset:
 READ_THREADS = 16
 
 
-def _footers(store: Store, keys: list[str]) -> list:
+def _footers(store: Store, keys: list[str], chunk_by: tuple[str, ...]) -> list:
     """(version, footer) of each key, or the exception reading it raised; in order.
-    Footers are cached: planning the chunks and checking the formula read them again."""
+    Footers are cached: planning the chunks and checking the formula read them again.
+    A small file is read whole: its ``chunk_by`` columns are kept for planning."""
 
     def one(key: str):
         try:
             version = store.version(key)
+            if chunk_by and _version_size(version) <= WHOLE_FILE_BYTES:
+                pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(store.read_bytes(key))))
+                names = pf.schema_arrow.names
+                columns = [c for c in chunk_by if c in names]
+                table = pf.read(columns=columns, use_threads=False) if columns else None
+                _PREFETCHED[(store.url, key, version)] = (pf.metadata, table)
+                return version, pf.metadata
             return version, _footer(store.url, key, version)
         except Exception as exc:  # raised in order by the caller, naming the file
             return exc
@@ -269,7 +290,8 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     each row group holds one key, else its rows' (chunk key, global row group) pairs;
     ``gid``: its first row group's global id."""
     key = ds.keys[i]
-    meta = _footer(ds.url, key, ds.versions[i])
+    meta, table = _PREFETCHED.pop((ds.url, key, ds.versions[i]), (None, None))
+    meta = meta or _footer(ds.url, key, ds.versions[i])
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
     read = ds.in_files(by)  # the others are the file's partition values
     cols = [names.index(b) if b in names else -1 for b in read]
@@ -290,8 +312,11 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
         return pa.table(
             [*arrays, rgs, pa.array(counts, pa.int64())], names=[*by, "__rg", "count_all"]
         )
-    with store.open_input(key) as f:
-        table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
+    if table is not None and set(read) <= set(table.column_names):
+        table = table.select(read)
+    else:
+        with store.open_input(key) as f:
+            table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
     if len(read) < len(by):
         n = table.num_rows
         table = pa.table(
@@ -335,6 +360,11 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
     return ChunkIndex(
         tuple(by), None, keys, offsets, ids, ds.num_rows, rows.astype(np.int32) if uneven else None
     )
+
+
+#: (url, key, version) -> (footer, chunk-by columns) of small files read whole by
+#: :func:`discover`, taken by :func:`plan_chunks`.
+_PREFETCHED: dict[tuple[str, str, str], tuple] = {}
 
 
 # Enough for datasets of thousands of small files: a task of many files would

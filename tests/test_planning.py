@@ -12,7 +12,13 @@ import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
-from pipeline.dataset import chunk_boundaries, discover, plan_chunks, read_task_rows
+from pipeline.dataset import (
+    WHOLE_FILE_BYTES,
+    chunk_boundaries,
+    discover,
+    plan_chunks,
+    read_task_rows,
+)
 from pipeline.errors import ConfigError
 from pipeline.planning import (
     Plan,
@@ -248,6 +254,35 @@ def _write(path, tables: list[pa.Table], group_rows: int) -> None:
 
 def _chunks(ids, rows: int) -> list[pa.Table]:
     return [pa.table({"chunk": np.full(rows, c), "x": np.arange(rows, dtype=float)}) for c in ids]
+
+
+def test_small_files_read_once_plan_as_files_read_twice(tmp_path):
+    # Small files are read whole with their chunk column when discovered; a large one
+    # (over WHOLE_FILE_BYTES) and one with its columns in another order are not.
+    rng = np.random.default_rng(0)
+    for f in range(6):
+        ids = np.sort(rng.integers(0, 40, 30))
+        t = pa.table({"chunk": ids, "x": rng.normal(size=30)})
+        pq.write_table(t.select(["x", "chunk"]) if f == 2 else t, tmp_path / f"p{f}.parquet",
+                       row_group_size=10)  # fmt: skip
+    big = 200_000
+    pq.write_table(pa.table({"chunk": np.repeat(np.arange(40, 50), big // 10),
+                             "x": rng.normal(size=big)}), tmp_path / "p9.parquet")  # fmt: skip
+    once = discover(str(tmp_path), ("chunk",))
+    twice = discover(str(tmp_path))
+    assert once.file_size(6) > WHOLE_FILE_BYTES >= once.file_size(0)
+    np.testing.assert_array_equal(once.rg_col_bytes, twice.rg_col_bytes)
+    meta = pq.ParquetFile(tmp_path / "p2.parquet").metadata  # x first, then chunk
+    assert once.rg_col_bytes[once.rg_file == 2].tolist() == [
+        [meta.row_group(g).column(1).total_compressed_size,
+         meta.row_group(g).column(0).total_compressed_size] for g in range(3)
+    ]  # fmt: skip
+    a, b = plan_chunks(once, ("chunk",), None), plan_chunks(twice, ("chunk",), None)
+    assert a.keys.equals(b.keys)
+    np.testing.assert_array_equal(a.rg_offsets, b.rg_offsets)
+    np.testing.assert_array_equal(a.rg_ids, b.rg_ids)
+    assert a.n_chunks == len(np.unique(np.concatenate(
+        [pq.read_table(p).column("chunk").to_numpy() for p in tmp_path.iterdir()])))  # fmt: skip
 
 
 def test_dataset_boundaries_are_row_group_and_file_starts(tmp_path):

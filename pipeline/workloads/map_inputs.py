@@ -143,7 +143,7 @@ class DataInput:
             raise ConfigError("give chunk_by or chunk_rows, not both")
         if not chunk_by and not chunk_rows:
             raise ConfigError("data: no chunks: give chunk_by (column names) or chunk_rows")
-        self.dataset = discover(data)
+        self.dataset = discover(data, tuple(chunk_by))
         needed = {c: "columns" for c in columns}
         needed.update({b: "chunk_by" for b in chunk_by})
         check_columns(self.dataset, needed)

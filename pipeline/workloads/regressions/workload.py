@@ -89,7 +89,7 @@ class RegressionWorkload(Workload):
             raise ConfigError("give chunk_by or chunk_rows, not both")
         if not by and not job.chunk_rows:
             raise ConfigError("no chunks: give chunk_by (a column) or chunk_rows (a row count)")
-        ds = discover(job.data)
+        ds = discover(job.data, tuple(by))
         needed: dict[str, str] = {}
         info = None
         if spec.formula:
