@@ -400,3 +400,28 @@ def test_weighted_stack_matches_statsmodels_wls(cov_type, n, k, const_at):
                 getattr(fit, name)[b], getattr(ref, name), rtol=RTOL, atol=atol, err_msg=name
             )
     assert fit.ok.sum() == 8
+
+
+def test_the_f_tail_is_scipys_bit_for_bit_without_importing_scipy_stats():
+    from scipy import stats
+
+    from pipeline.workloads.regressions.batched import _f_sf
+
+    x = np.concatenate([np.random.default_rng(1).exponential(3, 10_000),
+                        [-1.0, -1e-16, 0.0, 1e-300, 1e6, np.inf, np.nan]])  # fmt: skip
+    for dfn, dfd in [(1, 5), (3, 100), (7, 243.0), (12, 3)]:
+        np.testing.assert_array_equal(_f_sf(x, dfn, dfd), stats.f.sf(x, dfn, dfd))
+
+
+def test_workers_import_statsmodels_only_for_jobs_the_batched_engine_does_not_fit():
+    from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
+
+    def modules(**settings):
+        job = RegressionJob(data="d", chunk_by="c", formula="y ~ x", **settings)
+        return RegressionWorkload(job, "r").worker_modules
+
+    assert "statsmodels.api" not in modules()
+    assert "statsmodels.api" not in modules(model="wls", weights="w", cov_type="HC1")
+    assert "statsmodels.api" in modules(engine="statsmodels")
+    assert "statsmodels.api" in modules(model="logit")
+    assert "statsmodels.api" in modules(model="bogus")  # preflight reports it

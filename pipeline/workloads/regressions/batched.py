@@ -500,14 +500,12 @@ def _solve_stack(
 def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive):
     """statsmodels' fvalue and f_pvalue, and a mask of chunks where they are left undefined
     (robust F whose constraint covariance statsmodels finds rank-deficient: see the module doc)."""
-    from scipy import stats
-
     nan, none = np.full(len(ssr), np.nan), np.zeros(len(ssr), dtype=bool)
     if df_model == 0:  # intercept-only model: statsmodels gives NaN for both
         return nan, nan, none
     if cov_type == "nonrobust":
         fvalue = ((tss - ssr) / df_model) / (ssr / df_resid)
-        return fvalue, stats.f.sf(fvalue, df_model, df_resid), none
+        return fvalue, _f_sf(fvalue, df_model, df_resid), none
     # Wald test that all non-constant coefficients are zero, with the robust covariance:
     # F = b_R' pinv(V_RR) b_R / J, J = rank(V_RR), F(J, df_resid) p-value.
     k = params.shape[1]
@@ -533,4 +531,13 @@ def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, aliv
     quad = np.matmul(np.matmul(b_r[:, None, :], inv), b_r[:, :, None])
     fvalue[live] = quad[:, 0, 0] / J
     fvalue[undefined] = np.nan
-    return fvalue, stats.f.sf(fvalue, J, df_resid), undefined
+    return fvalue, _f_sf(fvalue, J, df_resid), undefined
+
+
+def _f_sf(x: np.ndarray, dfn, dfd) -> np.ndarray:
+    """``scipy.stats.f.sf(x, dfn, dfd)``, bit for bit (it is ``special.fdtrc`` inside,
+    and 1 below the support), without importing scipy.stats: a second of a worker's
+    start that a job fitted by this engine alone need not pay."""
+    from scipy import special
+
+    return special.fdtrc(dfn, dfd, np.where(x < 0, 0.0, x))

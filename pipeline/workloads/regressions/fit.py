@@ -315,11 +315,11 @@ def _resid_fitted(spec: ModelSpec, res, p: Prepared):
 def finish_inference(fits: list[ChunkFit], alpha: float) -> None:
     """p-values and intervals of the linear fits, all at once (what statsmodels'
     ``pvalues`` and ``conf_int`` compute, elementwise, per chunk)."""
-    from scipy import stats  # here: 0.7 s of imports that the CLI need not pay
-
     todo = [f for f in fits if f.ok and f.p_value is None]
     if not todo:
         return
+    from scipy import stats  # here: a second of imports that the CLI need not pay
+
     sizes = [len(f.params) for f in todo]
     stat = np.concatenate([f.statistic for f in todo])
     params = np.concatenate([f.params for f in todo])
