@@ -80,7 +80,9 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
     if options.tls_cert or options.tls_key or options.tls_ca_file:
         log.info("TLS settings are ignored by the embedded cluster (it listens on loopback)")
     with (
-        _embedded_cluster(options.workers or os.cpu_count() or 1, quiet) as cluster,
+        _embedded_cluster(
+            options.workers or os.cpu_count() or 1, quiet, options.dashboard
+        ) as cluster,
         _closing(Client(cluster, set_as_default=True)) as client,
     ):
         client.run(_quiet_closing)
@@ -275,7 +277,7 @@ def _quiet_resource_tracker() -> None:
 
 
 @contextlib.contextmanager
-def _embedded_cluster(n_workers: int, quiet: bool):
+def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False):
     from distributed import LocalCluster
 
     _check_main_guard()
@@ -297,7 +299,10 @@ def _embedded_cluster(n_workers: int, quiet: bool):
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
+                # The HTTP server (/health) always, on a free loopback port; Bokeh's
+                # dashboard on it only when asked: 0.7 s of a 2 s start.
                 dashboard_address="127.0.0.1:0",
+                scheduler_kwargs={"dashboard": dashboard},
                 silence_logs=logging.ERROR if quiet else logging.WARNING,
             )
         except Exception as exc:

@@ -122,7 +122,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             "worker imports": start.import_seconds,
             "waited for the cluster": time.perf_counter() - t1,
         }
-        if not first.scheduler and client.dashboard_link:
+        if not first.scheduler and first.dashboard and client.dashboard_link:
             echo(f"dashboard: {client.dashboard_link}")
         for job, workload in zip(jobs, workloads, strict=True):
             echo(f"{workload.describe()} on {_cluster_name(client)}")

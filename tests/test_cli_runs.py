@@ -117,7 +117,7 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     args = ["run", "--frames", frames_dir, "--dim", 6, "--cubes", 40, "--output", tmp_path]
     first = pipeline(*args)
     assert first.returncode == 0, first.stderr
-    assert "dashboard: http://127.0.0.1:" in first.stderr
+    assert "dashboard" not in first.stderr  # served on request only (--dashboard)
     assert "cubes job 'cubes': 40 of 40 cubes in " in first.stdout
     assert "  time: start-up " in first.stdout and "while the cluster started" in first.stdout
     assert "building" in first.stdout
@@ -127,8 +127,9 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
         "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
     ), again.stdout
     assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
-    verbose = pipeline("-v", *args, "--overwrite")
+    verbose = pipeline("-v", *args, "--overwrite", "--dashboard")
     assert "  plan: " in verbose.stdout and "tasks of" in verbose.stdout, verbose.stdout
+    assert "dashboard: http://127.0.0.1:" in verbose.stderr
     assert "plan:" not in first.stdout and "probe" not in first.stdout
 
 
