@@ -205,7 +205,7 @@ def _footers(store: Store, keys: list[str], chunk_by: tuple[str, ...]) -> list:
         try:
             version = store.version(key)
             if chunk_by and _version_size(version) <= WHOLE_FILE_BYTES:
-                pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(store.read_bytes(key))))
+                pf = _whole_file(store, key)
                 names = pf.schema_arrow.names
                 columns = [c for c in chunk_by if c in names]
                 table = pf.read(columns=columns, use_threads=False) if columns else None
@@ -302,26 +302,22 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     )
     counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
+
+    def by_columns(found: dict, n: int) -> list:
+        return [found[b] if b in found else ds.partitions.column(i, b, n) for b in by]
+
     if all(s is not None for s in stats) and meta.num_row_groups:
-        arrays = [
-            pa.array([s[read.index(b)] for s in stats], type=ds.schema.field(b).type)
-            if b in read
-            else ds.partitions.column(i, b, len(stats))
-            for b in by
-        ]
+        found = {b: pa.array([s[j] for s in stats], type=ds.schema.field(b).type)
+                 for j, b in enumerate(read)}  # fmt: skip
         return pa.table(
-            [*arrays, rgs, pa.array(counts, pa.int64())], names=[*by, "__rg", "count_all"]
+            [*by_columns(found, len(stats)), rgs, pa.array(counts, pa.int64())],
+            names=[*by, "__rg", "count_all"],
         )
-    if table is not None and set(read) <= set(table.column_names):
-        table = table.select(read)
-    else:
+    if table is None or not set(read) <= set(table.column_names):
         with store.open_input(key) as f:
             table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
-    if len(read) < len(by):
-        n = table.num_rows
-        table = pa.table(
-            [table.column(b) if b in read else ds.partitions.column(i, b, n) for b in by], names=by
-        )
+    found = {b: table.column(b) for b in read}
+    table = pa.table(by_columns(found, table.num_rows), names=list(by))
     return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
 
 
@@ -434,15 +430,14 @@ def read_task_rows(
     read_dictionary = [c for c in as_dictionary if c in read] or None
     tables = []
     files = ds.rg_file[rgs]  # ascending: global row-group ids run file by file
-    firsts = np.flatnonzero(np.concatenate([[True], files[1:] != files[:-1]]))
+    firsts = _run_starts(files)
     for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rgs)], strict=True):
         f = int(files[a])
         key = ds.keys[f]
         local = ds.rg_local[rgs[a:b]].tolist()
         if ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
-            whole = pa.BufferReader(pa.py_buffer(store.read_bytes(key)))
-            pf = pq.ParquetFile(whole, read_dictionary=read_dictionary)
+            pf = _whole_file(store, key, read_dictionary)
             tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
         else:
             meta = _footer(ds.url, key, ds.versions[f])
@@ -485,6 +480,12 @@ def read_task_rows(
     return rows
 
 
+def _whole_file(store: Store, key: str, read_dictionary=None) -> pq.ParquetFile:
+    """A small file read in one request, footer and data."""
+    whole = pa.BufferReader(pa.py_buffer(store.read_bytes(key)))
+    return pq.ParquetFile(whole, read_dictionary=read_dictionary)
+
+
 def _column_spans(meta, row_groups: list[int], columns: list[str]) -> list[tuple[int, int]]:
     """The byte ranges of ``columns``' chunks in ``row_groups``: what reading them reads."""
     names = meta.schema.names
@@ -510,6 +511,11 @@ def _bytes_held(rg_bytes: np.ndarray, rg_rows: np.ndarray, kept: np.ndarray) -> 
     bounds = np.concatenate([[0], np.cumsum(rg_rows)])
     kept_per_rg = np.diff(np.searchsorted(kept, bounds))
     return round(float((rg_bytes * kept_per_rg / np.maximum(rg_rows, 1)).sum()))
+
+
+def _run_starts(a: np.ndarray) -> np.ndarray:
+    """Where each run of equal values in ``a`` (non-empty) starts."""
+    return np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]]))
 
 
 def _ascending(a: np.ndarray) -> bool:
@@ -547,7 +553,7 @@ def _chunk_positions(table: pa.Table, index: ChunkIndex, start: int, stop: int) 
         if column.null_count == 0 and pa.types.is_integer(column.type) and len(column):
             # rows come in runs of one chunk: look up each run's value, not each row's
             values = column.to_numpy()
-            starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+            starts = _run_starts(values)
             column, runs = pa.array(values[starts]), np.diff([*starts, len(values)])
         idx = pc.index_in(column, value_set=keys.column(b).combine_chunks())
         pos = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int64)

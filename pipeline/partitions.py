@@ -45,8 +45,8 @@ class Partitions:
         field = self.fields[self.names.index(name)]
         value = self.value(file, name)
         if dictionary and pa.types.is_string(field.type):
-            indices = pa.nulls(rows, pa.int32()) if value is None else pa.repeat(0, rows)
-            return pa.DictionaryArray.from_arrays(indices.cast(pa.int32()), pa.array([value or ""]))
+            indices = pa.repeat(pa.scalar(None if value is None else 0, pa.int32()), rows)
+            return pa.DictionaryArray.from_arrays(indices, pa.array([value or ""]))
         return pa.repeat(pa.scalar(value, type=field.type), rows)
 
 

@@ -256,6 +256,15 @@ class MapWorkload(Workload):
         """What a unit returned, as one row (a dict) or rows (a table), keys not yet added."""
         if returned is None:
             return None
+        if type(returned).__name__ == "Series" and hasattr(returned, "index"):
+            # One row, its labels naming the columns (as chunk.mean() gives).
+            row = {str(label): value for label, value in returned.items()}
+            if len(row) != len(returned):
+                raise ValueError(
+                    "the function returned a pandas Series with repeated labels; as one row, "
+                    "its labels name the columns and must differ"
+                )
+            returned = row
         if isinstance(returned, Mapping):
             row = dict(returned)
             self._check_names(row)
@@ -270,16 +279,6 @@ class MapWorkload(Workload):
             if any(name is not None for name in returned.index.names):
                 returned = returned.reset_index()
             table = pa.Table.from_pandas(returned, preserve_index=False)
-        elif type(returned).__name__ == "Series" and hasattr(returned, "index"):
-            # One row, its labels naming the columns (as chunk.mean() gives).
-            row = {str(label): value for label, value in returned.items()}
-            if len(row) != len(returned):
-                raise ValueError(
-                    "the function returned a pandas Series with repeated labels; as one row, "
-                    "its labels name the columns and must differ"
-                )
-            self._check_names(row)
-            return row
         elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
             if not returned:
                 return None

@@ -198,11 +198,7 @@ def _read_layout(frames: FrameSet, dim: int, dtype: str, threads: int = 1) -> np
             table = pf.read_row_groups(groups, columns=names, use_threads=False).slice(0, dim)
         by_frame[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
 
-    if threads > 1 and len(frames.keys) > 1:
-        read(0)  # creates the store's client before threads share it
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(read, range(1, len(frames.keys))))
-    else:
-        for f in range(len(frames.keys)):
-            read(f)
+    read(0)  # creates the store's client before threads share it
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read, range(1, len(frames.keys))))
     return np.ascontiguousarray(by_frame.transpose(1, 2, 0))
