@@ -716,3 +716,10 @@ def test_a_local_key_cannot_climb_out_of_its_store(tmp_path):
     store.write_bytes("a/..b/c..", b"x")  # dots inside names are names
     assert (tmp_path / "store" / "a" / "..b" / "c..").read_bytes() == b"x"
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_local_root_given_through_dot_dot_is_named_plainly(tmp_path, monkeypatch):
+    (tmp_path / "jobs").mkdir()
+    monkeypatch.chdir(tmp_path / "jobs")
+    store = LocalStore("../out")
+    assert store.url == str(tmp_path / "out") and store.describe("a") == str(tmp_path / "out" / "a")

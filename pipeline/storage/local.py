@@ -66,7 +66,8 @@ class LocalStore(Store):
     remote = False
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).expanduser().absolute()
+        # normpath: `../out` from a subfolder is the same folder, and messages say so
+        self.root = Path(os.path.normpath(Path(root).expanduser().absolute()))
         self.url = str(self.root)
 
     def path(self, key: str) -> Path:
