@@ -33,7 +33,7 @@ from .prices import (
     PriceTable,
     WorkerPrice,
 )
-from .sizing import CostModel, UnitLayout, cut_tasks, makespan
+from .sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
 from .summary import RunSummary, usd
 
 __all__ = [
@@ -49,8 +49,6 @@ __all__ = [
 DAY_SECONDS = 86_400.0
 #: S3 accepts about this many PUT requests a second per prefix (AWS's figure).
 S3_PUTS_PER_SECOND = 3_500.0
-#: Dask's scheduler spends about a millisecond per task (Dask's own guidance).
-SCHEDULER_SECONDS_PER_TASK = 1e-3
 #: The most workers one scheduler handled in the reference deployment.
 SCHEDULER_WORKER_WALL = 480
 

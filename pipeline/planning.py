@@ -26,7 +26,14 @@ from typing import Any
 
 from .errors import ConfigError
 from .layout import job_record_key
-from .sizing import MIN_TASKS_PER_WORKER, CostModel, UnitLayout, cut_tasks, make_layout
+from .sizing import (
+    MIN_TASKS_PER_WORKER,
+    CostModel,
+    UnitLayout,
+    cut_tasks,
+    make_layout,
+    task_rounds,
+)
 from .storage import Store
 from .workload import Task, Workload, plan_tasks, tasks_from_stops
 
@@ -194,14 +201,19 @@ def next_large_probe(
 def cut_is_settled(
     layout: UnitLayout, start: int, model: CostModel, n_workers: int, task_seconds: float
 ) -> bool:
-    """Whether units ``start..`` are cut into as many tasks with the per-unit cost
-    half or twice ``model``'s: then a more precise model would not change the plan
-    (a short job's rest fits one round of tasks however the slope is off), and a
-    probe round more is only a barrier more."""
-    count = len(cut_tasks(layout, start, model, n_workers, task_seconds))
+    """Whether a more precise model would not change the plan that matters, with the
+    per-unit cost anywhere from half to twice ``model``'s: units ``start..`` are cut
+    into as many tasks, or make a small job whichever (a few short tasks a worker,
+    whose count only moves their length between ``SHORT_TASK_SECONDS`` and half a
+    target). A probe round more would then be only a barrier more."""
+    rounds, small = task_rounds(layout, start, model, n_workers, task_seconds)
+    count = len(cut_tasks(layout, start, model, n_workers, task_seconds, rounds))
     for factor in (0.5, 2.0):
         scaled = replace(model, per_unit=model.per_unit * factor, per_byte=model.per_byte * factor)
-        if len(cut_tasks(layout, start, scaled, n_workers, task_seconds)) != count:
+        rounds, scaled_small = task_rounds(layout, start, scaled, n_workers, task_seconds)
+        if small and scaled_small:
+            continue
+        if len(cut_tasks(layout, start, scaled, n_workers, task_seconds, rounds)) != count:
             return False
     return True
 

@@ -25,11 +25,13 @@ from .planning import (
 )
 from .sizing import (
     MIN_TASKS_PER_WORKER,
+    SCHEDULER_SECONDS_PER_TASK,
     CostModel,
     ProbeSample,
     UnitLayout,
     cut_tasks,
     fit_costs,
+    overhead_can_bind,
 )
 from .workload import TaskReceipt
 
@@ -51,9 +53,9 @@ def probe(
     Each round is waited for: its tasks' durations size the next. A worker's first
     task also loads its inputs, so the first round of this run starts with one small
     task per worker, a warm-up left out of the fit (each worker's first task to
-    start is), then a large and a small task per worker; the later rounds give each
-    worker a large task. The scheduling cost per task is measured by a burst of
-    no-op tasks (:func:`_task_overhead`).
+    start is), then a large and a small task for every other worker; the later
+    rounds give each worker a large task. The scheduling cost per task is measured
+    by a burst of no-op tasks (:func:`_task_overhead`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
     Returns the probes' receipts.
     """
@@ -71,7 +73,9 @@ def probe(
     round_ = [t for t in plan.tasks(n) if t.index not in done]
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
-    overhead = _task_overhead(run.client, n_workers)
+    overhead = SCHEDULER_SECONDS_PER_TASK
+    if overhead_can_bind(n_workers, options.task_seconds):
+        overhead = _task_overhead(run.client, n_workers)
     model, rounds, first_round = None, 0, True
     while True:
         left = n - sum(plan.head)
@@ -86,7 +90,10 @@ def probe(
                 sizes = aligned_probes(layout, sum(plan.head), sizes)
             elif first_round:  # a warm-up per worker first: each worker's first to start
                 warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
-                sizes = warm_ups + probe_round(g, large, n_workers, left - sum(warm_ups))
+                # A large and a small probe for every other worker: two sizes to fit
+                # a line through, at a round of two tasks per worker, not three.
+                pairs = -(-n_workers // 2)
+                sizes = warm_ups + probe_round(g, large, pairs, left - sum(warm_ups))
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         got = run(round_)

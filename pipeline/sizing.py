@@ -15,8 +15,9 @@ so that (a) tasks last about ``task_seconds``; (b) at the task rate this gives,
 ``SCHEDULER_SHARE`` (10 %) of one core on them: at 1 ms a task, 2 workers need
 tasks of 20 ms, 1,000 workers tasks of 10 s; (c) the fixed part is at most half
 a task. A job too small to give each worker :data:`MIN_TASKS_PER_WORKER` such
-tasks is cut into fewer, longer rounds (one round when it holds less than two
-targets per worker), rounds of exactly ``workers`` tasks so none idles at the end.
+tasks is cut into up to that many rounds of shorter tasks (at least
+:data:`SHORT_TASK_SECONDS` and 4x the fixed part; one round when a worker's share
+is under that), rounds of exactly ``workers`` tasks.
 
 The cuts fall on the workload's *natural boundaries* (row groups and files for
 a dataset, shards for cubes), so each row group is read by one task, unless
@@ -38,8 +39,19 @@ import numpy as np
 SCHEDULER_SHARE = 0.10
 #: Enough tasks per worker that uneven tasks do not leave workers idle at the end.
 MIN_TASKS_PER_WORKER = 4
+#: A small job's tasks last at least this (and 4x their fixed cost): shorter ones cost
+#: more in fixed costs than they save, longer ones leave workers idle at the end when
+#: one runs slower than the other (a 0.5 s task took 0.55-0.75 s on a busy 2-core VM).
+SHORT_TASK_SECONDS = 0.1
 #: An aligned plan is kept unless the unaligned one finishes this much sooner.
 ALIGNED_SLACK = 1.10
+#: Dask's scheduler spends about a millisecond per task (Dask's own guidance): the
+#: overhead assumed where it is not measured.
+SCHEDULER_SECONDS_PER_TASK = 1e-3
+#: Above any per-task scheduling cost seen (1-3 ms on a quiet cluster, 5-15 ms on a
+#: loaded 2-core VM): on clusters so small that even this could not lengthen tasks,
+#: the overhead is not measured (see :func:`overhead_can_bind`).
+OVERHEAD_BOUND = 0.025
 
 
 @dataclass(frozen=True)
@@ -194,10 +206,36 @@ def make_layout(
     return UnitLayout(n, b, granularity, granularity == 1, cum, read_bytes)
 
 
+def overhead_can_bind(n_workers: int, task_seconds: float) -> bool:
+    """Whether the scheduler's share could set the target on ``n_workers``: not on a
+    few workers, where at ``OVERHEAD_BOUND`` a task they would still take less than
+    ``SCHEDULER_SHARE`` of the scheduler's core with tasks of ``task_seconds``."""
+    return n_workers * OVERHEAD_BOUND / SCHEDULER_SHARE > task_seconds
+
+
 def target_seconds(model: CostModel, n_workers: int, task_seconds: float) -> float:
     """How long a task should last (see the module's docstring for the rule)."""
     scheduler_floor = model.overhead * n_workers / SCHEDULER_SHARE
     return max(task_seconds, scheduler_floor, 2 * model.fixed)
+
+
+def task_rounds(
+    layout: UnitLayout, start: int, model: CostModel, n_workers: int, task_seconds: float
+) -> tuple[int, bool]:
+    """Rounds of ``n_workers`` tasks for units ``start..``, and whether the job is
+    small (fewer than :data:`MIN_TASKS_PER_WORKER` targets a worker)."""
+    total = layout.weight(start, layout.n)
+    per_unit = model.per_unit + model.per_byte * layout.bytes(start, layout.n) / max(total, 1e-12)
+    target = target_seconds(model, n_workers, task_seconds)
+    units = max(1e-9, (target - model.fixed) / max(per_unit, 1e-12))
+    rounds = total / (n_workers * units)
+    if rounds >= MIN_TASKS_PER_WORKER:
+        return round(rounds), False
+    # A small job: as many rounds (up to 4) as tasks of at least `short` allow; one
+    # round when a worker's share is under that.
+    short = min(target / 2, max(SHORT_TASK_SECONDS, 4 * (model.fixed + model.overhead)))
+    share = total * per_unit / n_workers
+    return min(MIN_TASKS_PER_WORKER, max(1, math.floor(share / short))), True
 
 
 def cut_tasks(
@@ -213,18 +251,8 @@ def cut_tasks(
     n = layout.n
     if start >= n:
         return []
-    total = layout.weight(start, n)
-    per_unit = model.per_unit + model.per_byte * layout.bytes(start, n) / max(total, 1e-12)
-    target = target_seconds(model, n_workers, task_seconds)
-    units = max(1e-9, (target - model.fixed) / max(per_unit, 1e-12))
     if rounds is None:
-        rounds = total / (n_workers * units)
-        if rounds < MIN_TASKS_PER_WORKER:
-            # A small job: as many rounds (up to 4) as tasks of at least half the
-            # target allow; one round when a worker's share is under half a target.
-            rounds = min(MIN_TASKS_PER_WORKER, max(1, math.floor(2 * rounds)))
-        else:
-            rounds = round(rounds)
+        rounds, _small = task_rounds(layout, start, model, n_workers, task_seconds)
     count = rounds * n_workers
     cost = lambda stops: makespan(layout, start, stops, model, n_workers)  # noqa: E731
     best = _aligned(layout, start, count)

@@ -11,11 +11,11 @@ from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
-from pipeline.cost import SCHEDULER_SECONDS_PER_TASK, JobSample, parse_fleet, project
+from pipeline.cost import JobSample, parse_fleet, project
 from pipeline.errors import ConfigError
 from pipeline.estimate import estimate
 from pipeline.prices import load_prices, worker_price
-from pipeline.sizing import CostModel, make_layout
+from pipeline.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, make_layout
 from pipeline.summary import summary_lines, usd
 
 

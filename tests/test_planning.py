@@ -31,6 +31,7 @@ from pipeline.planning import (
     save_plan,
 )
 from pipeline.sizing import (
+    SCHEDULER_SECONDS_PER_TASK,
     SCHEDULER_SHARE,
     CostModel,
     ProbeSample,
@@ -39,6 +40,7 @@ from pipeline.sizing import (
     longest_first,
     make_layout,
     makespan,
+    overhead_can_bind,
     target_seconds,
 )
 from pipeline.storage import LocalStore
@@ -126,6 +128,26 @@ def test_many_workers_lengthen_tasks_to_keep_the_scheduler_share_small():
         assert len(stops) >= 4 * workers  # a job this big still gives each several tasks
 
 
+def test_the_overhead_is_measured_only_where_it_could_lengthen_tasks(tmp_path, client):
+    # At 25 ms a task, beyond any measured, 2 workers with 1 s tasks would take 5 % of
+    # the scheduler, 1,000 workers 25 times its core: the burst runs on large clusters
+    # (or with short tasks) and on 2 workers the model assumes Dask's 1 ms a task.
+    assert not overhead_can_bind(2, 1.0) and not overhead_can_bind(4, 1.0)
+    assert overhead_can_bind(5, 1.0) and overhead_can_bind(1000, 1.0)
+    assert overhead_can_bind(2, 0.4)
+    overheads = {}
+    for task_seconds in (1.0, 0.4):
+        out = tmp_path / str(task_seconds)
+        opts = RunOptions(output=str(out), progress=False, task_seconds=task_seconds)
+        s = run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), opts, client)
+        assert s.complete and s.probe_tasks > 0
+        overheads[task_seconds] = json.loads((out / "sq" / "job.json").read_text())["cost_model"][
+            "overhead"
+        ]
+    assert overheads[1.0] == SCHEDULER_SECONDS_PER_TASK
+    assert overheads[0.4] != SCHEDULER_SECONDS_PER_TASK and overheads[0.4] > 0
+
+
 def test_a_job_too_small_for_several_tasks_per_worker_is_one_round():
     assert is_small_job(50, 2) and not is_small_job(300, 2)
     layout = make_layout(50)
@@ -133,6 +155,22 @@ def test_a_job_too_small_for_several_tasks_per_worker_is_one_round():
     # Measured: 3,000 units of 0.1 ms are 0.15 s a worker, well under a 1 s task.
     stops = cut_tasks(make_layout(3000), 0, CostModel(0.01, 0.0001), 2, 1.0)
     assert stops == [1500, 3000]
+
+
+def test_a_small_job_gets_short_tasks_for_balance_but_not_below_their_fixed_cost():
+    # 0.45 s of work a worker: four rounds of 0.11 s tasks (a worker that runs slow
+    # holds up the end by a fraction of one), not one round of 0.45 s.
+    layout = make_layout(9000)
+    stops = cut_tasks(layout, 0, CostModel(0.01, 0.0001), 2, 1.0)
+    assert len(stops) == 8 and max(_sizes(0, stops)) - min(_sizes(0, stops)) <= 1
+    # A fixed part of 50 ms: tasks of at least 4x that, so two rounds.
+    stops = cut_tasks(layout, 0, CostModel(0.05, 0.0001), 2, 1.0)
+    assert len(stops) == 4
+    # With a target of 0.1 s, the tasks are not cut below half of it.
+    seconds = _task_seconds(
+        layout, 0, cut_tasks(layout, 0, CostModel(0.0, 0.0001), 2, 0.1), CostModel(0.0, 0.0001)
+    )
+    assert min(seconds) >= 0.05
 
 
 def test_units_of_uneven_cost_get_tasks_of_even_cost():
@@ -222,12 +260,13 @@ def test_probe_sizes():
 
 def test_probing_stops_when_a_closer_slope_would_not_change_the_cut():
     # The 10,000-chunk job of the layouts benchmark after its second probe round:
-    # the 7,400 chunks left are 0.27 s a worker, one round of two tasks at half or
-    # twice that slope, so a third round would only add a barrier.
+    # the 7,400 chunks left are 0.27 s a worker, a small job at half or twice that
+    # slope (a few short tasks a worker: two rounds here, one or four there), so a
+    # third round would only add a barrier.
     layout = make_layout(10_000, boundaries=range(0, 10_000, 262))
     model = CostModel(0.012, 7.3e-5, overhead=0.002)
     assert cut_is_settled(layout, 2_600, model, 2, 1.0)
-    assert len(cut_tasks(layout, 2_600, model, 2, 1.0)) == 2
+    assert len(cut_tasks(layout, 2_600, model, 2, 1.0)) == 4
     # A hundred times the chunks: the count of tasks follows the slope, so probing
     # goes on until the probes measure it.
     layout = make_layout(1_000_000, boundaries=range(0, 1_000_000, 262))

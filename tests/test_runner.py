@@ -55,7 +55,7 @@ def _manifest_parts(out, job="sq"):
 
 def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     # At least 10 ms per unit. A first round of a warm-up unit per worker (left out of
-    # the fit), then a task of 16 units and one of 1 per worker; then rounds of one
+    # the fit), then a task of 16 units and one of 1 (for every other worker); then rounds of one
     # large task per worker, two measured rounds at least, until the large one lasts
     # 0.1 s. The rest is cut into tasks of about 1 s, in whole rounds of 2 tasks.
     s = run_job(
@@ -66,10 +66,10 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     assert s.complete and s.units_run == 300 and s.units_failed == 0
     assert record["plan_format"] == 2 and record["units_per_task"] is None
     assert s.probe_tasks == len(head) and stops[-1] == 300 and stops == sorted(stops)
-    assert head[:6] == [1, 1, 16, 16, 1, 1]
-    rounds = [head[2:6]] + [head[i : i + 2] for i in range(6, len(head), 2)]
+    assert head[:4] == [1, 1, 16, 1]
+    rounds = [head[2:3]] + [head[i : i + 2] for i in range(4, len(head), 2)]
     assert len(rounds) >= 2
-    assert all(r[0] == r[1] for r in rounds)
+    assert all(r[0] == r[-1] for r in rounds)
     assert [r[0] for r in rounds] == sorted(r[0] for r in rounds)
     sizes = [b - a for a, b in zip([sum(head), *stops], stops, strict=False)]
     assert len(sizes) % 2 == 0  # whole rounds of 2 workers
