@@ -59,6 +59,29 @@ compose() { "${compose_cmd[@]}" "$@"; }
 # One-off commands in the driver container: no TTY, removed afterwards.
 driver() { compose run --rm -T driver "$@"; }
 
+# `down` can fail transiently on a slow engine (a network still has an endpoint of
+# a `run --rm` container being removed): retry, then fail only if something of
+# the project is really left, and say what.
+teardown() {
+  local attempt out
+  for attempt in 1 2 3; do
+    if out=$(compose down -v --remove-orphans --timeout 20 2>&1); then
+      return 0
+    fi
+    log "down -v failed (attempt $attempt): $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+    sleep 5
+  done
+  local left
+  left=$(docker ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
+    docker network ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
+    docker volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME")
+  if [[ -n "$left" ]]; then
+    log "FAILED: down -v left containers, networks or volumes of $COMPOSE_PROJECT_NAME: $(tr '\n' ' ' <<<"$left")"
+    return 1
+  fi
+  log "down -v reported an error but nothing of $COMPOSE_PROJECT_NAME is left"
+}
+
 cleanup() {
   local status=$?
   trap - EXIT
@@ -71,7 +94,7 @@ cleanup() {
     log "SMOKE_KEEP=1: stack $COMPOSE_PROJECT_NAME left running; '${compose_cmd[*]} -p $COMPOSE_PROJECT_NAME down -v' removes it"
   else
     log "tearing down (down -v)"
-    compose down -v --remove-orphans --timeout 20 >/dev/null 2>&1 || status=1
+    teardown || status=1
   fi
   exit "$status"
 }
