@@ -318,7 +318,25 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
             table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
     found = {b: table.column(b) for b in read}
     table = pa.table(by_columns(found, table.num_rows), names=list(by))
-    return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
+    return _runs(table.append_column("__rg", pa.array(np.repeat(rgs, counts))))
+
+
+def _runs(table: pa.Table) -> pa.Table:
+    """``table``'s runs of equal rows, one row each with its length (``__rows``): a
+    file's rows come sorted by chunk far more often than not, and grouping its runs
+    costs a few milliseconds where grouping its rows cost tens (2.5 M rows: 50 ms)."""
+    n = table.num_rows
+    if n < 2:
+        return table.append_column("__rows", pa.array(np.ones(n, dtype=np.int64)))
+    change = np.zeros(n - 1, dtype=bool)
+    for column in table.columns:
+        if pa.types.is_dictionary(column.type):  # partition values: compared as values
+            column = column.cast(column.type.value_type)
+        differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
+        change |= np.asarray(pc.fill_null(differs, True).combine_chunks(), dtype=bool)
+    starts = np.concatenate([[0], np.flatnonzero(change) + 1])
+    counts = np.diff(np.append(starts, n))
+    return table.take(pa.array(starts)).append_column("__rows", pa.array(counts))
 
 
 def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> ChunkIndex:
@@ -330,12 +348,14 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
     parts = _per_file(
         store, lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
     )
-    # Rows grouped once for all files: a group-by per small file costs more than its rows.
-    rows = [p for p in parts if "count_all" not in p.column_names]
+    # Runs grouped once for all files: a group-by per small file costs more than its rows.
+    runs = [p for p in parts if "count_all" not in p.column_names]
     parts = [p for p in parts if "count_all" in p.column_names]
-    if rows:
-        grouped_rows = pa.concat_tables(rows).group_by([*by, "__rg"], use_threads=False)
-        parts.append(grouped_rows.aggregate([([], "count_all")]))
+    if runs:
+        grouped_runs = pa.concat_tables(runs).group_by([*by, "__rg"], use_threads=False)
+        parts.append(
+            grouped_runs.aggregate([("__rows", "sum")]).rename_columns([*by, "__rg", "count_all"])
+        )
     pairs = pa.concat_tables(parts)
     for b in by:
         if pairs.column(b).null_count:
