@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,79 +111,87 @@ class TaskRunner:
         return self._shared
 
     def __call__(self, tasks: list[Task]) -> list[TaskReceipt]:
-        """Run ``tasks``; receipts in completion order, one per task.
+        """Run ``tasks``; receipts in completion order, one per task."""
+        return list(self.launch(tasks))
+
+    def launch(self, tasks: list[Task]) -> Iterator[TaskReceipt]:
+        """Dispatch ``tasks`` now; their receipts as they complete, one per task. The
+        tasks run whether or not the receipts are being read (another call's may be
+        read first).
 
         A task that fails at the Dask level (``KilledWorker``: the workers running it
         died, as when a machine of many workers is lost at once) makes joblib give up
         on every task in flight. The tasks not heard from then run again, up to
         :data:`DASK_LEVEL_RETRIES` times (a task that completed is not rerun, and
         rerunning one writes the same bytes); after that they are failed."""
-        receipts: list[TaskReceipt] = []
-        pending = tasks
-        for attempt in range(DASK_LEVEL_RETRIES + 1):
-            got, error = self._run_once(pending, len(receipts), len(tasks))
-            receipts += got
-            if error is None:
-                return receipts
-            seen = {r.index for r in got}
-            pending = [t for t in pending if t.index not in seen]
-            if attempt < DASK_LEVEL_RETRIES:
-                log.warning(
-                    "a task failed on the cluster (%s: %s); running the %d tasks not "
-                    "heard from again",
-                    type(error).__name__,
-                    error,
-                    len(pending),
-                )
-        receipts.extend(
-            TaskReceipt(
-                t.index,
-                len(t.units),
-                tuple(UnitFailure.from_exception(u, error) for u in t.units),
-                0,
-                0.0,
-                0.0,
-                "",
-            )
-            for t in pending
-        )
-        return receipts
+        return self._receipts(tasks, *self._dispatch(tasks, 0, len(tasks)))
 
-    def _run_once(self, tasks: list[Task], reported: int, total: int):
-        """(receipts, the Dask-level error that stopped the run or None)."""
+    def _receipts(self, tasks: list[Task], results, error) -> Iterator[TaskReceipt]:
+        reported, pending = 0, tasks
+        for attempt in range(DASK_LEVEL_RETRIES + 1):
+            seen = set()
+            if results is not None:
+                try:
+                    for receipt in results:
+                        seen.add(receipt.index)
+                        reported += 1
+                        self.bar.update(receipt.units)
+                        yield receipt
+                except Exception as exc:
+                    error = self._cluster_error(exc, reported, len(tasks))
+            if error is None:
+                return
+            pending = [t for t in pending if t.index not in seen]
+            if attempt == DASK_LEVEL_RETRIES:
+                break
+            log.warning(
+                "a task failed on the cluster (%s: %s); running the %d tasks not heard from again",
+                type(error).__name__,
+                error,
+                len(pending),
+            )
+            results, error = self._dispatch(pending, reported, len(tasks))
+        for t in pending:
+            failures = tuple(UnitFailure.from_exception(u, error) for u in t.units)
+            yield TaskReceipt(t.index, len(t.units), failures, 0, 0.0, 0.0, "")
+
+    def _dispatch(self, tasks: list[Task], reported: int, total: int):
+        """(joblib's generator of receipts, None), or (None, the Dask-level error that
+        stopped the dispatch)."""
         from joblib import Parallel, delayed, parallel_config
 
         from ._joblib_dask import DaskBackend
 
-        receipts: list[TaskReceipt] = []
         if not tasks:
-            return receipts, None
+            return iter(()), None
         store_url = self.store.url if self.store is not None else None
         try:
             backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
             backend.share(self.workload, self._workload_for(tasks))
             with parallel_config(backend=backend):
-                results = Parallel(
+                return Parallel(
                     n_jobs=-1,
                     return_as="generator_unordered",
                     batch_size=1,
                     pre_dispatch="3*n_jobs",
-                )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
-                for receipt in results:
-                    receipts.append(receipt)
-                    self.bar.update(receipt.units)
+                )(
+                    delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks
+                ), None
         except Exception as exc:
-            # The task wrapper never raises: this is the cluster failing under us (a
-            # worker killed too often, the scheduler gone).
-            if getattr(exc, "reason", None) == "scheduler-connection-lost":
-                # Every task in flight is lost with the scheduler; those that completed
-                # wrote their manifest entries, which is what a rerun resumes from.
-                raise ClusterError(
-                    f"lost the connection to the Dask scheduler at "
-                    f"{self.client.scheduler.address} in the middle of the run (the scheduler "
-                    f"or the way to it failed; {reported + len(receipts)} of {total} tasks "
-                    "reported back, every completed task is stored): when the scheduler is "
-                    "reachable, run the same command again: it resumes where this run stopped"
-                ) from None
-            return receipts, exc
-        return receipts, None
+            return None, self._cluster_error(exc, reported, total)
+
+    def _cluster_error(self, exc: Exception, reported: int, total: int) -> Exception:
+        """The task wrapper never raises: ``exc`` is the cluster failing under us (a
+        worker killed too often, the scheduler gone). Returned to retry on, or raised
+        as a ClusterError when the scheduler is lost."""
+        if getattr(exc, "reason", None) == "scheduler-connection-lost":
+            # Every task in flight is lost with the scheduler; those that completed
+            # wrote their manifest entries, which is what a rerun resumes from.
+            raise ClusterError(
+                f"lost the connection to the Dask scheduler at "
+                f"{self.client.scheduler.address} in the middle of the run (the scheduler "
+                f"or the way to it failed; {reported} of {total} tasks "
+                "reported back, every completed task is stored): when the scheduler is "
+                "reachable, run the same command again: it resumes where this run stopped"
+            ) from None
+        return exc

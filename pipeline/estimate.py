@@ -92,7 +92,7 @@ def estimate(
             # Too small to probe: one task per unit on this cluster is the sample.
             receipts = run(plan.add_probes([1] * n))
         else:
-            receipts = probe(run, plan, set(), opts, workers, layout)
+            receipts, _ = probe(run, plan, set(), opts, workers, layout, start_rest=False)
         seconds = time.perf_counter() - t0
         # A round of tasks of the size the run will use, one per worker: the probes'
         # largest last about PROBE_SECONDS, and a rate taken over full-size tasks

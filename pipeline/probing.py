@@ -31,6 +31,7 @@ from .sizing import (
     UnitLayout,
     cut_tasks,
     fit_costs,
+    longest_first,
     overhead_can_bind,
 )
 from .workload import TaskReceipt
@@ -47,6 +48,7 @@ def probe(
     options: RunOptions,
     n_workers: int,
     layout: UnitLayout | None = None,
+    start_rest: bool = True,
 ):
     """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
@@ -57,7 +59,9 @@ def probe(
     rounds give each worker a large task. The scheduling cost per task is measured
     by a burst of no-op tasks (:func:`_task_overhead`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
-    Returns the probes' receipts.
+    Returns the probes' receipts, and with ``start_rest`` the rest's tasks started,
+    their receipts as they come (None when the caller is to start them: a small
+    job's, or all without ``start_rest``).
     """
     workload, n = run.workload, run.workload.n_units
     g = workload.granularity
@@ -66,7 +70,7 @@ def probe(
         plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
         save_plan(workload, run.store, plan)
         log.info("small job: %d %ss in %d tasks, unprobed", n, workload.unit_name, len(plan.stops))
-        return []
+        return [], None
     limit = max(g, probe_limit(n, n_workers, g))
     large = min(limit, LARGE_PROBE_FACTOR * g)
     # Probes an interrupted run recorded but did not finish come first (a warm-up).
@@ -76,7 +80,7 @@ def probe(
     overhead = SCHEDULER_SECONDS_PER_TASK
     if overhead_can_bind(n_workers, options.task_seconds):
         overhead = _task_overhead(run.client, n_workers)
-    model, rounds, first_round = None, 0, True
+    model, rounds, first_round, cut = None, 0, True, False
     while True:
         left = n - sum(plan.head)
         resumed = bool(round_)
@@ -96,17 +100,41 @@ def probe(
                 sizes = warm_ups + probe_round(g, large, pairs, left - sum(warm_ups))
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
-        got = run(round_)
-        receipts += got
         ranges = {t.index: (t.start, t.stop) for t in round_}
+        if first_round or resumed:
+            # Waited for whole: each worker's first task is told apart by its start.
+            got = run(round_)
+        else:
+            got, counted = [], False
+            # The later rounds are read as they come: once a probe settles the cut,
+            # the rest starts at once, on the workers whose probes are done.
+            for r in run.launch(round_):
+                got.append(r)
+                if cut or not (r.complete and r.units):
+                    continue
+                samples.append(_sample(layout, ranges, r))
+                model = fit_costs(samples, overhead)
+                rounds, counted = rounds + (not counted), True
+                if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
+                             options):  # fmt: skip
+                    cut = _cut(run, plan, model, layout, n_workers, options)
+                    rest = _start(run, plan, layout) if start_rest else None
+            receipts += got
+            round_ = []
+            if cut:
+                return receipts, rest
+            if not any(r.complete and r.units for r in got):
+                break  # nothing to measure (failed units, or the cluster failing under us)
+            large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
+            continue
+        receipts += got
         timed = [r for r in got if r.complete and r.units]
         if first_round:
             # Cold, so slower than the rest will be: left out of the fit, and only a
             # fallback should no other task be measured (a small job used up).
             cold = _first_tasks(timed)
             if cold:
-                model = fit_costs([ProbeSample(layout.weight(*ranges[r.index]), r.seconds)
-                                   for r in cold])  # fmt: skip
+                model = fit_costs([_sample(layout, ranges, r) for r in cold])
             cold_tasks = {r.index for r in cold}
             timed = [] if resumed else [r for r in timed if r.index not in cold_tasks]
         first_round, round_ = False, []
@@ -114,29 +142,46 @@ def probe(
             if resumed and any(r.complete for r in got):
                 continue  # the interrupted run's probes warmed the workers: measure now
             break  # nothing to measure (failed units, or the cluster failing under us)
-        samples += [
-            ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
-            for r in timed
-        ]
+        samples += [_sample(layout, ranges, r) for r in timed]
         model = fit_costs(samples, overhead)
         rounds += 1
-        # Measured, not modelled: the largest probe's time beyond reading lasts
-        # PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
-        # outweighs that; and two rounds at least, since two points fit any line.
-        # (The reads are measured apart, their fixed part with them.) Or the rest is
-        # cut into as many tasks whatever a closer slope would be.
-        biggest = max(samples, key=lambda p: p.units)
-        work = biggest.seconds - biggest.read_seconds
-        fixed = model.fixed - model.read_fixed
-        if large >= limit or (
-            rounds >= 2
-            and (
-                work >= max(PROBE_SECONDS, 2 * fixed)
-                or cut_is_settled(layout, sum(plan.head), model, n_workers, options.task_seconds)
-            )
-        ):
+        if _measured(samples, model, large, limit, rounds, layout, plan, n_workers, options):
             break
-        large = next_large_probe(model.per_unit, fixed, large, limit, g)
+        large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
+    _cut(run, plan, model, layout, n_workers, options)
+    return receipts, _start(run, plan, layout) if start_rest else None
+
+
+def _sample(layout: UnitLayout, ranges: dict, r: TaskReceipt) -> ProbeSample:
+    return ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
+
+
+def _fixed(model: CostModel) -> float:
+    return model.fixed - model.read_fixed
+
+
+def _measured(samples, model, large, limit, rounds, layout, plan, n_workers, options) -> bool:
+    """Whether the probes have measured enough to cut the rest.
+
+    Measured, not modelled: the largest probe's time beyond reading lasts
+    PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
+    outweighs that; and two rounds at least, since two points fit any line. (The
+    reads are measured apart, their fixed part with them.) Or the rest is cut into
+    as many tasks whatever a closer slope would be."""
+    if large >= limit:
+        return True
+    if rounds < 2:
+        return False
+    biggest = max(samples, key=lambda p: p.units)
+    work = biggest.seconds - biggest.read_seconds
+    return work >= max(PROBE_SECONDS, 2 * _fixed(model)) or cut_is_settled(
+        layout, sum(plan.head), model, n_workers, options.task_seconds
+    )
+
+
+def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> bool:
+    """Cut the units after the probes by ``model`` and record the plan."""
+    workload, n = run.workload, run.workload.n_units
     start = sum(plan.head)
     if model is None:  # nothing measured: several tasks per worker, to be safe
         plan.stops = cut_tasks(
@@ -155,7 +200,13 @@ def probe(
         len(plan.stops),
         plan.typical_size(n),
     )
-    return receipts
+    return True
+
+
+def _start(run: TaskRunner, plan: Plan, layout: UnitLayout):
+    """Start the tasks after the probes, longest first; their receipts as they come."""
+    rest = plan.tasks(run.workload.n_units)[len(plan.head) :]
+    return run.launch(longest_first(layout, rest))
 
 
 def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:

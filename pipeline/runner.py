@@ -109,11 +109,14 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
         with _progress(workload, options, _units_in(known, done)) as bar:
             run = TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
             layout = unit_layout(workload)
-            receipts = [] if plan.sized else probe(run, plan, done, options, n_workers, layout)
+            receipts, rest = [], None
+            if not plan.sized:
+                receipts, rest = probe(run, plan, done, options, n_workers, layout)
             tasks = plan.tasks(workload.n_units)
-            ran = done | {r.index for r in receipts}
-            rest = [t for t in tasks if t.index not in ran]
-            receipts += run(longest_first(layout, rest))
+            if rest is None:
+                ran = done | {r.index for r in receipts}
+                rest = run.launch(longest_first(layout, [t for t in tasks if t.index not in ran]))
+            receipts += rest
     except KeyboardInterrupt:
         complete = _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
         raise Interrupted(workload.job_id, complete, workload.n_units, workload.unit_name) from None

@@ -80,6 +80,29 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     assert len(values) == 300 and values["00299"] == b"89401"
 
 
+def test_the_rest_starts_once_a_probe_settles_the_cut_not_after_the_slowest(tmp_path, client):
+    # 300 units of 10 ms on 2 workers: round 1 is [1, 1, 16, 1], round 2 two probes of
+    # the largest size (38 units, a quarter of a worker's share), so the first of them
+    # to finish settles the cut. The other holds unit 94, 1.5 s slower: the rest's
+    # tasks start on the free worker meanwhile, and the job does not wait for it.
+    s = run_job(
+        SquaresWorkload("sq", 300, unit_seconds=0.01, slow=(94, 1.5)),
+        options(tmp_path),
+        client,
+        echo=lambda m: None,
+    )
+    record = json.loads((tmp_path / "sq" / "job.json").read_text())
+    assert s.complete and s.units_run == 300 and record["head"] == [1, 1, 16, 1, 38, 38]
+    timings = {t["index"]: t for t in s.task_timings}
+    slow = timings[5]  # units 57..94
+    slow_end = slow["start"] + slow["seconds"]
+    assert slow["seconds"] > 1.5
+    rest = [t for i, t in timings.items() if i >= len(record["head"])]
+    assert rest and min(t["start"] for t in rest) < slow_end - 1.0
+    assert sum(t["units"] for t in rest if t["start"] < slow_end) > 100
+    assert _values(tmp_path) == {f"{u:05d}": b"%d" % (u * u) for u in range(300)}
+
+
 def test_a_small_job_runs_in_one_round_unprobed(tmp_path, client):
     s = run_job(SquaresWorkload("sq", 50), options(tmp_path), client, echo=print)
     record = json.loads((tmp_path / "sq" / "job.json").read_text())

@@ -24,14 +24,17 @@ class SquaresJob:
 class SquaresWorkload(Workload):
     """Unit i writes i*i; units in ``fail`` raise, a task containing ``crash_task``'s
     first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
-    each unit takes at least ``unit_seconds``."""
+    each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more)."""
 
     kind = "squares"
     unit_name = "square"
     settings_class = SquaresJob
 
-    def __init__(self, job_id, n_units, fail=(), crash_task=None, exit_unit=None, unit_seconds=0):
+    def __init__(
+        self, job_id, n_units, fail=(), crash_task=None, exit_unit=None, unit_seconds=0, slow=None
+    ):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
+        self.slow = slow
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
     @classmethod
@@ -52,7 +55,9 @@ class SquaresWorkload(Workload):
         for unit in task.units:
             if unit == self.exit_unit:
                 os._exit(3)
-            time.sleep(self.unit_seconds)
+            time.sleep(
+                self.unit_seconds + (self.slow[1] if self.slow and unit == self.slow[0] else 0)
+            )
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")
