@@ -229,6 +229,52 @@ def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
         assert_same(coefs, c, smf.ols("y ~ center(x1) + C(sector)", df[df.chunk == c]).fit())
 
 
+def test_explicit_contrasts_are_designed_once_per_task_and_match_each_chunk_alone(tmp_path):
+    df = panel(chunks=5, rows=80)
+    # chunk 1 lacks C (Treatment('C')'s reference: the chunk alone cannot be designed),
+    # chunk 2 lacks A (a Sum or Helmert coding of three levels has other values).
+    df.loc[(df.chunk == 1) & (df.sector == "C"), "sector"] = "B"
+    df.loc[(df.chunk == 2) & (df.sector == "A"), "sector"] = "D"
+    data = write(df, tmp_path / "d")
+    for formula in (
+        "y ~ x1 + C(sector, Treatment('C'))",
+        "y ~ x1 + C(sector, Sum) + C(sector, Helmert):x2",
+        "y ~ C(sector, Poly) + C(sector, levels=['D', 'C', 'B', 'A']):x1",
+    ):
+        w = workload(data, formula=formula)
+        assert w.info.explicit_contrasts and not w.info.exact_only
+        coefs, models = fit_all(w)
+        for c in range(5):
+            chunk = df[df.chunk == c]
+            if c == 1 and "Treatment('C')" in formula:
+                assert models.error_type[c] == "DesignError", formula
+                continue
+            if c in (1, 2) and "levels=" in formula:  # a level it lacks: a zero column
+                assert models.error_type[c] == "SingularDesign", formula
+                continue
+            assert pd.isna(models.error_type[c]), (formula, c, models.error_message[c])
+            assert_same(coefs, c, smf.ols(formula, chunk).fit())
+        assert models.engine.tolist().count("batched") >= 3  # the chunks with every level
+
+
+def test_task_design_with_explicit_contrasts_is_patsys_bit_for_bit(dataset):
+    import patsy
+
+    from pipeline.workloads.regressions.design import TaskDesign
+    from pipeline.workloads.regressions.spec import eval_env
+
+    data, _df = dataset
+    formula = "y ~ x1 * C(sector, Sum) + C(sector, Treatment('B')):x2 + C(g, Helmert)"
+    w = workload(data, formula=formula)
+    rows = read_all_rows(w)
+    design = TaskDesign(w.spec, rows.table, rows.offsets, w.info)
+    assert not design.exact
+    y, X = patsy.dmatrices(formula, rows.table.to_pandas(), eval_env=eval_env())
+    assert design.names == tuple(X.design_info.column_names)
+    np.testing.assert_array_equal(design.Xg, np.asarray(X))
+    np.testing.assert_array_equal(design.yg, np.asarray(y)[:, 0])
+
+
 def test_design_slices_cover_a_task_in_order_within_the_cells():
     from pipeline.workloads.regressions.design import SLICE_CELLS, design_slices
 

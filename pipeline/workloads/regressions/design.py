@@ -84,6 +84,7 @@ class TaskDesign:
         else:
             self.table = table
             self.exact = info.exact_only if info is not None else False
+            self.subsets = not (info is not None and info.explicit_contrasts)
             if not self.exact:
                 try:
                     self._formula_once()
@@ -208,7 +209,9 @@ class TaskDesign:
             return self._prepare_exact(s, e)
         names, X = self.names, self.Xg[s:e]
         if self.factor_codes and not self.full[i]:
-            cols = self._chunk_columns(i, s, e)
+            # Treatment coding: a chunk alone has a subset of the task's columns, the
+            # same values. Another coding of fewer levels has other values.
+            cols = self._chunk_columns(i, s, e) if self.subsets else None
             if cols is None:
                 return self._prepare_exact(s, e)
             # Row-major, like the task's matrix: BLAS and LAPACK round differently on a
@@ -326,7 +329,6 @@ def _design_once(desc, data):
     are patsy's bit for bit. patsy still learns the design (levels, contrasts, column
     names) and evaluates the factors."""
     import patsy
-    from patsy.build import _eval_factor
 
     na = _keep_all_na()
     y_info, x_info = patsy.design_matrix_builders(
@@ -342,6 +344,30 @@ def _design_once(desc, data):
                 values[factor] = np.asarray(value)
     rows = len(next(iter(values.values())))  # the response is a factor: never empty
     return _columns(y_info, values, rows), _columns(x_info, values, rows), x_info, values
+
+
+def _eval_factor(fi, data, na):
+    """patsy's ``_eval_factor``, but a categorical factor with its own contrast or levels
+    (``C(g, Sum)``), which evaluates to patsy's box around the column's pandas
+    categorical, has its codes taken whole when its categories are the factor's levels
+    (patsy codes a boxed column a row at a time)."""
+    import pandas as pd
+    from patsy.build import _eval_factor as patsy_eval_factor
+    from patsy.categorical import _CategoricalBox, categorical_to_int
+
+    if fi.type != "categorical":
+        return patsy_eval_factor(fi, data, na)
+    value = fi.factor.eval(fi.state, data)
+    inner = value.data if isinstance(value, _CategoricalBox) else None
+    if (
+        isinstance(getattr(inner, "dtype", None), pd.CategoricalDtype)
+        and tuple(inner.categories) == tuple(fi.categories)
+        and (value.levels is None or tuple(value.levels) == tuple(fi.categories))
+    ):
+        codes = np.asarray(inner.codes)
+    else:
+        codes = categorical_to_int(value, fi.categories, na, origin=fi.factor)
+    return codes, np.asarray(codes == -1)
 
 
 def _columns(info, values: dict, rows: int) -> np.ndarray:

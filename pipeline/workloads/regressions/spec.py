@@ -294,8 +294,11 @@ def model_desc(formula: str):
 @dataclass(frozen=True)
 class FormulaInfo:
     columns: tuple[str, ...]  # dataset columns the formula reads, in order of appearance
-    exact_only: bool  # stateful transforms or explicit contrasts: build the design per chunk
+    exact_only: bool  # stateful transforms: build the design per chunk
     has_intercept: bool
+    #: Explicit contrasts or levels (``C(g, Sum)``, ``Treatment('C')``): a chunk lacking
+    #: some of its task's levels is designed alone (its coding is no column subset).
+    explicit_contrasts: bool = False
 
 
 def analyze_formula(formula: str) -> FormulaInfo:
@@ -307,7 +310,7 @@ def analyze_formula(formula: str) -> FormulaInfo:
         raise ConfigError(f"formula {formula!r} has no response (expected 'y ~ x1 + ...')")
     known = set(patsy.builtins.__all__) | set(_MODULES) | set(dir(builtins))
     columns: dict[str, None] = {}
-    exact = False
+    exact = contrasts = False
     for term in [*desc.lhs_termlist, *desc.rhs_termlist]:
         for factor in term.factors:
             code = getattr(factor, "code", None)
@@ -321,12 +324,14 @@ def analyze_formula(formula: str) -> FormulaInfo:
             for node in ast.walk(tree):
                 if isinstance(node, ast.Name) and node.id not in known:
                     columns[node.id] = None
-                elif isinstance(node, ast.Name) and node.id in _STATEFUL | _CONTRASTS:
+                elif isinstance(node, ast.Name) and node.id in _STATEFUL:
                     exact = True
+                elif isinstance(node, ast.Name) and node.id in _CONTRASTS:
+                    contrasts = True
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                     if node.func.id == "Q" and node.args and isinstance(node.args[0], ast.Constant):
                         columns[str(node.args[0].value)] = None
                     if node.func.id == "C" and (len(node.args) > 1 or node.keywords):
-                        exact = True
+                        contrasts = True
     has_intercept = any(not t.factors for t in desc.rhs_termlist)
-    return FormulaInfo(tuple(columns), exact, has_intercept)
+    return FormulaInfo(tuple(columns), exact, has_intercept, contrasts)
