@@ -117,7 +117,9 @@ def estimate(
                 if "/manifest" not in key and not key.endswith("job.json")
             )
         if plan.model:
-            model = _refit(CostModel(**plan.model), receipts[-len(full) :], plan, layout)
+            model = CostModel(**plan.model)
+            if full:  # (receipts[-0:] would be all of them, the workers' cold first tasks too)
+                model = _refit(model, receipts[-len(full) :], plan, layout)
         else:
             model = _fallback_model(receipts, plan, layout)
         done = [r for r in receipts if r.complete]
