@@ -114,10 +114,12 @@ def probe(
                     continue
                 samples.append(_sample(layout, ranges, r))
                 model = fit_costs(samples, overhead)
-                rounds, counted = rounds + (not counted), True
+                if not counted:  # the round counts from its first measured probe
+                    rounds, counted = rounds + 1, True
                 if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
                              options):  # fmt: skip
-                    cut = _cut(run, plan, model, layout, n_workers, options)
+                    _cut(run, plan, model, layout, n_workers, options)
+                    cut = True
                     rest = _start(run, plan, layout) if start_rest else None
             receipts += got
             round_ = []
@@ -179,7 +181,7 @@ def _measured(samples, model, large, limit, rounds, layout, plan, n_workers, opt
     )
 
 
-def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> bool:
+def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> None:
     """Cut the units after the probes by ``model`` and record the plan."""
     workload, n = run.workload, run.workload.n_units
     start = sum(plan.head)
@@ -200,7 +202,6 @@ def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> bool
         len(plan.stops),
         plan.typical_size(n),
     )
-    return True
 
 
 def _start(run: TaskRunner, plan: Plan, layout: UnitLayout):

@@ -82,22 +82,23 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
 
 def test_the_rest_starts_once_a_probe_settles_the_cut_not_after_the_slowest(tmp_path, client):
     # 300 units of 10 ms on 2 workers: round 1 is [1, 1, 16, 1], round 2 two probes of
-    # the largest size (38 units, a quarter of a worker's share), so the first of them
-    # to finish settles the cut. The other holds unit 94, 1.5 s slower: the rest's
-    # tasks start on the free worker meanwhile, and the job does not wait for it.
+    # 30-38 units (aimed at 0.4 s, at most a quarter of a worker's share), and the
+    # first of them to finish settles the cut. The other holds unit 70, 1.5 s slower:
+    # the rest's tasks start on the free worker meanwhile, without waiting for it.
     s = run_job(
-        SquaresWorkload("sq", 300, unit_seconds=0.01, slow=(94, 1.5)),
+        SquaresWorkload("sq", 300, unit_seconds=0.01, slow=(70, 1.5)),
         options(tmp_path),
         client,
         echo=lambda m: None,
     )
-    record = json.loads((tmp_path / "sq" / "job.json").read_text())
-    assert s.complete and s.units_run == 300 and record["head"] == [1, 1, 16, 1, 38, 38]
+    head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]
+    assert s.complete and s.units_run == 300
+    assert head[:4] == [1, 1, 16, 1] and len(head) == 6 and 30 <= head[4] == head[5] <= 38
     timings = {t["index"]: t for t in s.task_timings}
-    slow = timings[5]  # units 57..94
+    slow = timings[5]  # units 19 + head[4] .. 18 + 2 * head[4]: unit 70 among them
     slow_end = slow["start"] + slow["seconds"]
     assert slow["seconds"] > 1.5
-    rest = [t for i, t in timings.items() if i >= len(record["head"])]
+    rest = [t for i, t in timings.items() if i >= len(head)]
     assert rest and min(t["start"] for t in rest) < slow_end - 1.0
     assert sum(t["units"] for t in rest if t["start"] < slow_end) > 100
     assert _values(tmp_path) == {f"{u:05d}": b"%d" % (u * u) for u in range(300)}
