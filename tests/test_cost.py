@@ -140,18 +140,18 @@ def test_the_projection_names_the_limit_that_binds():
 
 
 def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, client):
-    # 300 units of 1 ms: the run's tasks would be a third of the job or more, so no
+    # 300 units of 0.5 ms: the run's tasks would be a third of the job or more, so no
     # round of them is run. Unit 0, in a worker's first task, is 1 s slower (a cold
     # start): the probes leave that task out of their fit, and so must the estimate
-    # (it took in every probe: 12 ms a unit).
+    # (it took in every probe: about 10 ms a unit).
     est = estimate(
-        lambda opts: SquaresWorkload("sq", 300, unit_seconds=0.001, slow=(0, 1.0)),
+        lambda opts: SquaresWorkload("sq", 300, unit_seconds=0.0005, slow=(0, 1.0)),
         options(tmp_path / "out"),
         client,
         [],
     )
     assert est.sampled == est.sample.units  # no round of full-size tasks
-    assert 0.0008 < est.sample.model.per_unit < 0.003, est.sample.model
+    assert 0.0003 < est.sample.model.per_unit < 0.002, est.sample.model
 
 
 @pytest.mark.slow
