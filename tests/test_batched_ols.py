@@ -222,11 +222,6 @@ BAD = {
         "non-finite values (NaN/inf) in y",
     ),
     "unclaimed constant": (lambda r: _good(r), False, "column 0 of X is constant"),
-    "implicit constant": (
-        lambda r: (_dummies(r, 60), r.normal(size=60)),
-        False,
-        "implicit constant",
-    ),
     "float32": (
         lambda r: (lambda X, y: (X.astype(np.float32), y))(*_good(r)),
         True,
@@ -240,6 +235,26 @@ BAD = {
         "has_constant=True but X has no constant column",
     ),
 }
+
+
+@pytest.mark.parametrize("cov_type", COV_TYPES)
+def test_an_implicit_constant_is_fitted_as_statsmodels_counts_it(cov_type):
+    # A dummy per level and no intercept: statsmodels' k_constant = 1 (centered
+    # r-squared, df_model k - 1, a robust F of NaN), next to chunks without one.
+    rng = np.random.default_rng(11)
+    Xs = [_dummies(rng, 60), random_design(rng, 60, 4, None), _dummies(rng, 60)]
+    ys = [response(rng, X) for X in Xs]
+    results = fit_ols_batch(Xs, ys, cov_type=cov_type, has_constant=False)
+    for X, y, res in zip(Xs, ys, results, strict=True):
+        assert_matches(res, X, y, cov_type)
+    assert [r.df_model for r in results] == [3.0, 4.0, 3.0]
+    w = [rng.uniform(0.5, 2, 60) for _ in Xs]
+    results = fit_ols_batch(Xs, ys, cov_type=cov_type, has_constant=False, weights=w)
+    for X, y, wi, res in zip(Xs, ys, w, results, strict=True):
+        ref = sm.WLS(y, X, weights=wi).fit(cov_type=cov_type)
+        for name in ("params", "bse", "pvalues", "rsquared", "rsquared_adj", "llf", "aic"):
+            np.testing.assert_allclose(getattr(res, name), getattr(ref, name), rtol=RTOL)
+        assert res.df_model == ref.df_model
 
 
 @pytest.mark.parametrize("cov_type", COV_TYPES)

@@ -257,6 +257,19 @@ def test_explicit_contrasts_are_designed_once_per_task_and_match_each_chunk_alon
         assert models.engine.tolist().count("batched") >= 3  # the chunks with every level
 
 
+def test_a_dummy_per_level_without_intercept_is_batched_and_matches_statsmodels(dataset):
+    # "0 + C(sector)": the dummies span the intercept (statsmodels' implicit constant).
+    data, df = dataset
+    formula = "y ~ 0 + C(sector) + x1"
+    coefs, models = fit_all(workload(data, formula=formula, cov_type="HC1"))
+    assert set(models.engine) == {"batched"}
+    for c in range(3):
+        res = smf.ols(formula, df[df.chunk == c]).fit(cov_type="HC1")
+        assert_same(coefs, c, res)
+        np.testing.assert_allclose(models.rsquared[c], res.rsquared, rtol=1e-9)
+        assert models.df_model[c] == res.df_model
+
+
 def test_task_design_with_explicit_contrasts_is_patsys_bit_for_bit(dataset):
     import patsy
 

@@ -13,12 +13,17 @@ answer by construction: NaN/inf in X (statsmodels: MissingDataError) or y (NaN p
 (inf bse); rank deficiency by statsmodels' rank rule (it warns and fits the minimum-norm solution
 with a lower df_model) or cond > ``MAX_CONDITION``; a constant response with an intercept
 (r-squared -inf/NaN) or a perfect fit; h_ii ~ 1 under HC2/HC3; ``has_constant`` disagreeing with
-statsmodels' constant detection, implicit constants; odd dtypes/shapes; cov types other than
+statsmodels' constant detection; odd dtypes/shapes; cov types other than
 nonrobust and HC0-HC3 (an unknown name raises ValueError).
 
 One documented difference: with a robust covariance and cond(X) above ~3e7 statsmodels' Wald F
 is rounding noise (it warns that the constraint covariance is not of full rank, lowers the df, and
 f_pvalue depends on attribute access order); the engine then reports ``fvalue = f_pvalue = None``.
+
+An implicit constant (no constant column, but columns spanning one: a dummy per level and no
+intercept) is statsmodels' ``k_constant = 1``: a centered r-squared, ``df_model = k - 1``, and a
+robust F of NaN. Such chunks are solved again as a stack of their own (``implicit=True``), since
+a stack has one ``df_model``.
 """
 
 from __future__ import annotations
@@ -177,8 +182,15 @@ def fit_ols_batch(
             if weights is not None:
                 w = np.ascontiguousarray(np.stack([weights[i] for i in part]), dtype=np.float64)
             fit = _solve_stack(X, y, canonical, has_constant, alpha, True, w)
+            results = [fit.result(j) for j in range(len(part))]
+            again = np.flatnonzero(fit.implicit)
+            if len(again):  # a stack of their own: its df_model is k - 1
+                w_again = None if w is None else w[again]
+                sub = _solve_stack(X[again], y[again], canonical, False, alpha, True, w_again, True)
+                for pos, j in enumerate(again):
+                    results[j] = sub.result(pos)
             for j, i in enumerate(part):
-                out[i] = fit.result(j)
+                out[i] = results[j]
     return out  # type: ignore[return-value]
 
 
@@ -212,21 +224,24 @@ class StackFit:
     fvalue: np.ndarray
     f_pvalue: np.ndarray
     no_f: np.ndarray  # (B,) bool: fvalue/f_pvalue undefined (None)
+    #: (B,) bool: not fitted because X has an implicit constant; solve them with implicit=True
+    implicit: np.ndarray
 
     _ROWS = ("params", "bse", "tvalues", "pvalues", "ci_low", "ci_high")
     _SCALARS = ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number",
                 "fvalue", "f_pvalue")  # fmt: skip
+    _FLAGS = ("ok", "no_f", "implicit")
 
     @classmethod
     def empty(cls, B: int, n: int, k: int, df_model: float, df_resid: float) -> StackFit:
         rows = {name: np.full((B, k), np.nan) for name in cls._ROWS}
         scalars = {name: np.full(B, np.nan) for name in cls._SCALARS}
         return cls(np.zeros(B, dtype=bool), {}, n, df_model, df_resid, **rows, **scalars,
-                   no_f=np.zeros(B, dtype=bool))  # fmt: skip
+                   no_f=np.zeros(B, dtype=bool), implicit=np.zeros(B, dtype=bool))  # fmt: skip
 
     def put(self, where, other: StackFit, other_where=slice(None)) -> None:
         """Copy ``other``'s chunks ``other_where`` into this stack's chunks ``where``."""
-        for name in (*self._ROWS, *self._SCALARS, "ok", "no_f"):
+        for name in (*self._ROWS, *self._SCALARS, *self._FLAGS):
             getattr(self, name)[where] = getattr(other, name)[other_where]
 
     @staticmethod
@@ -239,7 +254,7 @@ class StackFit:
             offset += len(p.ok)
         arrays = {
             name: np.concatenate([getattr(p, name) for p in parts])
-            for name in (*StackFit._ROWS, *StackFit._SCALARS, "ok", "no_f")
+            for name in (*StackFit._ROWS, *StackFit._SCALARS, *StackFit._FLAGS)
         }
         return StackFit(reasons=reasons, nobs=first.nobs, df_model=first.df_model,
                         df_resid=first.df_resid, **arrays)  # fmt: skip
@@ -248,7 +263,7 @@ class StackFit:
         """The chunks where ``mask`` is True, as a stack of their own."""
         where = np.flatnonzero(mask)
         arrays = {
-            name: getattr(self, name)[where] for name in (*self._ROWS, *self._SCALARS, "ok", "no_f")
+            name: getattr(self, name)[where] for name in (*self._ROWS, *self._SCALARS, *self._FLAGS)
         }
         reasons = {j: self.reasons[int(b)] for j, b in enumerate(where) if int(b) in self.reasons}
         return StackFit(reasons=reasons, nobs=self.nobs, df_model=self.df_model,
@@ -287,11 +302,13 @@ def fit_ols_stack(
     alpha: float = 0.05,
     with_f: bool = True,
     weights: np.ndarray | None = None,
+    implicit: bool = False,
 ) -> StackFit:
     """Fit a stack of same-shape chunks, X (B, n, k) and y (B, n) float64 (views are fine:
     each stacked solve of ``batch_size`` chunks works on slices of them), like
     :func:`fit_ols_batch` but with the results as arrays and intervals at ``1 - alpha``
-    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``."""
+    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``. With
+    ``implicit``, every X has an implicit constant (``has_constant`` False)."""
     canonical = _canonical_cov_type(cov_type)
     B, n, k = X.shape
     if canonical is None:
@@ -306,11 +323,12 @@ def fit_ols_stack(
             alpha,
             with_f,
             None if weights is None else weights[a : a + size],
+            implicit,
         )
         for a in range(0, B, size)
     ]
     if not parts:
-        k_const = 1 if has_constant else 0
+        k_const = 1 if has_constant or implicit else 0
         return StackFit.empty(0, n, k, float(k - k_const), float(n - k))
     return StackFit.concat(parts)
 
@@ -323,14 +341,17 @@ def _solve_stack(
     alpha: float,
     with_f: bool = True,
     w: np.ndarray | None = None,
+    implicit: bool = False,
 ) -> StackFit:
     """Fit a (B, n, k) stack: OLS, or WLS with weights ``w`` (B, n) as statsmodels'
     WLS does it (OLS of the whitened sqrt(w) y on sqrt(w) X, with the weighted centered
-    total sum of squares and the weights' term in the log-likelihood)."""
+    total sum of squares and the weights' term in the log-likelihood). With
+    ``implicit`` (and not ``has_constant``), chunks whose X has an implicit constant."""
     from scipy import special  # here: 0.3 s of imports that the CLI need not pay
 
     B, n, k = X.shape
-    k_const = 1 if has_constant else 0
+    centered = has_constant or implicit  # statsmodels' k_constant = 1
+    k_const = 1 if centered else 0
     df_resid, df_model = float(n - k), float(k - k_const)
     out = StackFit.empty(B, n, k, df_model, df_resid)
     live = np.ones(B, dtype=bool)  # over the stack; later checks only look at live chunks
@@ -358,7 +379,7 @@ def _solve_stack(
                 f"{int(np.argmax(const_col[b]))} of X is constant (statsmodels: intercept)"
             ),
         )
-    if has_constant:  # centered total sum of squares 0: statsmodels' r-squared is -inf/NaN
+    if centered:  # centered total sum of squares 0: statsmodels' r-squared is -inf/NaN
         reject(y.max(axis=1) == y.min(axis=1), "constant response y")
     if not live.any():
         return out
@@ -404,7 +425,12 @@ def _solve_stack(
         s_aug = np.linalg.svd(aug, compute_uv=False)
         r_aug = (s_aug > s_aug.max(axis=1, keepdims=True) * max(n, k + 1) * _EPS).sum(axis=1)
         r_orig = (s > s.max(axis=1, keepdims=True) * max(n, k) * _EPS).sum(axis=1)
-        reject_sel(r_aug == r_orig, "X has an implicit constant (its columns span the intercept)")
+        found = r_aug == r_orig
+        if implicit:
+            reject_sel(~found, "X has no implicit constant (its columns do not span one)")
+        else:
+            out.implicit[sel[found & live[sel]]] = True
+            reject_sel(found, "X has an implicit constant (its columns span the intercept)")
     if not live.any():
         return out
 
@@ -418,7 +444,7 @@ def _solve_stack(
         resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
         ssr = np.einsum("bi,bi->b", resid, resid)
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
-        if not has_constant:
+        if not centered:
             tss = uncentered_tss
         elif w is None:
             yc = ys - ys.mean(axis=1, keepdims=True)
@@ -476,7 +502,10 @@ def _solve_stack(
         aic = -2 * llf + 2 * (df_model + k_const)
         bic = -2 * llf + np.log(n) * (df_model + k_const)
         alive = live[sel]
-        if with_f:
+        if with_f and implicit and cov_type != "nonrobust":  # statsmodels: NaN (its #2444)
+            fvalue = f_pvalue = np.full(len(sel), np.nan)
+            no_f = np.zeros(len(sel), dtype=bool)
+        elif with_f:
             const_idx = np.argmax(const_col[sel], axis=1) if has_constant else None
             fvalue, f_pvalue, no_f = _fvalue(
                 cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive
