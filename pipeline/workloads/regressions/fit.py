@@ -220,9 +220,15 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
                 str(w.message) for w in caught if w.category.__name__ == "PerfectSeparationWarning"
             )
         elif out.converged is False:
-            conv = [str(w.message) for w in caught if "Convergence" in w.category.__name__]
+            limits = ("Convergence", "IterationLimit")
+            it = "max_iter" if spec.model == "quantreg" else "maxiter"  # statsmodels' names
+            conv = [str(w.message) for w in caught if any(n in w.category.__name__ for n in limits)]
             out.error_type = "NotConverged"
-            out.error_message = "the fit did not converge" + (f": {conv[0]}" if conv else "")
+            out.error_message = (
+                "the fit did not converge"
+                + (f": {conv[0].rstrip('.')}" if conv else "")
+                + f"; more iterations: fit_options = {{{it} = N}} (--fit-options {it}=N)"
+            )
         elif not (np.isfinite(out.params).all() and np.isfinite(out.bse).all()):
             out.error_type = "NonFiniteEstimates"
             out.error_message = "estimates or standard errors are not finite"
