@@ -307,7 +307,7 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
         return [found[b] if b in found else ds.partitions.column(i, b, n) for b in by]
 
     if all(s is not None for s in stats) and meta.num_row_groups:
-        found = {b: pa.array([s[j] for s in stats], type=ds.schema.field(b).type)
+        found = {b: pa.array([s[j] for s in stats], type=_plain(ds.schema.field(b).type))
                  for j, b in enumerate(read)}  # fmt: skip
         return pa.table(
             [*by_columns(found, len(stats)), rgs, pa.array(counts, pa.int64())],
@@ -316,9 +316,19 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     if table is None or not set(read) <= set(table.column_names):
         with store.open_input(key) as f:
             table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
-    found = {b: table.column(b) for b in read}
-    table = pa.table(by_columns(found, table.num_rows), names=list(by))
+    found = {b: decoded(table.column(b)) for b in read}
+    table = pa.table([decoded(c) for c in by_columns(found, table.num_rows)], names=list(by))
     return _runs(table.append_column("__rg", pa.array(np.repeat(rgs, counts))))
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def decoded(column):
+    """A dictionary column (a pandas categorical as parquet stores it) as its values:
+    chunk keys are compared, grouped and sorted as values."""
+    return column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
 
 
 def _runs(table: pa.Table) -> pa.Table:
@@ -330,8 +340,6 @@ def _runs(table: pa.Table) -> pa.Table:
         return table.append_column("__rows", pa.array(np.ones(n, dtype=np.int64)))
     change = np.zeros(n - 1, dtype=bool)
     for column in table.columns:
-        if pa.types.is_dictionary(column.type):  # partition values: compared as values
-            column = column.cast(column.type.value_type)
         differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
         change |= np.asarray(pc.fill_null(differs, True).combine_chunks(), dtype=bool)
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])
@@ -480,6 +488,11 @@ def read_task_rows(
         offsets = np.minimum(np.arange(n + 1) * index.chunk_rows, last - first)
         rows = TaskRows(table.select(columns), offsets.astype(np.int64), start)
     else:
+        for b in index.by:  # as the chunk index holds them
+            if pa.types.is_dictionary(table.schema.field(b).type):
+                table = table.set_column(
+                    table.schema.get_field_index(b), b, decoded(table.column(b))
+                )
         pos = _chunk_positions(table, index, start, stop)
         kept = keep = np.flatnonzero(pos >= 0)
         pos_kept = pos[keep]

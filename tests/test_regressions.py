@@ -270,6 +270,25 @@ def test_a_dummy_per_level_without_intercept_is_batched_and_matches_statsmodels(
         assert models.df_model[c] == res.df_model
 
 
+def test_chunk_by_a_pandas_categorical_column(tmp_path):
+    # pandas writes a categorical as a parquet dictionary column (with its own type in
+    # the file's schema): chunk keys are its values, alone or with another column.
+    df = panel(chunks=4, rows=60)
+    df["sector"] = df["sector"].astype("category")
+    path = tmp_path / "d"
+    path.mkdir()
+    df.to_parquet(path / "data.parquet", row_group_size=50)
+    assert pa.types.is_dictionary(pq.read_schema(path / "data.parquet").field("sector").type)
+    for by in ("sector", "sector,chunk"):
+        w = workload(str(path), chunk_by=by, formula="y ~ x1")
+        coefs, models = fit_all(w)
+        keys = df[by.split(",")].drop_duplicates().sort_values(by.split(",")).astype(str)
+        assert w.n_units == len(keys) and models.error_type.isna().all()
+        for c, key in enumerate(keys.itertuples(index=False)):
+            rows = (df[by.split(",")].astype(str) == pd.Series(key._asdict())).all(axis=1)
+            assert_same(coefs, c, smf.ols("y ~ x1", df[rows]).fit())
+
+
 def test_task_design_with_explicit_contrasts_is_patsys_bit_for_bit(dataset):
     import patsy
 
