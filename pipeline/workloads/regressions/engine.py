@@ -75,16 +75,15 @@ def _fit_stacks(spec, design: TaskDesign, has_constant, out: TaskFits, keep_resi
         X, y, w = design.stack(chunks, int(n))
         fit = fit_ols_stack(X, y, cov_type=spec.cov_type, has_constant=has_constant,
                             alpha=spec.alpha, with_f=False, weights=w)  # fmt: skip
-        each = (time.perf_counter() - t0) / len(chunks)
-        parts = [(chunks, fit, X, y)]
+        parts = [(chunks, fit, X, y, (time.perf_counter() - t0) / len(chunks))]
         if fit.implicit.any():  # a stack of their own: statsmodels' k_constant = 1
-            again = chunks[fit.implicit]
+            t0, again = time.perf_counter(), chunks[fit.implicit]
             X2, y2, w2 = design.stack(again, int(n))
             fit2 = fit_ols_stack(X2, y2, cov_type=spec.cov_type, has_constant=False,
                                  alpha=spec.alpha, with_f=False, weights=w2,
                                  implicit=True)  # fmt: skip
-            parts.append((again, fit2, X2, y2))
-        for part, f, Xp, yp in parts:
+            parts.append((again, fit2, X2, y2, (time.perf_counter() - t0) / len(again)))
+        for part, f, Xp, yp, each in parts:
             good = f.ok
             rest.update(part[~good].tolist())  # statsmodels decides (after dropping NaN rows)
             block = FitBlock(part, design.names, f, each)
