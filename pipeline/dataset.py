@@ -303,8 +303,8 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
 
-    def by_columns(found: dict, n: int) -> list:
-        return [found[b] if b in found else ds.partitions.column(i, b, n) for b in by]
+    def by_columns(found: dict, n: int) -> list:  # chunk keys are compared as values
+        return [decoded(found[b] if b in found else ds.partitions.column(i, b, n)) for b in by]
 
     if all(s is not None for s in stats) and meta.num_row_groups:
         found = {b: pa.array([s[j] for s in stats], type=_plain(ds.schema.field(b).type))
@@ -316,8 +316,8 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     if table is None or not set(read) <= set(table.column_names):
         with store.open_input(key) as f:
             table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
-    found = {b: decoded(table.column(b)) for b in read}
-    table = pa.table([decoded(c) for c in by_columns(found, table.num_rows)], names=list(by))
+    found = {b: table.column(b) for b in read}
+    table = pa.table(by_columns(found, table.num_rows), names=list(by))
     return _runs(table.append_column("__rg", pa.array(np.repeat(rgs, counts))))
 
 

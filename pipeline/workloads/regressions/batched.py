@@ -22,8 +22,7 @@ f_pvalue depends on attribute access order); the engine then reports ``fvalue = 
 
 An implicit constant (no constant column, but columns spanning one: a dummy per level and no
 intercept) is statsmodels' ``k_constant = 1``: a centered r-squared, ``df_model = k - 1``, and a
-robust F of NaN. Such chunks are solved again as a stack of their own (``implicit=True``), since
-a stack has one ``df_model``.
+robust F of NaN, in the same solve as the stack's other chunks (``df_model`` is per chunk).
 """
 
 from __future__ import annotations
@@ -182,15 +181,8 @@ def fit_ols_batch(
             if weights is not None:
                 w = np.ascontiguousarray(np.stack([weights[i] for i in part]), dtype=np.float64)
             fit = _solve_stack(X, y, canonical, has_constant, alpha, True, w)
-            results = [fit.result(j) for j in range(len(part))]
-            again = np.flatnonzero(fit.implicit)
-            if len(again):  # a stack of their own: its df_model is k - 1
-                w_again = None if w is None else w[again]
-                sub = _solve_stack(X[again], y[again], canonical, False, alpha, True, w_again, True)
-                for pos, j in enumerate(again):
-                    results[j] = sub.result(pos)
             for j, i in enumerate(part):
-                out[i] = results[j]
+                out[i] = fit.result(j)
     return out  # type: ignore[return-value]
 
 
@@ -207,7 +199,6 @@ class StackFit:
     ok: np.ndarray  # (B,) bool
     reasons: dict[int, str]
     nobs: int
-    df_model: float
     df_resid: float
     params: np.ndarray  # (B, k), and bse, tvalues, pvalues, ci_low, ci_high
     bse: np.ndarray
@@ -224,24 +215,23 @@ class StackFit:
     fvalue: np.ndarray
     f_pvalue: np.ndarray
     no_f: np.ndarray  # (B,) bool: fvalue/f_pvalue undefined (None)
-    #: (B,) bool: not fitted because X has an implicit constant; solve them with implicit=True
-    implicit: np.ndarray
+    df_model: np.ndarray  # (B,): k - 1 with a constant, explicit or implicit, else k
 
     _ROWS = ("params", "bse", "tvalues", "pvalues", "ci_low", "ci_high")
     _SCALARS = ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number",
                 "fvalue", "f_pvalue")  # fmt: skip
-    _FLAGS = ("ok", "no_f", "implicit")
+    _PER_CHUNK = ("ok", "no_f", "df_model")
 
     @classmethod
     def empty(cls, B: int, n: int, k: int, df_model: float, df_resid: float) -> StackFit:
         rows = {name: np.full((B, k), np.nan) for name in cls._ROWS}
         scalars = {name: np.full(B, np.nan) for name in cls._SCALARS}
-        return cls(np.zeros(B, dtype=bool), {}, n, df_model, df_resid, **rows, **scalars,
-                   no_f=np.zeros(B, dtype=bool), implicit=np.zeros(B, dtype=bool))  # fmt: skip
+        return cls(np.zeros(B, dtype=bool), {}, n, df_resid, **rows, **scalars,
+                   no_f=np.zeros(B, dtype=bool), df_model=np.full(B, df_model))  # fmt: skip
 
     def put(self, where, other: StackFit, other_where=slice(None)) -> None:
         """Copy ``other``'s chunks ``other_where`` into this stack's chunks ``where``."""
-        for name in (*self._ROWS, *self._SCALARS, *self._FLAGS):
+        for name in (*self._ROWS, *self._SCALARS, *self._PER_CHUNK):
             getattr(self, name)[where] = getattr(other, name)[other_where]
 
     @staticmethod
@@ -254,20 +244,19 @@ class StackFit:
             offset += len(p.ok)
         arrays = {
             name: np.concatenate([getattr(p, name) for p in parts])
-            for name in (*StackFit._ROWS, *StackFit._SCALARS, *StackFit._FLAGS)
+            for name in (*StackFit._ROWS, *StackFit._SCALARS, *StackFit._PER_CHUNK)
         }
-        return StackFit(reasons=reasons, nobs=first.nobs, df_model=first.df_model,
-                        df_resid=first.df_resid, **arrays)  # fmt: skip
+        return StackFit(reasons=reasons, nobs=first.nobs, df_resid=first.df_resid, **arrays)
 
     def take(self, mask: np.ndarray) -> StackFit:
         """The chunks where ``mask`` is True, as a stack of their own."""
         where = np.flatnonzero(mask)
         arrays = {
-            name: getattr(self, name)[where] for name in (*self._ROWS, *self._SCALARS, *self._FLAGS)
+            name: getattr(self, name)[where]
+            for name in (*self._ROWS, *self._SCALARS, *self._PER_CHUNK)
         }
         reasons = {j: self.reasons[int(b)] for j, b in enumerate(where) if int(b) in self.reasons}
-        return StackFit(reasons=reasons, nobs=self.nobs, df_model=self.df_model,
-                        df_resid=self.df_resid, **arrays)  # fmt: skip
+        return StackFit(reasons=reasons, nobs=self.nobs, df_resid=self.df_resid, **arrays)
 
     def result(self, b: int) -> BatchedOLSResult | Unsupported:
         if not self.ok[b]:
@@ -280,7 +269,7 @@ class StackFit:
             pvalues=self.pvalues[b],
             conf_int=np.stack([self.ci_low[b], self.ci_high[b]], axis=1),
             nobs=self.nobs,
-            df_model=self.df_model,
+            df_model=float(self.df_model[b]),
             df_resid=self.df_resid,
             rsquared=float(self.rsquared[b]),
             rsquared_adj=float(self.rsquared_adj[b]),
@@ -302,13 +291,11 @@ def fit_ols_stack(
     alpha: float = 0.05,
     with_f: bool = True,
     weights: np.ndarray | None = None,
-    implicit: bool = False,
 ) -> StackFit:
     """Fit a stack of same-shape chunks, X (B, n, k) and y (B, n) float64 (views are fine:
     each stacked solve of ``batch_size`` chunks works on slices of them), like
     :func:`fit_ols_batch` but with the results as arrays and intervals at ``1 - alpha``
-    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``. With
-    ``implicit``, every X has an implicit constant (``has_constant`` False)."""
+    (and the F test only ``with_f``); with ``weights`` (B, n), like ``sm.WLS``."""
     canonical = _canonical_cov_type(cov_type)
     B, n, k = X.shape
     if canonical is None:
@@ -323,12 +310,11 @@ def fit_ols_stack(
             alpha,
             with_f,
             None if weights is None else weights[a : a + size],
-            implicit,
         )
         for a in range(0, B, size)
     ]
     if not parts:
-        k_const = 1 if has_constant or implicit else 0
+        k_const = 1 if has_constant else 0
         return StackFit.empty(0, n, k, float(k - k_const), float(n - k))
     return StackFit.concat(parts)
 
@@ -341,17 +327,16 @@ def _solve_stack(
     alpha: float,
     with_f: bool = True,
     w: np.ndarray | None = None,
-    implicit: bool = False,
 ) -> StackFit:
     """Fit a (B, n, k) stack: OLS, or WLS with weights ``w`` (B, n) as statsmodels'
     WLS does it (OLS of the whitened sqrt(w) y on sqrt(w) X, with the weighted centered
-    total sum of squares and the weights' term in the log-likelihood). With
-    ``implicit`` (and not ``has_constant``), chunks whose X has an implicit constant."""
+    total sum of squares and the weights' term in the log-likelihood). Without
+    ``has_constant``, a chunk whose X has an implicit constant is fitted as statsmodels
+    counts it (k_constant 1)."""
     from scipy import special  # here: 0.3 s of imports that the CLI need not pay
 
     B, n, k = X.shape
-    centered = has_constant or implicit  # statsmodels' k_constant = 1
-    k_const = 1 if centered else 0
+    k_const = 1 if has_constant else 0
     df_resid, df_model = float(n - k), float(k - k_const)
     out = StackFit.empty(B, n, k, df_model, df_resid)
     live = np.ones(B, dtype=bool)  # over the stack; later checks only look at live chunks
@@ -379,8 +364,11 @@ def _solve_stack(
                 f"{int(np.argmax(const_col[b]))} of X is constant (statsmodels: intercept)"
             ),
         )
-    if centered:  # centered total sum of squares 0: statsmodels' r-squared is -inf/NaN
-        reject(y.max(axis=1) == y.min(axis=1), "constant response y")
+    # centered total sum of squares 0 (a constant, or an implicit one found below):
+    # statsmodels' r-squared is -inf/NaN
+    constant_y = y.max(axis=1) == y.min(axis=1)
+    if has_constant:
+        reject(constant_y, "constant response y")
     if not live.any():
         return out
     sel = np.flatnonzero(live)  # linear algebra only on clean chunks (NaN breaks the SVD)
@@ -425,12 +413,11 @@ def _solve_stack(
         s_aug = np.linalg.svd(aug, compute_uv=False)
         r_aug = (s_aug > s_aug.max(axis=1, keepdims=True) * max(n, k + 1) * _EPS).sum(axis=1)
         r_orig = (s > s.max(axis=1, keepdims=True) * max(n, k) * _EPS).sum(axis=1)
-        found = r_aug == r_orig
-        if implicit:
-            reject_sel(~found, "X has no implicit constant (its columns do not span one)")
-        else:
-            out.implicit[sel[found & live[sel]]] = True
-            reject_sel(found, "X has an implicit constant (its columns span the intercept)")
+        implicit = r_aug == r_orig  # statsmodels' k_constant 1, const_idx None
+        reject_sel(implicit & constant_y[sel], "constant response y")
+    else:
+        implicit = np.zeros(len(sel), dtype=bool)
+    kc = np.where(implicit, 1, k_const)  # per chunk of sel
     if not live.any():
         return out
 
@@ -444,15 +431,17 @@ def _solve_stack(
         resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
         ssr = np.einsum("bi,bi->b", resid, resid)
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
-        if not centered:
+        if has_constant or implicit.any():
+            if w is None:
+                yc = ys - ys.mean(axis=1, keepdims=True)
+                centered_tss = np.einsum("bi,bi->b", yc, yc)
+            else:  # RegressionResults.centered_tss with weights (np.average, then the sum)
+                y0 = y[sel] if len(sel) < B else y
+                mean = np.multiply(y0, ws).sum(axis=1) / ws.sum(axis=1)
+                centered_tss = np.sum(ws * (y0 - mean[:, None]) ** 2, axis=1)
+            tss = np.where(kc == 1, centered_tss, uncentered_tss)
+        else:
             tss = uncentered_tss
-        elif w is None:
-            yc = ys - ys.mean(axis=1, keepdims=True)
-            tss = np.einsum("bi,bi->b", yc, yc)
-        else:  # RegressionResults.centered_tss with weights (np.average, then the sum)
-            y0 = y[sel] if len(sel) < B else y
-            mean = np.multiply(y0, ws).sum(axis=1) / ws.sum(axis=1)
-            tss = np.sum(ws * (y0 - mean[:, None]) ** 2, axis=1)
         reject_sel(
             ~(ssr > MIN_RESID_RATIO * uncentered_tss),
             "perfect fit: residuals are at rounding level",
@@ -490,7 +479,7 @@ def _solve_stack(
             q = special.ndtri(1 - alpha / 2)
 
         rsquared = 1 - ssr / tss
-        rsquared_adj = 1 - (n - k_const) / df_resid * (1 - rsquared)
+        rsquared_adj = 1 - (n - kc) / df_resid * (1 - rsquared)
         ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
         if w is None:
             llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
@@ -499,16 +488,14 @@ def _solve_stack(
             llf = -np.log(ssr_llf) * nobs2
             llf -= (1 + np.log(np.pi / nobs2)) * nobs2
             llf += 0.5 * np.sum(np.log(ws), axis=1)
-        aic = -2 * llf + 2 * (df_model + k_const)
-        bic = -2 * llf + np.log(n) * (df_model + k_const)
+        dfm = (k - kc).astype(float)
+        aic = -2 * llf + 2 * (dfm + kc)
+        bic = -2 * llf + np.log(n) * (dfm + kc)
         alive = live[sel]
-        if with_f and implicit and cov_type != "nonrobust":  # statsmodels: NaN (its #2444)
-            fvalue = f_pvalue = np.full(len(sel), np.nan)
-            no_f = np.zeros(len(sel), dtype=bool)
-        elif with_f:
+        if with_f:
             const_idx = np.argmax(const_col[sel], axis=1) if has_constant else None
             fvalue, f_pvalue, no_f = _fvalue(
-                cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive
+                cov_type, params, cov, ssr, tss, dfm, df_resid, const_idx, alive, implicit
             )
         else:  # not asked for: the tables have no F test (and the robust one costs an SVD)
             fvalue = f_pvalue = np.full(len(sel), np.nan)
@@ -519,18 +506,20 @@ def _solve_stack(
     computed = dict(params=params, bse=bse, tvalues=tvalues, pvalues=pvalues, ci_low=ci_low,
                     ci_high=ci_high, rsquared=rsquared, rsquared_adj=rsquared_adj, llf=llf,
                     aic=aic, bic=bic, condition_number=cond,
-                    fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f)  # fmt: skip
+                    fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f, df_model=dfm)  # fmt: skip
     for name, values in computed.items():
         getattr(out, name)[done] = values[alive]
     out.ok[done] = True
     return out
 
 
-def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive):
+def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, alive, implicit):
     """statsmodels' fvalue and f_pvalue, and a mask of chunks where they are left undefined
-    (robust F whose constraint covariance statsmodels finds rank-deficient: see the module doc)."""
+    (robust F whose constraint covariance statsmodels finds rank-deficient: see the module doc).
+    ``df_model`` per chunk; ``implicit``: chunks with an implicit constant, whose robust F
+    statsmodels gives as NaN (its #2444)."""
     nan, none = np.full(len(ssr), np.nan), np.zeros(len(ssr), dtype=bool)
-    if df_model == 0:  # intercept-only model: statsmodels gives NaN for both
+    if not df_model.any():  # intercept-only model: statsmodels gives NaN for both
         return nan, nan, none
     if cov_type == "nonrobust":
         fvalue = ((tss - ssr) / df_model) / (ssr / df_resid)
@@ -559,7 +548,8 @@ def _fvalue(cov_type, params, cov, ssr, tss, df_model, df_resid, const_idx, aliv
     # same operation order as statsmodels' wald_test: (b' pinv(V)) b / J
     quad = np.matmul(np.matmul(b_r[:, None, :], inv), b_r[:, :, None])
     fvalue[live] = quad[:, 0, 0] / J
-    fvalue[undefined] = np.nan
+    undefined &= ~implicit
+    fvalue[undefined | implicit] = np.nan
     return fvalue, _f_sf(fvalue, J, df_resid), undefined
 
 

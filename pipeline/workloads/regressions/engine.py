@@ -75,25 +75,16 @@ def _fit_stacks(spec, design: TaskDesign, has_constant, out: TaskFits, keep_resi
         X, y, w = design.stack(chunks, int(n))
         fit = fit_ols_stack(X, y, cov_type=spec.cov_type, has_constant=has_constant,
                             alpha=spec.alpha, with_f=False, weights=w)  # fmt: skip
-        parts = [(chunks, fit, X, y, (time.perf_counter() - t0) / len(chunks))]
-        if fit.implicit.any():  # a stack of their own: statsmodels' k_constant = 1
-            t0, again = time.perf_counter(), chunks[fit.implicit]
-            X2, y2, w2 = design.stack(again, int(n))
-            fit2 = fit_ols_stack(X2, y2, cov_type=spec.cov_type, has_constant=False,
-                                 alpha=spec.alpha, with_f=False, weights=w2,
-                                 implicit=True)  # fmt: skip
-            parts.append((again, fit2, X2, y2, (time.perf_counter() - t0) / len(again)))
-        for part, f, Xp, yp, each in parts:
-            good = f.ok
-            rest.update(part[~good].tolist())  # statsmodels decides (after dropping NaN rows)
-            block = FitBlock(part, design.names, f, each)
-            if not good.all():
-                block = FitBlock(part[good], design.names, f.take(good), each)
-            if keep_resid:
-                block.X, block.y = Xp[good], yp[good]
-            if len(block.chunks):
-                out.blocks.append(block)
-    rest.difference_update(c for b in out.blocks for c in b.chunks.tolist())
+        good = fit.ok
+        each = (time.perf_counter() - t0) / len(chunks)
+        rest.update(chunks[~good].tolist())  # statsmodels decides (after dropping NaN rows)
+        if good.all():
+            block = FitBlock(chunks, design.names, fit, each)
+        else:
+            block = FitBlock(chunks[good], design.names, fit.take(good), each)
+        if keep_resid:
+            block.X, block.y = X[good], y[good]
+        out.blocks.append(block)
     return sorted(rest)
 
 

@@ -24,7 +24,8 @@ _COEF_FIELDS = ("params", "bse", "statistic", "p_value", "ci_low", "ci_high")
 _BLOCK_FIELDS = ("params", "bse", "tvalues", "pvalues", "ci_low", "ci_high")
 _FLOATS = ("df_model", "df_resid", "rsquared", "rsquared_adj", "llf", "aic", "bic",
            "condition_number")  # fmt: skip
-_BLOCK_SCALARS = ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number")
+_BLOCK_SCALARS = ("df_model", "rsquared", "rsquared_adj", "llf", "aic", "bic",
+                  "condition_number")  # fmt: skip
 
 
 def models_schema() -> list[tuple[str, pa.DataType]]:
@@ -53,7 +54,7 @@ class FitBlock:
         """Row ``j`` as a ChunkFit (for plots; the tables do not need it)."""
         f = self.fit
         out = ChunkFit(
-            nobs=f.nobs, df_model=f.df_model, df_resid=f.df_resid, rsquared_kind="r2",
+            nobs=f.nobs, df_resid=f.df_resid, rsquared_kind="r2",
             converged=True, terms=self.names, fit_seconds=self.seconds_each, engine="batched",
             **{a: float(getattr(f, a)[j]) for a in _BLOCK_SCALARS},
         )  # fmt: skip
@@ -162,7 +163,6 @@ def _block_value(b: FitBlock, name: str):
     return {
         "nobs": f.nobs,
         "nobs_dropped": 0,
-        "df_model": f.df_model,
         "df_resid": f.df_resid,
         "rsquared_kind": "r2",
         "converged": True,
