@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +16,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the test
 pytest_plugins = ["s3_server"]  # moto_server, s3, s3_bucket fixtures
 
 # Workers inherit this: the tests' layout cache never touches the user's ~/.cache.
-os.environ.setdefault("PIPELINE_CACHE_DIR", tempfile.mkdtemp(prefix="pipeline-test-cache-"))
+if "PIPELINE_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="pipeline-test-cache-")
+    os.environ["PIPELINE_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
