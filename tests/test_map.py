@@ -163,6 +163,17 @@ def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
     assert "results of units 0 and 1 cannot be combined: column 'v'" in message
 
 
+def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:unstorable", grid={"x": [0, 1, 2, 3]},
+            units_per_task=4)  # fmt: skip
+    assert s.units_failed == 2
+    by_unit = {f["unit"]: f["message"] for f in s.failures}
+    assert by_unit[1].startswith("column 'v': 1180591620717411303424 (int) cannot be stored")
+    assert by_unit[2].startswith("column 'w': <object object at")
+    table = results_table(str(tmp_path)).to_pandas()
+    assert table[["unit", "v", "w"]].values.tolist() == [[0, 0, 0.5], [3, 3, 0.5]]
+
+
 @pytest.mark.parametrize(
     ("settings", "error", "match"),
     [

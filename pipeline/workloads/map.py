@@ -206,7 +206,8 @@ class MapWorkload(Workload):
                 failed.append(failure)
             elif piece is not None:
                 pieces[unit] = piece
-        results = self._assemble(pieces)
+        results = self._assemble(pieces, failed)
+        failed.sort(key=lambda f: f["unit"])
         out.phases["compute"] = time.perf_counter() - t0
         t_write = time.perf_counter()
         entries = []
@@ -242,14 +243,17 @@ class MapWorkload(Workload):
                 return self._rows(unit, returned), None
             except Exception as exc:
                 error = exc
+        return None, self._failure(unit, error, attempt + 1)
+
+    def _failure(self, unit: int, error: Exception, attempts: int) -> dict:
         keys = {k: v[0].as_py() for k, v in self.input.key_columns([unit]).items()}
-        return None, {
+        return {
             "unit": unit,
             **{f"key_{k}": repr(v) for k, v in keys.items()},
             "error_type": type(error).__name__,
             "message": str(error) or repr(error),
             "where": failure_frame(error),
-            "attempts": attempt + 1,
+            "attempts": attempts,
         }
 
     def _rows(self, unit: int, returned: Any) -> dict | pa.Table | None:
@@ -300,9 +304,10 @@ class MapWorkload(Workload):
                 "the name of a key column the results begin with; rename it"
             )
 
-    def _assemble(self, pieces: dict[int, Any]) -> pa.Table | None:
+    def _assemble(self, pieces: dict[int, Any], failed: list[dict]) -> pa.Table | None:
         """The task's rows in unit order, key columns first. Runs of one-row units are
-        built as one table (a table per unit costs more than most functions)."""
+        built as one table (a table per unit costs more than most functions); a unit
+        whose row holds a value no table column can hold goes to ``failed``."""
         units = sorted(pieces)
         tables: list[pa.Table] = []
         owners: list[Any] = []
@@ -310,8 +315,10 @@ class MapWorkload(Workload):
 
         def flush() -> None:
             if run:
-                tables.append(self._row_table(run, [pieces[u] for u in run]))
-                owners.append(f"{run[0]}" if len(run) == 1 else f"{run[0]}-{run[-1]}")
+                table = self._row_table(run, [pieces[u] for u in run], failed)
+                if table is not None:
+                    tables.append(table)
+                    owners.append(f"{run[0]}" if len(run) == 1 else f"{run[0]}-{run[-1]}")
                 run.clear()
 
         for unit in units:
@@ -337,18 +344,23 @@ class MapWorkload(Workload):
             columns[name] = table.column(name)
         return pa.table(columns)
 
-    def _row_table(self, units: list[int], rows: list[dict]) -> pa.Table:
+    def _row_table(self, units: list[int], rows: list[dict], failed: list[dict]) -> pa.Table | None:
         names = list(dict.fromkeys(k for row in rows for k in row))
         columns = dict(self._keys(units))
         try:
             for name in names:
                 columns[name] = pa.array([row.get(name) for row in rows])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
-            # Units whose values do not share a type: one table each, so that the
-            # combination names two of them.
-            pairs = zip(units, rows, strict=True)
-            per_unit = [self._keyed(u, pa.Table.from_pylist([r])) for u, r in pairs]
-            return _combine(per_unit, units)
+        except _UNCONVERTIBLE:
+            # One table per unit: a unit with a value no column can hold fails alone,
+            # and units whose values do not share a type are named by the combination.
+            per_unit, owners = [], []
+            for unit, row in zip(units, rows, strict=True):
+                try:
+                    per_unit.append(self._keyed(unit, _one_row(row)))
+                    owners.append(unit)
+                except _UNCONVERTIBLE as exc:
+                    failed.append(self._failure(unit, exc, 1))
+            return _combine(per_unit, owners)
         return pa.table(columns)
 
     def _failures(self, failed: list[dict]) -> pa.Table:
@@ -426,6 +438,31 @@ def _source_hash(fn: Callable) -> str | None:
     with contextlib.suppress(OSError, TypeError):
         return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
     return None
+
+
+_UNCONVERTIBLE = (
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+    TypeError,
+    ValueError,
+    OverflowError,
+)
+
+
+def _one_row(row: dict) -> pa.Table:
+    """A returned row as a table, or an error naming the column it cannot hold."""
+    for name, value in row.items():
+        try:
+            pa.array([value])
+        except _UNCONVERTIBLE as exc:
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ValueError(
+                f"column {name!r}: {shown} ({type(value).__name__}) cannot be stored in a "
+                f"table column ({exc}); return numbers, text, dates, lists or mappings of them"
+            ) from None
+    return pa.Table.from_pylist([row])
 
 
 def _combine(tables: list[pa.Table], units: list[int]) -> pa.Table | None:

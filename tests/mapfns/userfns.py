@@ -79,3 +79,9 @@ def keyword_only(*, alpha):
 
 
 not_callable = 42
+
+
+def unstorable(x):
+    """Unit 1's row holds an integer wider than 64 bits, unit 2's an arbitrary object."""
+    value = {1: 2**70, 2: object()}.get(x, x)
+    return {"v": value if x != 2 else 0, "w": value if x == 2 else 0.5}
