@@ -7,6 +7,7 @@ from .config import RunOptions
 from .delivery import iter_cube_batches, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
+from .results import results_table
 from .runner import run_job
 from .storage import LocalStore, Store, open_store
 from .summary import RunSummary
@@ -26,6 +27,7 @@ __all__ = [
     "load_jobs",
     "run_job",
     "run_jobs",
+    "results_table",
     # workloads
     "CubeJob",
     "CubeWorkload",
