@@ -184,7 +184,9 @@ def estimate_lines(e: Estimate) -> list[str]:
         + (f", and {more:,} more in a round of full-size tasks" if more else "")
         + " (scratch output, deleted)",
         f"  measured: {m.fixed * 1e3:,.1f} ms per task + {m.per_unit * 1e3:,.3f} ms per "
-        f"{e.unit_name}; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
+        f"{e.unit_name}"
+        + (f" + {m.per_byte * 1e9:,.2f} s per GB read" if m.per_byte > 0 else "")
+        + f"; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
         f"{s.objects_per_unit:.2f} objects written per {e.unit_name}",
     ]
     for p in e.projections:
