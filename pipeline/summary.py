@@ -116,10 +116,12 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
         if bound:
             out.append(("  " + bound, False))
     if verbose:
-        probes = f" after {s.probe_tasks} sizing probes" if s.probe_tasks else ""
+        sized = s.tasks - s.probe_tasks
+        tasks = f"{sized} of {s.units_per_task:,} {unit}s" if sized else ""
+        if s.probe_tasks:
+            tasks = f"{s.probe_tasks} sizing probes" + (f", then {tasks}" if tasks else "")
         out.append((
-            f"  plan: {s.tasks} tasks of {s.units_per_task} {unit}s{probes}; "
-            f"{s.tasks_skipped} skipped as complete",
+            f"  plan: {s.tasks} tasks ({tasks}); {s.tasks_skipped} skipped as complete",
             False,
         ))  # fmt: skip
     if s.cost_usd is not None and s.units_run:
@@ -137,19 +139,26 @@ def time_split(s: RunSummary) -> str:
     """Wall time by phase: the workers' seconds per phase over the number of workers."""
     parts = []
     if s.startup:
+        start = s.startup["inputs checked"] + s.startup["waited for the cluster"]
         parts.append(
-            f"start-up {s.startup['inputs checked'] + s.startup['waited for the cluster']:.1f} s "
-            f"(inputs checked {s.startup['inputs checked']:.1f} s while the cluster started "
-            f"in {s.startup['cluster start']:.1f} s)"
+            f"start-up {seconds(start)} (inputs checked {seconds(s.startup['inputs checked'])} "
+            f"while the cluster started in {seconds(s.startup['cluster start'])})"
         )
     elif s.cluster_seconds:
-        parts.append(f"cluster start {s.cluster_seconds:.1f} s")
+        parts.append(f"cluster start {seconds(s.cluster_seconds)}")
     w = max(1, s.workers)
     names = {"inputs": "input loading", "compute": _work_name(s), "writing": "writing"}
-    inner = [f"{names[p]} {s.phases[p] / w:.1f} s" for p in PHASES if s.phases.get(p)]
+    inner = [f"{names[p]} {seconds(s.phases[p] / w)}" for p in PHASES if s.phases.get(p)]
     per_worker = f" ({', '.join(inner)} per worker)" if inner else ""
-    parts.append(f"run {s.wall_seconds:.1f} s{per_worker}")
+    parts.append(f"run {seconds(s.wall_seconds)}{per_worker}")
     return ", ".join(parts)
+
+
+def seconds(value: float) -> str:
+    """A duration as a person reads it: 1.2 s, 85 ms, 3.4 ms (not 0.0 s)."""
+    if value >= 0.095:
+        return f"{value:,.1f} s"
+    return f"{value * 1e3:.0f} ms" if value >= 0.0095 else f"{value * 1e3:.1f} ms"
 
 
 def usd(amount: float) -> str:
@@ -176,15 +185,18 @@ def bottleneck(s: RunSummary) -> str | None:
     w = max(1, s.workers)
     inputs, compute, writing = (s.phases.get(p, 0.0) for p in PHASES)
     unit = s.unit_name
-    if writing > max(compute, inputs) and s.bytes_written:
+    # A phase binds when it dominates the busy time and fills a good part of the run;
+    # otherwise idle workers say more than how the little busy time was split.
+    share = 0.25 * s.wall_seconds * w
+    if writing > max(compute, inputs, share) and s.bytes_written:
         where = "S3-bound" if (s.output or "").startswith("s3://") else "disk-bound"
         built = f"; {unit}s were built at {s.units_run / (compute / w):,.0f}/s" if compute else ""
         return (
             f"{where}: wrote {s.bytes_written / 1e9:.2f} GB at "
             f"{s.bytes_written / 1e9 / s.wall_seconds:.2f} GB/s{built}"
         )
-    if inputs > max(compute, writing):
-        return f"input-bound: loading inputs took {inputs / w:.1f} s of each worker's time"
+    if inputs > max(compute, writing, share):
+        return f"input-bound: loading inputs took {seconds(inputs / w)} of each worker's time"
     eff = s.parallel_efficiency or 0.0
     if eff < 0.5:
         return (

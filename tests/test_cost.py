@@ -215,3 +215,29 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
     here = est.projections[0]
     assert here.limits["s3"] is not None and here.limits["s3"] >= 200 / 3500
     assert bucket.list("root") == ["root/other-job/keep.txt"]
+
+
+def test_the_summary_names_what_bound_the_run_and_reads_short_times():
+    from pipeline.summary import RunSummary, bottleneck, seconds
+
+    assert [seconds(x) for x in (12.34, 0.1, 0.04, 0.0042)] == [
+        "12.3 s",
+        "0.1 s",
+        "40 ms",
+        "4.2 ms",
+    ]
+
+    def run(wall, busy, **phases):
+        s = RunSummary("j", "regressions", "/out", 4000, 8, 1491, 0, units_run=4000, workers=2)
+        s.wall_seconds, s.busy_seconds, s.bytes_written = wall, busy, 10**6
+        s.parallel_efficiency, s.phases = busy / (2 * wall), phases
+        return s
+
+    # A tiny run: reading took most of a little busy time, but the workers mostly idled.
+    tiny = bottleneck(run(0.24, 0.1, inputs=0.06, compute=0.03, writing=0.01))
+    assert tiny.startswith("overhead-bound: the workers were busy 21% of the run")
+    # Reading that fills the run binds it, however busy the workers were.
+    slow_reads = bottleneck(run(10.0, 9.0, inputs=6.0, compute=2.0, writing=1.0))
+    assert slow_reads == "input-bound: loading inputs took 3.0 s of each worker's time"
+    assert bottleneck(run(10.0, 19.0, compute=18.0, writing=1.0)).startswith("CPU-bound")
+    assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)).startswith("disk-bound")
