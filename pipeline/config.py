@@ -253,7 +253,11 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{origin}: expected {expected}, got {value!r} ({type(value).__name__})")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{origin}: {value!r} is not one of {', '.join(map(str, choices))}")
+        # 'Poisson' (statsmodels' class name) or 'hc1' mean the choice they spell
+        same = [c for c in choices if isinstance(value, str) and str(c).lower() == value.lower()]
+        if len(same) != 1:
+            raise ConfigError(f"{origin}: {value!r} is not one of {', '.join(map(str, choices))}")
+        value = same[0]
     if minimum is not None and value < minimum:
         raise ConfigError(f"{origin}: {value!r} must be at least {minimum}")
     return value

@@ -40,6 +40,17 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
         load_jobs([], {}, environ={"PIPELINE_WORKERS": "many"})
 
 
+def test_a_choice_is_taken_in_any_case_and_stored_as_spelled_in_the_choices(tmp_path):
+    path = write(tmp_path, 'workload = "regressions"\nmodel = "glm"\nfamily = "Poisson"\n')
+    (job,) = load_jobs([path], {"cov_type": "hc1"}, environ={"PIPELINE_ENGINE": "StatsModels"})
+    assert (job.settings.family, job.settings.cov_type) == ("poisson", "HC1")
+    assert job.settings.engine == "statsmodels"
+    with pytest.raises(ConfigError, match="'Poison' is not one of gaussian, binomial, poisson"):
+        load_jobs(
+            [write(tmp_path, 'workload = "regressions"\nfamily = "Poison"\n')], {}, environ={}
+        )
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"

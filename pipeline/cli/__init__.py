@@ -45,7 +45,11 @@ def _setting_options(func):
             option = click.option(f"--{name}/--no-{name}", f.name, default=None, help=help_text)
         else:
             choices = f.metadata["choices"]
-            ptype = click.Choice(choices) if choices else (str if kind is dict else kind)
+            ptype = (
+                click.Choice(choices, case_sensitive=False)
+                if choices
+                else (str if kind is dict else kind)
+            )
             option = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_text)
         func = option(func)
     return func
