@@ -216,7 +216,8 @@ def failure_lines(s: RunSummary) -> list[str]:
         )
     else:
         advice = "they are recorded in the results and a rerun would give the same answer"
-    lines = [f"  FAILED: {s.units_failed} {s.unit_name}s ({kinds}); {advice}"]
+    units = s.unit_name + ("s" if s.units_failed != 1 else "")
+    lines = [f"  FAILED: {s.units_failed:,} {units} ({kinds}); {advice}"]
     for f in s.failures[:5]:
         lines.append(f"    {s.unit_name} {f['unit']}: {f['error_type']}: {f['message']}")
     if len(s.failures) > 5:

@@ -369,13 +369,18 @@ def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path, engine):
 
 
 def test_non_convergence_and_perfect_separation(tmp_path):
-    df = panel(chunks=2, rows=80)
-    sep = df.chunk == 1
+    df = panel(chunks=3, rows=80)
+    sep = df.chunk >= 1
+    # chunk 2: a point next to the separating line, so the iterations stop before
+    # every fitted probability is 0 or 1 (statsmodels says only "not converged")
+    df.loc[df.index[df.chunk == 2][0], "x1"] = 1e-4
     df.loc[sep, "y_bin"] = (df.loc[sep, "x1"] > 0).astype(np.int8)
     data = write(df, tmp_path / "d")
     _, models = fit_all(workload(data, model="logit", formula="y_bin ~ x1 + x2"))
     assert pd.isna(models.error_type[0])
     assert models.error_type[1] == "PerfectSeparation", models.warnings[1]
+    assert models.error_type[2] == "PerfectSeparation", models.error_message[2]
+    assert "classify every observation" in models.error_message[2]
     _, models = fit_all(
         workload(data, model="logit", formula="y_bin ~ x1 + x2", fit_options="maxiter=1")
     )

@@ -187,11 +187,12 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             if spec.linear and model.rank < p.X.shape[1]:
                 singular(p, model.rank)
             out = _extract(spec, getattr(res, "_results", res), p, sv)
-            if _separated(spec, res):
+            separated = _separated(spec, res, out.converged)
+            if separated:
                 out.converged = False
                 caught.append(
                     warnings.WarningMessage(
-                        "all fitted probabilities are 0 or 1 (complete separation)",
+                        separated,
                         type("PerfectSeparationWarning", (Warning,), {}),
                         "",
                         0,
@@ -216,8 +217,11 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             out.converged = False
         if names & {"PerfectSeparationWarning"}:
             out.error_type = "PerfectSeparation"
-            out.error_message = "perfect separation: the MLE does not exist; " + "; ".join(
+            said = (
                 str(w.message) for w in caught if w.category.__name__ == "PerfectSeparationWarning"
+            )
+            out.error_message = "perfect separation: the MLE does not exist; " + "; ".join(
+                dict.fromkeys(said)
             )
         elif out.converged is False:
             limits = ("Convergence", "IterationLimit")
@@ -239,17 +243,24 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
     return out
 
 
-def _separated(spec: ModelSpec, res) -> bool:
-    """Binary models: every fitted probability is 0 or 1, so the MLE does not exist."""
+def _separated(spec: ModelSpec, res, converged: bool | None) -> str | None:
+    """Binary models: why the MLE does not exist, if the data are separated."""
     if spec.model not in ("logit", "probit") and not (
         spec.model == "glm" and spec.family == "binomial"
     ):
-        return False
+        return None
     try:
         mu = np.asarray(res.predict(), dtype=float)
+        y = np.asarray(res.model.endog, dtype=float)
     except Exception:
-        return False
-    return bool(np.all((mu < 1e-6) | (mu > 1 - 1e-6)))
+        return None
+    if np.all((mu < 1e-6) | (mu > 1 - 1e-6)):
+        return "all fitted probabilities are 0 or 1 (complete separation)"
+    # The iterations stopped on the way to infinity: estimates that classify every
+    # observation are a hyperplane separating the outcomes, so no maximum exists.
+    if converged is False and y.size and np.all((mu > 0.5) == (y > 0.5)):
+        return "the estimates classify every observation (complete separation)"
+    return None
 
 
 def _classify(exc: Exception) -> tuple[str, str]:
