@@ -17,7 +17,7 @@ import functools
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,13 @@ class Dataset:
     rg_col_bytes: np.ndarray | None = None
     #: Columns of ``key=value`` folders (the schema's last fields), not in the files.
     partitions: Partitions | None = None
+    #: Column -> a file without it (columns some files lack: usable by no job).
+    absent: dict[str, str] = field(default_factory=dict)
+    #: Column -> why its files' types cannot be read as one.
+    conflicts: dict[str, str] = field(default_factory=dict)
+    #: Columns some files store narrower (int32, float32, integers among floats):
+    #: read as the schema's type, so a chunk's types do not depend on its file.
+    widened: frozenset[str] = frozenset()
 
     def in_files(self, columns) -> list[str]:
         """``columns`` less the partition columns: those the files hold."""
@@ -125,7 +132,8 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
             "`pipeline data regressions`)"
         )
     partitions = parse_partitions(keys, url)
-    schema = top_same = None
+    first = top_same = None
+    unified = _Unified()
     rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
     footers = _footers(store, keys, tuple(chunk_by))
     for i, (key, footer) in enumerate(zip(keys, footers, strict=True)):
@@ -137,22 +145,15 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
             file_schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
-        # Thousands of files share one schema: the checks below are for those that don't.
-        same = schema is None or file_schema.equals(schema)
-        if schema is None:
-            schema = file_schema
-        elif not same:
-            for fld in schema:
-                other = file_schema.field(fld.name) if fld.name in file_schema.names else None
-                if other is None or other.type != fld.type:
-                    raise InputError(
-                        f"dataset file {where}: column {fld.name!r} is "
-                        f"{'missing' if other is None else other.type}; expected {fld.type} "
-                        f"like {store.describe(keys[0])}"
-                    )
+        # Thousands of files share one schema: the reconciling is for those that don't.
+        same = first is None or file_schema.equals(first)
+        if first is None:
+            first = file_schema
+        if not same or i == 0:
+            unified.add(file_schema, where)
         top = top_same if same and top_same is not None else None
         if top is None:  # each of the file's columns' field in the schema
-            top = [schema.get_field_index(meta.schema.column(j).path.split(".")[0])
+            top = [unified.index[meta.schema.column(j).path.split(".")[0]]
                    for j in range(meta.num_columns)]  # fmt: skip
             if same:
                 top_same = top
@@ -161,12 +162,14 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
             rg_rows.append(rg.num_rows)
             rg_file.append(i)
             rg_local.append(g)
-            sizes = np.zeros(len(schema), dtype=np.int64)
+            sizes = np.zeros(len(unified.index), dtype=np.int64)
             for j, t in enumerate(top):
                 if t >= 0:
                     sizes[t] += rg.column(j).total_compressed_size
             col_bytes.append(sizes)
         versions.append(version)
+    schema = unified.schema()
+    col_bytes = [np.pad(b, (0, len(schema) - len(b))) for b in col_bytes]
     col_bytes = np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema))
     if partitions is not None:
         clash = [n for n in partitions.names if n in schema.names]
@@ -187,7 +190,64 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
         rg_local=np.asarray(rg_local, dtype=np.int32),
         rg_col_bytes=col_bytes,
         partitions=partitions,
+        absent=unified.absent,
+        conflicts=unified.conflicts,
+        widened=frozenset(unified.widened),
     )
+
+
+class _Unified:
+    """The dataset's schema over files that differ: every column any file has, each
+    at the type that holds all files' values (integers and floats widen)."""
+
+    def __init__(self):
+        self.fields: dict[str, pa.Field] = {}
+        self.index: dict[str, int] = {}
+        self.seen_in: dict[str, str] = {}  # column -> a file that has it, for messages
+        self.absent: dict[str, str] = {}
+        self.conflicts: dict[str, str] = {}
+        self.widened: set[str] = set()
+        self.first: str | None = None
+
+    def add(self, file_schema: pa.Schema, where: str) -> None:
+        for fld in file_schema:
+            have = self.fields.get(fld.name)
+            if have is None:
+                if self.first is not None:  # the files before this one lack it
+                    self.absent.setdefault(fld.name, self.first)
+                self.fields[fld.name] = fld
+                self.index[fld.name] = len(self.index)
+                self.seen_in[fld.name] = where
+            elif have.type != fld.type:
+                wider = _wider(have.type, fld.type)
+                if wider is None:
+                    self.conflicts.setdefault(
+                        fld.name,
+                        f"column {fld.name!r} is {fld.type} in dataset file {where} and "
+                        f"{have.type} in {self.seen_in[fld.name]}",
+                    )
+                else:
+                    self.fields[fld.name] = have.with_type(wider)
+                    self.widened.add(fld.name)
+        for name in self.fields:
+            if name not in file_schema.names:
+                self.absent.setdefault(name, where)
+        self.first = self.first or where
+
+    def schema(self) -> pa.Schema:
+        return pa.schema(list(self.fields.values()))
+
+
+def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type holding values of both, when both are numbers; else None."""
+    numbers = (pa.types.is_integer, pa.types.is_floating)
+    if not all(any(is_(t) for is_ in numbers) for t in (a, b)):
+        return None
+    if pa.types.is_floating(a) or pa.types.is_floating(b):
+        return pa.float64()
+    if pa.types.is_signed_integer(a) == pa.types.is_signed_integer(b):
+        return a if a.bit_width >= b.bit_width else b
+    return pa.int64()
 
 
 #: Files of a remote store whose footers (and chunk-by columns) are read at once: on
@@ -304,7 +364,10 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     rgs = np.arange(gid, gid + meta.num_row_groups, dtype=np.int32)
 
     def by_columns(found: dict, n: int) -> list:  # chunk keys are compared as values
-        return [decoded(found[b] if b in found else ds.partitions.column(i, b, n)) for b in by]
+        columns = [decoded(found[b] if b in found else ds.partitions.column(i, b, n)) for b in by]
+        return [
+            _as_type(c, _plain(ds.schema.field(b).type)) for c, b in zip(columns, by, strict=True)
+        ]
 
     if all(s is not None for s in stats) and meta.num_row_groups:
         found = {b: pa.array([s[j] for s in stats], type=_plain(ds.schema.field(b).type))
@@ -319,6 +382,10 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     found = {b: table.column(b) for b in read}
     table = pa.table(by_columns(found, table.num_rows), names=list(by))
     return _runs(table.append_column("__rg", pa.array(np.repeat(rgs, counts))))
+
+
+def _as_type(column, t: pa.DataType):
+    return column if column.type == t else column.cast(t)
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
@@ -472,6 +539,8 @@ def read_task_rows(
             with store.open_ranges(key, _column_spans(meta, local, read)) as fh:
                 pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
                 tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
+        if ds.widened:
+            tables[-1] = _as_schema(tables[-1], ds.schema)
         for c in from_paths:
             part = ds.partitions.column(f, c, tables[-1].num_rows, c in as_dictionary)
             tables[-1] = tables[-1].append_column(c, part)
@@ -511,6 +580,15 @@ def read_task_rows(
     READS.bytes_read += rows.bytes_read
     READS.bytes_needed += rows.bytes_needed
     return rows
+
+
+def _as_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table``'s columns at the dataset's (wider) types, where its file's differ."""
+    for i, fld in enumerate(table.schema):
+        want = schema.field(fld.name).type
+        if fld.type != want and not pa.types.is_dictionary(fld.type):
+            table = table.set_column(i, fld.name, table.column(i).cast(want))
+    return table
 
 
 def _whole_file(store: Store, key: str, read_dictionary=None) -> pq.ParquetFile:
@@ -609,6 +687,14 @@ def check_columns(ds: Dataset, needed: dict[str, str]) -> None:
         raise InputError(
             f"dataset {ds.describe()} has no column {listed}; it has: {', '.join(ds.schema.names)}"
         )
+    for c, why in needed.items():
+        if c in ds.absent:
+            raise InputError(
+                f"dataset file {ds.absent[c]} has no column {c!r} (needed by {why}), which "
+                f"other files of {ds.describe()} have; every file needs the columns a job uses"
+            )
+        if c in ds.conflicts:
+            raise InputError(f"{ds.conflicts[c]} (needed by {why}); files must agree on it")
 
 
 def open_dataset_store(ds: Dataset) -> Store:

@@ -155,6 +155,22 @@ def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, 
                                                          [0, 3, 3.0], [1, 0, 4.0]]  # fmt: skip
 
 
+def test_a_chunks_types_do_not_depend_on_its_file(tmp_path, client):
+    # One file stores x as integers, the other as floats: every chunk gets floats, in
+    # tasks of one file or of both; a column one file lacks is named before any task.
+    data = tmp_path / "data"
+    data.mkdir()
+    pd.DataFrame({"g": [0, 0, 1], "x": [1, 2, 3]}).to_parquet(data / "a.parquet", index=False)
+    pd.DataFrame({"g": [2, 2], "x": [0.5, 1.5], "only_b": 1}).to_parquet(data / "b.parquet")
+    for size in (1, 3):
+        out = tmp_path / f"out{size}"
+        run(client, out, function=f"{FN}:column_types", data=str(data), chunk_by="g",
+            columns=["x"], units_per_task=size)  # fmt: skip
+        assert results_table(str(out)).column("x_type").to_pylist() == ["float64"] * 3
+    with pytest.raises(InputError, match=r"a.parquet has no column 'only_b' \(needed by the fu"):
+        run(client, tmp_path / "all", function=f"{FN}:column_types", data=str(data), chunk_by="g")
+
+
 def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:mixed_types", grid={"x": [1, 2, 3]},
             units_per_task=3)  # fmt: skip

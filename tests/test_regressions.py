@@ -289,6 +289,43 @@ def test_chunk_by_a_pandas_categorical_column(tmp_path):
             assert_same(coefs, c, smf.ols("y ~ x1", df[rows]).fit())
 
 
+def test_files_whose_schemas_drifted(tmp_path):
+    # Files written on different days: a regressor stored as integers in one, a chunk key
+    # as int32 in another, a column added later and one dropped. Numbers read at the
+    # widest type, whatever the task; a column some files lack fails a job that uses it.
+    df = panel(chunks=6, rows=60)
+    df["x1"] = np.round(df["x1"] * 10)
+    path = tmp_path / "d"
+    path.mkdir()
+    parts = [df[df.chunk // 2 == i].copy() for i in range(3)]
+    parts[0]["x1"] = parts[0]["x1"].astype(np.int64)
+    parts[1]["chunk"] = parts[1]["chunk"].astype(np.int32)
+    parts[1]["late"] = 1.0
+    parts[2] = parts[2].drop(columns=["w"])
+    for i, part in enumerate(parts):
+        part.to_parquet(path / f"part-{i}.parquet", index=False)
+    w = workload(str(path), formula="y ~ x1 + x2")
+    coefs, models = fit_all(w)
+    assert models.error_type.isna().all() and w.n_units == 6
+    for c in range(6):
+        expected = smf.ols("y ~ x1 + x2", df[df.chunk == c]).fit()
+        assert_same(coefs, c, expected)
+        alone = w.tables(c, w.fit_range(c, c + 1))[0].to_pandas()  # a task of one file
+        assert_same(alone, c, expected)
+    for settings, column, lacking in (
+        ({"formula": "y ~ x1 + late"}, "late", "part-0.parquet"),
+        ({"formula": "y ~ x1", "model": "wls", "weights": "w"}, "w", "part-2.parquet"),
+    ):
+        with pytest.raises(InputError, match=f"{lacking} has no column '{column}'"):
+            workload(str(path), **settings)
+    parts[2]["x2"] = "text"
+    parts[2].to_parquet(path / "part-2.parquet", index=False)
+    with pytest.raises(
+        InputError, match=r"column 'x2' is (large_)?string in dataset file .*part-2"
+    ):
+        workload(str(path), formula="y ~ x1 + x2")
+
+
 def test_design_slices_cover_a_task_in_order_within_the_cells():
     from pipeline.workloads.regressions.design import SLICE_CELLS, design_slices
 

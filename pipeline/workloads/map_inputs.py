@@ -144,7 +144,10 @@ class DataInput:
         if not chunk_by and not chunk_rows:
             raise ConfigError("data: no chunks: give chunk_by (column names) or chunk_rows")
         self.dataset = discover(data, tuple(chunk_by))
-        needed = {c: "columns" for c in columns}
+        if columns:
+            needed = {c: "columns" for c in columns}
+        else:  # the function gets every column, so every file needs each
+            needed = {c: "the function (columns not set)" for c in self.dataset.schema.names}
         needed.update({b: "chunk_by" for b in chunk_by})
         check_columns(self.dataset, needed)
         self.index = plan_chunks(self.dataset, chunk_by, chunk_rows)

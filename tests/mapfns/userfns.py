@@ -85,3 +85,7 @@ def unstorable(x):
     """Unit 1's row holds an integer wider than 64 bits, unit 2's an arbitrary object."""
     value = {1: 2**70, 2: object()}.get(x, x)
     return {"v": value if x != 2 else 0, "w": value if x == 2 else 0.5}
+
+
+def column_types(chunk: pd.DataFrame):
+    return {f"{name}_type": str(dtype) for name, dtype in chunk.dtypes.items()}
