@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 from .cluster import connect
 from .config import RunOptions
 from .delivery import iter_cube_batches, iter_cubes
-from .errors import ClusterError, ConfigError, InputError, PipelineError, StorageError
+from .errors import ClusterError, ConfigError, InputError, JobRunning, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
 from .results import results_table
 from .runner import run_job
@@ -50,6 +50,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "InputError",
+    "JobRunning",
     "PipelineError",
     "StorageError",
 ]

@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "InputError",
     "Interrupted",
+    "JobRunning",
     "PipelineError",
     "StorageError",
 ]
@@ -34,6 +35,10 @@ class StorageError(PipelineError, OSError):
 
 class ClusterError(PipelineError, RuntimeError):
     """The Dask cluster could not be started or reached."""
+
+
+class JobRunning(PipelineError, RuntimeError):
+    """Another run of the same job is writing the same output."""
 
 
 class Interrupted(KeyboardInterrupt):

@@ -8,6 +8,8 @@
                                     coefficients, models, timings; map results,
                                     failures; a plug-in's own)
 <job>/shards/NNNNNN.npy             cube shards
+_locks/<job>                        held by the run writing <job> (outside it: an
+                                    --overwrite empties <job> while holding it)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "consolidated_manifest_key",
     "part_key",
     "shard_key",
+    "lock_key",
 ]
 
 
@@ -46,3 +49,7 @@ def part_key(job_id: str, table: str, index: int) -> str:
 
 def shard_key(job_id: str, shard: int) -> str:
     return join(job_id, "shards", f"{shard:06d}.npy")
+
+
+def lock_key(job_id: str) -> str:
+    return join("_locks", job_id)

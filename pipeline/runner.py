@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import sys
 import time
 from dataclasses import asdict
@@ -12,8 +14,8 @@ from dataclasses import asdict
 from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
-from .errors import Interrupted
-from .layout import consolidated_manifest_key
+from .errors import Interrupted, JobRunning
+from .layout import consolidated_manifest_key, lock_key
 from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
 from .probing import probe
@@ -81,10 +83,38 @@ def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> R
 def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
     """Run (or resume) one job on ``client``'s cluster and return its summary.
 
-    Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete.
+    Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
+    :class:`JobRunning` when another run of the job is writing the same output.
     """
     workload.preflight()
     price = worker_price(options)  # a bad price setting fails before any task
+    with _held(workload, options):
+        return _run_job(workload, options, client, price, echo)
+
+
+@contextlib.contextmanager
+def _held(workload: Workload, options: RunOptions):
+    """The job's lock, for one run at a time: two would plan, write and consolidate
+    the same tasks at once (units lost and duplicated, and both saying complete)."""
+    if not workload.writes_output:
+        yield
+        return
+    store = open_store(options.output)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    owner = f"pid {os.getpid()} on {socket.gethostname()}, started {started}"
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(store.hold(lock_key(workload.job_id), owner))
+        except BlockingIOError as exc:
+            raise JobRunning(
+                f"job {workload.job_id!r} in {store.url} is already running ({exc.strerror}); "
+                "wait for that run to end, or stop it (a stopped run lets go at once on a "
+                "local disk, within a minute on S3)"
+            ) from None
+        yield
+
+
+def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
     store = open_output(workload, options, echo)
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)

@@ -116,14 +116,12 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
         if bound:
             out.append(("  " + bound, False))
     if verbose:
-        sized = s.tasks - s.probe_tasks
-        tasks = f"{sized} of {s.units_per_task:,} {unit}s" if sized else ""
+        tasks = f"{s.tasks} tasks of {s.units_per_task:,} {unit}s"
         if s.probe_tasks:
-            tasks = f"{s.probe_tasks} sizing probes" + (f", then {tasks}" if tasks else "")
-        out.append((
-            f"  plan: {s.tasks} tasks ({tasks}); {s.tasks_skipped} skipped as complete",
-            False,
-        ))  # fmt: skip
+            sized = s.tasks - s.probe_tasks
+            then = f", then {sized} of {s.units_per_task:,} {unit}s" if sized else ""
+            tasks = f"{s.tasks} tasks ({s.probe_tasks} sizing probes{then})"
+        out.append((f"  plan: {tasks}; {s.tasks_skipped} skipped as complete", False))
     if s.cost_usd is not None and s.units_run:
         out.append(("  " + cost_line(s), False))
     if s.output:

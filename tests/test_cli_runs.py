@@ -143,7 +143,7 @@ def test_recorded_chunk_failures_are_not_offered_a_rerun(tmp_path):
             "--formula", formula, "--output", tmp_path / "out"]  # fmt: skip
     first = pipeline(*args)
     assert first.returncode == 1, first.stderr
-    assert "FAILED: 1 chunks (1 TooFewRows)" in first.stderr
+    assert "FAILED: 1 chunk (1 TooFewRows)" in first.stderr
     assert "a rerun would give the same answer" in first.stderr
     assert "run the same command again" not in first.stderr
     again = pipeline(*args, "--max-failures", 1)

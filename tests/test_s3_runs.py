@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from fault_proxy import FaultProxy
@@ -127,3 +128,42 @@ def test_workers_open_the_jobs_stores_while_the_cluster_starts(s3, s3_bucket):
         client = start.client()
         assert client.run(_has_s3_client, data) and all(client.run(_has_s3_client, data).values())
         assert not any(client.run(_has_s3_client, out).values())
+
+
+def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, monkeypatch):
+    from workloads import SquaresWorkload
+
+    from pipeline import JobRunning
+    from pipeline.layout import lock_key
+    from pipeline.storage import open_store, s3_lease
+
+    store = open_store(s3_bucket)
+    opts = RunOptions(output=s3_bucket, progress=False, workers=1)
+    again = RunOptions(output=s3_bucket, progress=False, workers=1, overwrite=True)
+    with connect(opts) as client:  # workers started now, with moto's endpoint
+        held = pytest.raises(JobRunning, match=r"already running \(pid 1 on elsewhere \(its")
+        with store.hold(lock_key("sq"), "pid 1 on elsewhere"), held:
+            run_job(SquaresWorkload("sq", 4), opts, client)
+        assert store.list("_locks") == []  # let go on leaving
+        s = run_job(SquaresWorkload("sq", 4), opts, client, echo=lambda m: None)
+        assert s.complete and store.list("_locks") == []
+        # A run killed while holding it: its lease stays, unrenewed, until TTL old.
+        bucket, key = store.bucket, store._key(lock_key("sq"))
+        s3_lease._acquire(store._client(), bucket, key, b'{"owner": "pid 2 on lost"}')
+        with pytest.raises(JobRunning, match="pid 2 on lost"):
+            run_job(SquaresWorkload("sq", 4), again, client)
+        assert store.exists("sq/job.json")  # --overwrite waited for the lock
+        monkeypatch.setattr(s3_lease, "TTL", 1.0)
+        time.sleep(2.1)  # S3's clock counts whole seconds
+        s = run_job(SquaresWorkload("sq", 4), again, client, echo=lambda m: None)
+        assert s.complete and store.list("_locks") == []
+        # A live holder renews its lease: held past the TTL, it is still held.
+        monkeypatch.setattr(s3_lease, "TTL", 3.0)
+        monkeypatch.setattr(s3_lease, "RENEW", 0.3)
+        with store.hold(lock_key("sq"), "pid 3 on alive"):
+            time.sleep(4.5)
+            with (
+                pytest.raises(BlockingIOError, match="pid 3 on alive"),
+                store.hold(lock_key("sq"), "pid 4"),
+            ):
+                pass

@@ -7,6 +7,7 @@ That keeps clients that do not pickle (boto3) out of task graphs.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -80,6 +81,12 @@ class Store(ABC):
     def describe(self, key: str = "") -> str:
         """A human-readable location for messages."""
         return f"{self.url.rstrip('/')}/{key}" if key else self.url
+
+    @abstractmethod
+    def hold(self, key: str, owner: str) -> contextlib.AbstractContextManager[None]:
+        """Hold ``key`` as a lock for the ``with`` block; another holder's ``owner``
+        text is in the ``BlockingIOError`` raised when it is held. A holder that dies,
+        even by SIGKILL, lets go (at once on a local disk; on S3 when its lease lapses)."""
 
     def warm(self) -> None:
         """Get ready for a task's first request (a worker's, while the driver validates)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -123,6 +125,26 @@ class LocalStore(Store):
 
     def exists(self, key: str) -> bool:
         return self.path(key).is_file()
+
+    @contextlib.contextmanager
+    def hold(self, key: str, owner: str) -> Iterator[None]:
+        # flock: the kernel lets go when the holder's process ends, however it ends.
+        # The file stays: removing it would let a third process lock a new file
+        # while a second still waits on the old one.
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+                raise BlockingIOError(errno.EAGAIN, holder or "another process") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner.encode(), 0)
+            yield
+        finally:
+            os.close(fd)
 
     def size(self, key: str) -> int:
         return self.path(key).stat().st_size

@@ -63,6 +63,7 @@ from .s3_errors import (
     _safe_url,
 )
 from .s3_io import _byte_view, _ChunksReader, _S3InputFile
+from .s3_lease import lease
 
 __all__ = ["S3PermissionError", "S3Store"]
 
@@ -346,6 +347,14 @@ class S3Store(Store):
         except FileNotFoundError:
             return False
         return True
+
+    @contextlib.contextmanager
+    def hold(self, key: str, owner: str) -> Iterator[None]:
+        try:
+            with lease(self._client(), self.bucket, self._key(key), owner):
+                yield
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, key) from exc
 
     def size(self, key: str) -> int:
         return int(self._head(key)["ContentLength"])
