@@ -1,4 +1,4 @@
-"""joblib's Dask backend, with four fixes.
+"""joblib's Dask backend, with five fixes.
 
 joblib runs a call in the calling process when the backend has one worker: this
 backend always says two or more, so tasks run on the cluster however small it is.
@@ -13,7 +13,9 @@ workers died, a cancelled
 future) only sets an exception on joblib's internal future and never calls the
 completion callback, so ``Parallel`` with ``return_as="generator_unordered"``
 waits forever (joblib 1.4-1.6). Here that case calls the callback too, so
-joblib raises the error and the runner can record the affected tasks.
+joblib raises the error and the runner can record the affected tasks; and the
+error carries the arguments of the calls it ended (``joblib_calls``), so the runner
+knows which task killed its workers and which were only aborted with it.
 
 The end of a call does not sleep 10 ms for the result collector to stop: the runner
 makes a backend per call, so no later call shares the collector, and the probes'
@@ -28,10 +30,22 @@ from joblib._dask import DaskDistributedBackend
 
 
 class _DaskLevelError:
-    __slots__ = ("exc",)
+    __slots__ = ("calls", "exc")
 
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+    def __init__(self, exc: BaseException, calls: list[tuple] | None):
+        self.exc, self.calls = exc, calls
+
+
+class _Labelled:
+    """joblib's completion callback for a batch, with the batch's calls' arguments."""
+
+    __slots__ = ("callback", "calls")
+
+    def __init__(self, callback, calls: list[tuple]):
+        self.callback, self.calls = callback, calls
+
+    def __call__(self, out):
+        return self.callback(out)
 
 
 class DaskBackend(DaskDistributedBackend):
@@ -47,6 +61,11 @@ class DaskBackend(DaskDistributedBackend):
         self._scatter.append(arg)  # joblib keys on id(arg): keep it alive
         self.data_futures[id(arg)] = future
 
+    def submit(self, func, callback=None):
+        # joblib's own submit; the callback now knows which calls the batch holds
+        calls = [args for _f, args, _kw in getattr(func, "items", ())]
+        return super().submit(func, _Labelled(callback, calls))
+
     async def _collect(self):
         while self._continue:
             async for future, result in self.waiting_futures:
@@ -55,7 +74,7 @@ class DaskBackend(DaskDistributedBackend):
                 if future.status == "error":
                     _typ, exc, _tb = result
                     cf_future.set_exception(exc)
-                    callback(_DaskLevelError(exc))
+                    callback(_DaskLevelError(exc, getattr(callback, "calls", None)))
                 else:
                     cf_future.set_result(result)
                     callback(result)
@@ -63,6 +82,7 @@ class DaskBackend(DaskDistributedBackend):
 
     def retrieve_result_callback(self, out):
         if isinstance(out, _DaskLevelError):
+            out.exc.joblib_calls = out.calls  # which task it was: the runner fails it alone
             raise out.exc
         return super().retrieve_result_callback(out)
 

@@ -3,6 +3,7 @@ lists of tasks as joblib tasks on the Dask backend, receipts back unordered."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -64,12 +65,40 @@ def execute_task(
     )
 
 
+def _task_of(exc: BaseException) -> Task | None:
+    """The task a Dask-level error ended, when the backend says (one call a batch)."""
+    calls = getattr(exc, "joblib_calls", None) or []
+    tasks = [args[2] for args in calls if len(args) > 2 and isinstance(args[2], Task)]
+    return tasks[0] if len(tasks) == 1 else None
+
+
+def _killed_workers(error: Exception, task: Task) -> TaskReceipt:
+    """The receipt of a task Dask gave up on, its message saying what that means."""
+    if type(error).__name__ != "KilledWorker":
+        return _failed(task, error)
+    tries = getattr(error, "allowed_failures", 3) + 1
+    message = (
+        f"the worker process running this task died each of the {tries} times it ran it "
+        f"(units {task.start}..{task.stop - 1}): killed (out of memory?) or ended by the "
+        "code it ran (a crash in compiled code, os._exit); the other tasks ran on"
+    )
+    failures = tuple(UnitFailure(u, "KilledWorker", message) for u in task.units)
+    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")
+
+
+def _failed(task: Task, error: Exception) -> TaskReceipt:
+    failures = tuple(UnitFailure.from_exception(u, error) for u in task.units)
+    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")
+
+
 def count_workers(client) -> int:
     return max(1, sum(client.ncores().values()))
 
 
 #: Times the tasks not heard from run again after a task failed at the Dask level.
 DASK_LEVEL_RETRIES = 2
+#: Times a task Dask gave up on by name runs again, alone, after the others.
+SUSPECT_RETRIES = 1
 
 #: Bytes of workload the tasks of one round may carry inside them (the scheduler
 #: holds them until each task runs); beyond, they share one copy on the cluster.
@@ -127,9 +156,13 @@ class TaskRunner:
         return self._receipts(tasks, *self._dispatch(tasks, 0, len(tasks)))
 
     def _receipts(self, tasks: list[Task], results, error) -> Iterator[TaskReceipt]:
-        reported, pending = 0, tasks
-        for attempt in range(DASK_LEVEL_RETRIES + 1):
-            seen = set()
+        reported, pending, retries = 0, list(tasks), DASK_LEVEL_RETRIES
+        # Tasks Dask gave up on by name: they run again after the others, one at a
+        # time, so that one whose code ends its process does not take the rest along.
+        suspects: list[Task] = []
+        named: collections.Counter[int] = collections.Counter()
+        while True:
+            seen, culprit = set(), None
             if results is not None:
                 try:
                     for receipt in results:
@@ -139,21 +172,38 @@ class TaskRunner:
                         yield receipt
                 except Exception as exc:
                     error = self._cluster_error(exc, reported, len(tasks))
-            if error is None:
-                return
+                    culprit = _task_of(exc)
             pending = [t for t in pending if t.index not in seen]
-            if attempt == DASK_LEVEL_RETRIES:
-                break
-            log.warning(
-                "a task failed on the cluster (%s: %s); running the %d tasks not heard from again",
-                type(error).__name__,
-                error,
-                len(pending),
-            )
+            if error is not None:
+                if culprit is not None and culprit.index in {t.index for t in pending}:
+                    pending = [t for t in pending if t.index != culprit.index]
+                    named[culprit.index] += 1
+                    if named[culprit.index] > SUSPECT_RETRIES:
+                        reported += 1
+                        yield _killed_workers(error, culprit)
+                    else:
+                        suspects.append(culprit)
+                    log.warning(
+                        "task %d (units %d..%d) failed on the cluster (%s); %s",
+                        culprit.index, culprit.start, culprit.stop - 1, type(error).__name__,
+                        "recorded as failed" if named[culprit.index] > SUSPECT_RETRIES
+                        else "it runs again alone after the others",
+                    )  # fmt: skip
+                elif retries == 0:
+                    break
+                else:
+                    retries -= 1
+                    log.warning(
+                        "a task failed on the cluster (%s: %s); running the %d tasks not heard "
+                        "from again", type(error).__name__, error, len(pending),
+                    )  # fmt: skip
+            if not pending:
+                if not suspects:
+                    return
+                pending = [suspects.pop(0)]
             results, error = self._dispatch(pending, reported, len(tasks))
-        for t in pending:
-            failures = tuple(UnitFailure.from_exception(u, error) for u in t.units)
-            yield TaskReceipt(t.index, len(t.units), failures, 0, 0.0, 0.0, "")
+        for t in pending + suspects:
+            yield _failed(t, error)
 
     def _dispatch(self, tasks: list[Task], reported: int, total: int):
         """(joblib's generator of receipts, None), or (None, the Dask-level error that

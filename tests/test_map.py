@@ -13,7 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import ConfigError, InputError, MapJob, MapWorkload, RunOptions, run_job, unit_seed
+from pipeline import (
+    ConfigError,
+    InputError,
+    MapJob,
+    MapWorkload,
+    RunOptions,
+    connect,
+    run_job,
+    unit_seed,
+)
 from pipeline.results import results_table, write_results
 from pipeline.verify import verify_output
 
@@ -260,3 +269,16 @@ def test_a_job_file_function_imports_from_the_job_files_folder(tmp_path):
     shown = subprocess.run([sys.executable, "-m", "pipeline", "results", str(tmp_path / "out")],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "table 'results', 3 rows" in shown.stdout, shown.stderr
+
+
+def test_a_unit_that_kills_its_worker_fails_its_task_alone(tmp_path):
+    # Dask gives up on a task after its 4th worker dies, and joblib abandons every
+    # task in flight with it: the task Dask names fails, the others run again.
+    with connect(RunOptions(workers=2)) as c:
+        s = run(c, tmp_path, function=f"{FN}:ends_its_process", grid={"x": list(range(8))},
+                units_per_task=2)  # fmt: skip
+    assert (s.units_ok, s.units_failed) == (6, 2)
+    failed = {f["unit"]: f for f in s.failures}
+    assert sorted(failed) == [2, 3] and failed[3]["error_type"] == "KilledWorker"
+    assert "died each of the 4 times it ran it (units 2..3)" in failed[3]["message"]
+    assert results_table(str(tmp_path)).column("y").to_pylist() == [0, 1, 4, 5, 6, 7]

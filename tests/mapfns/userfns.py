@@ -89,3 +89,10 @@ def unstorable(x):
 
 def column_types(chunk: pd.DataFrame):
     return {f"{name}_type": str(dtype) for name, dtype in chunk.dtypes.items()}
+
+
+def ends_its_process(x):
+    """Unit 3 ends the worker process, as a crash in compiled code would."""
+    if x == 3:
+        os._exit(3)
+    return {"y": x}
