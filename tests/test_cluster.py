@@ -95,8 +95,8 @@ def _profiler_on(dask_worker) -> bool:
 
 
 def test_the_workers_profiler_runs_only_for_a_report_or_the_dashboard(client, tmp_path):
-    # Dask's statistical profiler takes the GIL from the task every 10 ms: 10-12 %
-    # of the default regressions case. The performance report and dashboard show it.
+    # Dask's statistical profiler takes the GIL from the task every 10 ms: about 4 %
+    # of a regressions run. The performance report and dashboard show what it gathers.
     assert not any(client.run(_profiler_on).values())
     with connect(RunOptions(workers=1, report=str(tmp_path))) as c:
         assert all(c.run(_profiler_on).values())
