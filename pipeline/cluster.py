@@ -36,6 +36,9 @@ WORKER_ENV = {
 
 log = logging.getLogger(__name__)
 
+#: How long closing the client may take when the run already failed.
+CLOSE_AFTER_ERROR_SECONDS = 5
+
 
 @contextlib.contextmanager
 def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
@@ -119,8 +122,14 @@ def _closing(client):
     one thread and closes in another)."""
     try:
         yield client
-    finally:
-        client.close()
+    except BaseException:
+        # The run's own error says what happened. Closing must neither replace it nor
+        # wait long on a scheduler that is gone (a client reconnecting through a load
+        # balancer took 60 s to close and raised TimeoutError in its place).
+        with contextlib.suppress(Exception):
+            client.close(timeout=CLOSE_AFTER_ERROR_SECONDS)
+        raise
+    client.close()
 
 
 class ClusterStart:

@@ -147,9 +147,26 @@ def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, 
         assert store.list("_locks") == []  # let go on leaving
         s = run_job(SquaresWorkload("sq", 4), opts, client, echo=lambda m: None)
         assert s.complete and store.list("_locks") == []
-        # A run killed while holding it: its lease stays, unrenewed, until TTL old.
+        # A run killed on this host: its pid is gone, so its lease is taken over at once.
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import time\nfrom pipeline.storage import open_store\n"
+            f"with open_store({s3_bucket!r}).hold({lock_key('sq')!r}, 'pid 5 here'):\n"
+            "    print('held', flush=True); time.sleep(600)\n"
+        )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(JobRunning, match="pid 5 here"):
+                run_job(SquaresWorkload("sq", 4), again, client)
+            holder.kill()
+            holder.wait(10)
+        finally:
+            holder.kill()
+        s = run_job(SquaresWorkload("sq", 4), again, client, echo=lambda m: None)
+        assert s.complete and store.list("_locks") == []
+        # A run lost with its machine: its lease stays, unrenewed, until TTL old.
         bucket, key = store.bucket, store._key(lock_key("sq"))
-        s3_lease._acquire(store._client(), bucket, key, b'{"owner": "pid 2 on lost"}')
+        lost = b'{"owner": "pid 2 on lost", "host": "lost", "pid": 2, "started": 0}'
+        s3_lease._acquire(store._client(), bucket, key, lost)
         with pytest.raises(JobRunning, match="pid 2 on lost"):
             run_job(SquaresWorkload("sq", 4), again, client)
         assert store.exists("sq/job.json")  # --overwrite waited for the lock
