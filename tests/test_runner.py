@@ -254,26 +254,15 @@ def test_a_second_run_of_a_running_job_is_refused_and_a_killed_one_lets_go(tmp_p
     # Two runs of one job into one output would plan, write and consolidate the same
     # tasks at once: units lost and duplicated, both saying complete. The lock is the
     # run's, held from a separate process here, then killed as a user's run would be.
-    import signal
-    import subprocess
-    import sys
+    from lock_holders import lock_held_elsewhere
 
     from pipeline import JobRunning
-    from pipeline.layout import lock_key
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pipeline.storage import LocalStore\n"
-        f"with LocalStore({str(tmp_path)!r}).hold({lock_key('sq')!r}, 'pid 1 on elsewhere'):\n"
-        "    print('held', flush=True); time.sleep(600)\n"
-    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(str(tmp_path), "sq", "pid 1 on elsewhere") as holder:
         with pytest.raises(JobRunning, match=r"job 'sq' in .* is already running \(pid 1 on"):
             run_job(SquaresWorkload("sq", 6), options(tmp_path, overwrite=True), client)
         assert not (tmp_path / "sq").exists()  # --overwrite waits for the lock too
-        holder.send_signal(signal.SIGKILL)
+        holder.kill()  # SIGKILL
         holder.wait(10)
-    finally:
-        holder.kill()
     s = run_job(SquaresWorkload("sq", 6), options(tmp_path), client, echo=lambda m: None)
     assert s.complete and s.units_ok == 6

@@ -131,6 +131,7 @@ def test_workers_open_the_jobs_stores_while_the_cluster_starts(s3, s3_bucket):
 
 
 def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, monkeypatch):
+    from lock_holders import lock_held_elsewhere
     from workloads import SquaresWorkload
 
     from pipeline import JobRunning
@@ -148,19 +149,11 @@ def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, 
         s = run_job(SquaresWorkload("sq", 4), opts, client, echo=lambda m: None)
         assert s.complete and store.list("_locks") == []
         # A run killed on this host: its pid is gone, so its lease is taken over at once.
-        holder = subprocess.Popen([sys.executable, "-c", (
-            "import time\nfrom pipeline.storage import open_store\n"
-            f"with open_store({s3_bucket!r}).hold({lock_key('sq')!r}, 'pid 5 here'):\n"
-            "    print('held', flush=True); time.sleep(600)\n"
-        )], stdout=subprocess.PIPE, text=True)  # fmt: skip
-        try:
-            assert holder.stdout.readline().strip() == "held"
+        with lock_held_elsewhere(s3_bucket, "sq", "pid 5 here") as holder:
             with pytest.raises(JobRunning, match="pid 5 here"):
                 run_job(SquaresWorkload("sq", 4), again, client)
-            holder.kill()
+            holder.kill()  # SIGKILL
             holder.wait(10)
-        finally:
-            holder.kill()
         s = run_job(SquaresWorkload("sq", 4), again, client, echo=lambda m: None)
         assert s.complete and store.list("_locks") == []
         # A run lost with its machine: its lease stays, unrenewed, until TTL old.
