@@ -74,7 +74,7 @@ class DaskBackend(DaskDistributedBackend):
                 if future.status == "error":
                     _typ, exc, _tb = result
                     cf_future.set_exception(exc)
-                    callback(_DaskLevelError(exc, getattr(callback, "calls", None)))
+                    callback(_DaskLevelError(exc, callback.calls))  # a _Labelled
                 else:
                     cf_future.set_result(result)
                     callback(result)

@@ -207,14 +207,14 @@ class _Unified:
         self.absent: dict[str, str] = {}
         self.conflicts: dict[str, str] = {}
         self.widened: set[str] = set()
-        self.first: str | None = None
+        self.first_file: str | None = None
 
     def add(self, file_schema: pa.Schema, where: str) -> None:
         for fld in file_schema:
             have = self.fields.get(fld.name)
             if have is None:
-                if self.first is not None:  # the files before this one lack it
-                    self.absent.setdefault(fld.name, self.first)
+                if self.first_file is not None:  # the files before this one lack it
+                    self.absent.setdefault(fld.name, self.first_file)
                 self.fields[fld.name] = fld
                 self.index[fld.name] = len(self.index)
                 self.seen_in[fld.name] = where
@@ -232,7 +232,7 @@ class _Unified:
         for name in self.fields:
             if name not in file_schema.names:
                 self.absent.setdefault(name, where)
-        self.first = self.first or where
+        self.first_file = self.first_file or where
 
     def schema(self) -> pa.Schema:
         return pa.schema(list(self.fields.values()))
@@ -540,7 +540,7 @@ def read_task_rows(
                 pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
                 tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
         if ds.widened:
-            tables[-1] = _as_schema(tables[-1], ds.schema)
+            tables[-1] = _as_schema(tables[-1], ds)
         for c in from_paths:
             part = ds.partitions.column(f, c, tables[-1].num_rows, c in as_dictionary)
             tables[-1] = tables[-1].append_column(c, part)
@@ -582,12 +582,12 @@ def read_task_rows(
     return rows
 
 
-def _as_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table``'s columns at the dataset's (wider) types, where its file's differ."""
-    for i, fld in enumerate(table.schema):
-        want = schema.field(fld.name).type
-        if fld.type != want and not pa.types.is_dictionary(fld.type):
-            table = table.set_column(i, fld.name, table.column(i).cast(want))
+def _as_schema(table: pa.Table, ds: Dataset) -> pa.Table:
+    """``table``'s widened columns at the dataset's type, where its file's is narrower."""
+    for name in ds.widened.intersection(table.column_names):
+        want, i = ds.schema.field(name).type, table.schema.get_field_index(name)
+        if table.schema.field(i).type != want:
+            table = table.set_column(i, name, table.column(i).cast(want))
     return table
 
 

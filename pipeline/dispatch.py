@@ -82,12 +82,14 @@ def _killed_workers(error: Exception, task: Task) -> TaskReceipt:
         f"(units {task.start}..{task.stop - 1}): killed (out of memory?) or ended by the "
         "code it ran (a crash in compiled code, os._exit); the other tasks ran on"
     )
-    failures = tuple(UnitFailure(u, "KilledWorker", message) for u in task.units)
-    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")
+    return _failed(task, error, UnitFailure(0, "KilledWorker", message))
 
 
-def _failed(task: Task, error: Exception) -> TaskReceipt:
-    failures = tuple(UnitFailure.from_exception(u, error) for u in task.units)
+def _failed(task: Task, error: Exception, failure: UnitFailure | None = None) -> TaskReceipt:
+    """The receipt of a task that did not run: each unit failed with ``error`` (or
+    with ``failure``'s type and message)."""
+    one = failure or UnitFailure.from_exception(0, error)
+    failures = tuple(dataclasses.replace(one, unit=u) for u in task.units)
     return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")
 
 
@@ -152,7 +154,9 @@ class TaskRunner:
         died, as when a machine of many workers is lost at once) makes joblib give up
         on every task in flight. The tasks not heard from then run again, up to
         :data:`DASK_LEVEL_RETRIES` times (a task that completed is not rerun, and
-        rerunning one writes the same bytes); after that they are failed."""
+        rerunning one writes the same bytes); after that they are failed. A task the
+        error names runs again alone after the others (:data:`SUSPECT_RETRIES`
+        times), then is failed, without costing the others a retry."""
         return self._receipts(tasks, *self._dispatch(tasks, 0, len(tasks)))
 
     def _receipts(self, tasks: list[Task], results, error) -> Iterator[TaskReceipt]:
@@ -178,7 +182,8 @@ class TaskRunner:
                 if culprit is not None and culprit.index in {t.index for t in pending}:
                     pending = [t for t in pending if t.index != culprit.index]
                     named[culprit.index] += 1
-                    if named[culprit.index] > SUSPECT_RETRIES:
+                    given_up = named[culprit.index] > SUSPECT_RETRIES
+                    if given_up:
                         reported += 1
                         yield _killed_workers(error, culprit)
                     else:
@@ -186,7 +191,7 @@ class TaskRunner:
                     log.warning(
                         "task %d (units %d..%d) failed on the cluster (%s); %s",
                         culprit.index, culprit.start, culprit.stop - 1, type(error).__name__,
-                        "recorded as failed" if named[culprit.index] > SUSPECT_RETRIES
+                        "recorded as failed" if given_up
                         else "it runs again alone after the others",
                     )  # fmt: skip
                 elif retries == 0:
