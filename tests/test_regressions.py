@@ -326,6 +326,30 @@ def test_files_whose_schemas_drifted(tmp_path):
         workload(str(path), formula="y ~ x1 + x2")
 
 
+def test_decimal_columns_are_numbers(tmp_path):
+    # Columns exported from a database as decimals: regressors to a formula and to
+    # endog/exog, not categoricals of one level per distinct value (which patsy makes
+    # of pandas' Decimal objects), and each value the float nearest it.
+    import decimal
+
+    df = panel(chunks=4, rows=60)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    exact = [decimal.Decimal(f"{v:.6f}") for v in df["x1"]]
+    j = table.schema.get_field_index("x1")
+    table = table.set_column(j, "x1", pa.array(exact, pa.decimal128(18, 6)))
+    path = tmp_path / "d"
+    path.mkdir()
+    pq.write_table(table, path / "data.parquet")
+    as_floats = df.assign(x1=[float(v) for v in exact])
+    for settings in ({"formula": "y ~ x1 + x2"}, {"endog": "y", "exog": "x1,x2"}):
+        coefs, models = fit_all(workload(str(path), **settings))
+        assert models.error_type.isna().all() and (models.df_model == 2).all()
+        for c in range(4):
+            expected = smf.ols("y ~ x1 + x2", as_floats[as_floats.chunk == c]).fit()
+            got = coefs[coefs.chunk_id == c].estimate
+            np.testing.assert_allclose(got, expected.params, rtol=1e-9, atol=1e-12)
+
+
 def test_design_slices_cover_a_task_in_order_within_the_cells():
     from pipeline.workloads.regressions.design import SLICE_CELLS, design_slices
 

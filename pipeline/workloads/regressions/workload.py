@@ -113,7 +113,12 @@ class RegressionWorkload(Workload):
         numeric = [c for c in (spec.endog, *spec.exog, spec.weights) if c]
         for c in numeric:
             t = ds.schema.field(c).type
-            if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
+            if not (
+                pa.types.is_floating(t)
+                or pa.types.is_integer(t)
+                or pa.types.is_boolean(t)
+                or pa.types.is_decimal(t)
+            ):
                 raise InputError(
                     f"dataset {ds.describe()}: column {c!r} is {t}, not numeric"
                     + (f"; use a formula with C({c})" if c in spec.exog else "")
@@ -128,7 +133,9 @@ class RegressionWorkload(Workload):
 
     def _check_design(self) -> None:
         """Evaluate the formula on the first chunk: a bad formula fails the job here."""
-        rows = read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
+        rows = _decimals_as_floats(
+            read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
+        )
         if self.spec.formula is not None:
             self._check_formula(rows)
         try:
@@ -208,8 +215,10 @@ class RegressionWorkload(Workload):
         """Fit chunks ``start..stop-1``: their rows read once, designed and fitted a slice
         at a time (:func:`.design.design_slices`); their results by local position."""
         spec = self.spec
-        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns),
-                              dictionary=self._text_columns())  # fmt: skip
+        rows = _decimals_as_floats(read_task_rows(
+            self.dataset, self.index, start, stop, list(self.columns),
+            dictionary=self._text_columns(),
+        ))  # fmt: skip
         has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
         table, offsets = rows.table, rows.offsets
         fits = TaskFits(stop - start)
@@ -387,6 +396,20 @@ class RegressionWorkload(Workload):
                 if et is not None:
                     failed.append(UnitFailure(self.chunk_label(cid), et, msg))
         return failed
+
+
+def _decimals_as_floats(rows):
+    """``rows`` with decimal columns (how databases export amounts and measures) as
+    float64: numbers to a model, where patsy would make each distinct Decimal object a
+    level of a categorical. Through their text, so each value is the float nearest it,
+    as ``float(Decimal)`` gives (arrow's direct cast is an ulp off for ~30 %)."""
+    table = rows.table
+    for j, field in enumerate(table.schema):
+        if pa.types.is_decimal(field.type):
+            column = table.column(j).cast(pa.string()).cast(pa.float64())
+            table = table.set_column(j, field.name, column)
+    rows.table = table
+    return rows
 
 
 def plot_name(chunk: int, label: str) -> str:
