@@ -236,7 +236,12 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise ConfigError(f"{origin}: {value!r} is not {expected}: {exc}") from None
+            if not Path(value).is_file():
+                raise ConfigError(
+                    f"{origin}: {value!r} is not {expected} (or a .toml or .json file of "
+                    f"one): {exc}"
+                ) from None
+            value = _table_file(Path(value), f.name, origin)
     elif from_text and kind is not str:
         text = value.strip().lower()
         try:
@@ -260,6 +265,24 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         value = same[0]
     if minimum is not None and value < minimum:
         raise ConfigError(f"{origin}: {value!r} must be at least {minimum}")
+    return value
+
+
+def _table_file(path: Path, name: str, origin: str) -> dict:
+    """A table setting given as a file: JSON, or TOML whose table ``[name]`` (a job
+    file's own) or else whole document is the value."""
+    try:
+        if path.suffix.lower() == ".json":
+            value = json.loads(path.read_text())
+        else:
+            with open(path, "rb") as f:
+                value = tomllib.load(f)
+            if isinstance(value.get(name), dict):
+                value = value[name]
+    except (ValueError, OSError) as exc:  # TOMLDecodeError and JSONDecodeError too
+        raise ConfigError(f"{origin}: file {path} is not a table: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{origin}: file {path} holds {type(value).__name__}, not a table")
     return value
 
 

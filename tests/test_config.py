@@ -51,6 +51,28 @@ def test_a_choice_is_taken_in_any_case_and_stored_as_spelled_in_the_choices(tmp_
         )
 
 
+def test_a_table_setting_is_json_text_or_a_file_of_one(tmp_path):
+    grids = {
+        "g.toml": "[grid]\nalpha = [0.1, 1]\n",  # a job file's own table
+        "h.toml": "alpha = [0.1, 1]\n",  # the whole document
+        "g.json": '{"alpha": [0.1, 1]}',
+    }
+    for name, text in grids.items():
+        (tmp_path / name).write_text(text)
+        (job,) = load_jobs([], {"grid": str(tmp_path / name)}, workload="map", environ={})
+        assert job.settings.grid == {"alpha": [0.1, 1]}, name
+    (job,) = load_jobs([], {"grid": '{"alpha": [2]}'}, workload="map", environ={})
+    assert job.settings.grid == {"alpha": [2]}
+    (tmp_path / "bad.toml").write_text("alpha = [0.1,\n")
+    with pytest.raises(ConfigError, match=r"--grid: file .*bad.toml is not a table"):
+        load_jobs([], {"grid": str(tmp_path / "bad.toml")}, workload="map", environ={})
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"list.json holds list, not a table"):
+        load_jobs([], {"grid": str(tmp_path / "list.json")}, workload="map", environ={})
+    with pytest.raises(ConfigError, match=r"'nothere.toml' is not a table .*or a .toml or .json"):
+        load_jobs([], {"grid": "nothere.toml"}, workload="map", environ={})
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"

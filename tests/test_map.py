@@ -164,6 +164,30 @@ def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, 
                                                          [0, 3, 3.0], [1, 0, 4.0]]  # fmt: skip
 
 
+def test_key_columns_returned_as_they_came_are_left_out_others_fail(tmp_path, client):
+    # Returning the parameters (or a groupby on the chunk key) is the same data as the
+    # key columns the results begin with: kept once. A different value fails the unit.
+    run(client, tmp_path / "a", function=f"{FN}:echoes_its_parameters",
+        grid={"x": [1, 2], "p": [2, 3]})  # fmt: skip
+    t = results_table(str(tmp_path / "a")).to_pandas()
+    assert t.values.tolist() == [[0, 1, 2, 1], [1, 1, 3, 1], [2, 2, 2, 4], [3, 2, 3, 8]]
+    assert list(t.columns) == ["unit", "x", "p", "y"]
+    df = pd.DataFrame({"g": np.repeat(["a", "b"], 4), "h": ["p", "q"] * 4, "y": np.arange(8.0)})
+    data = tmp_path / "data"
+    data.mkdir()
+    df.to_parquet(data / "d.parquet", index=False)
+    run(client, tmp_path / "b", function=f"{FN}:group_means_by_key", data=str(data), chunk_by="g")
+    t = results_table(str(tmp_path / "b")).to_pandas()
+    assert t[["g", "h", "y"]].values.tolist() == [["a", "p", 1.0], ["a", "q", 2.0],
+                                                  ["b", "p", 5.0], ["b", "q", 6.0]]  # fmt: skip
+    s = run(client, tmp_path / "c", function=f"{FN}:changes_its_key", grid={"x": [1, 2]})
+    assert [f["error_type"] for f in s.failures] == ["ValueError"] * 2
+    assert "returned a column 'x' holding 2, but 'x' is a key column" in s.failures[0]["message"]
+    assert "this unit's x is 1" in s.failures[0]["message"]
+    run(client, tmp_path / "d", function=f"{FN}:rows_generated", grid={"x": [0, 2]})
+    assert results_table(str(tmp_path / "d")).to_pandas().values.tolist() == [[1, 2, 0], [1, 2, 1]]
+
+
 def test_a_chunks_types_do_not_depend_on_its_file(tmp_path, client):
     # One file stores x as integers, the other as floats: every chunk gets floats, in
     # tasks of one file or of both; a column one file lacks is named before any task.

@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import io
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,7 +75,10 @@ class MapJob:
     )
     columns: str | None = _listing(None, "With data: only these columns reach the function.")
     grid: dict | None = setting(  # noqa: RUF009 - a TOML table, never mutated
-        None, dict, "Input: a table of lists; the function is called with each combination."
+        None,
+        dict,
+        "Input: a table of lists (JSON, or a .toml or .json file of one); the function is "
+        "called with each combination.",
     )
     files: str | None = setting(
         None, str, "Input: a folder, a glob or an s3:// prefix; called with each file's path."
@@ -271,8 +275,11 @@ class MapWorkload(Workload):
             returned = row
         if isinstance(returned, Mapping):
             row = dict(returned)
-            self._check_names(row)
+            for name in self._echoed_keys(unit, row, lambda c: [row[c]]):
+                del row[name]
             return row
+        if isinstance(returned, types.GeneratorType):
+            returned = list(returned)
         if isinstance(returned, pa.Table):
             table = returned
         elif isinstance(returned, pa.RecordBatch):
@@ -293,16 +300,28 @@ class MapWorkload(Workload):
                 "expected a mapping or a pandas Series (one row), a pandas DataFrame, a pyarrow "
                 "Table or a list of mappings (rows), or None"
             )
-        self._check_names(table.column_names)
-        return table
+        echoed = self._echoed_keys(unit, table.column_names,
+                                   lambda c: table.column(c).unique().to_pylist())  # fmt: skip
+        return table.drop_columns(echoed) if echoed else table
 
-    def _check_names(self, names) -> None:
+    def _echoed_keys(self, unit: int, names, values_of) -> list[str]:
+        """The returned columns named like a key column (which the results begin with)
+        that hold the unit's own key (``{"g": chunk.g.iloc[0], ...}``, a groupby's
+        index): the same data, left out. One holding anything else fails the unit."""
         clash = [c for c in names if c == "unit" or c in self.input.key_names]
-        if clash:
-            raise ValueError(
-                f"the function returned column(s) {', '.join(map(repr, clash))}, which is also "
-                "the name of a key column the results begin with; rename it"
-            )
+        if not clash:
+            return []
+        keys = {"unit": unit}
+        keys.update({k: v[0].as_py() for k, v in self.input.key_columns([unit]).items()})
+        for name in clash:
+            other = [v for v in values_of(name) if not _same(v, keys[name])]
+            if other:
+                raise ValueError(
+                    f"the function returned a column {name!r} holding {other[0]!r}, but "
+                    f"{name!r} is a key column the results begin with, and this unit's "
+                    f"{name} is {keys[name]!r}; rename the column"
+                )
+        return clash
 
     def _assemble(self, pieces: dict[int, Any], failed: list[dict]) -> pa.Table | None:
         """The task's rows in unit order, key columns first. Runs of one-row units are
@@ -539,3 +558,11 @@ def run_map(
     options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
     workload = MapWorkload(job, name or getattr(fn, "__name__", "map"), fn=fn)
     return run_workload(workload, options, client=client)
+
+
+def _same(value: Any, key: Any) -> bool:
+    """Whether a returned value is the unit's key (a NaN key is its own NaN)."""
+    try:
+        return bool(value == key) or (value != value and key != key)
+    except (TypeError, ValueError):
+        return False

@@ -66,6 +66,25 @@ def rows_as_dicts(chunk: pd.DataFrame):
     return [{"i": i, "y": float(y)} for i, y in enumerate(chunk["y"])]
 
 
+def echoes_its_parameters(x, p):
+    """The parameters returned as they came, next to the result."""
+    return {"x": x, "p": p, "y": x**p}
+
+
+def group_means_by_key(chunk: pd.DataFrame):
+    """A groupby on the chunk key and another column: the key is in the index."""
+    return chunk.groupby(["g", "h"])[["y"]].mean()
+
+
+def changes_its_key(x):
+    return {"x": x + 1}
+
+
+def rows_generated(x):
+    for i in range(x):
+        yield {"i": i}
+
+
 def wrong_type(x):
     return [x]
 
