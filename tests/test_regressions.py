@@ -681,11 +681,44 @@ def test_a_statsmodels_error_names_its_type_once():
 
     rng = np.random.default_rng(0)
     X = np.column_stack([np.ones(50), rng.normal(size=50)])
-    y = -np.abs(rng.normal(size=50))  # negative counts: statsmodels raises ValueError
-    job = RegressionJob(data="d", model="glm", family="poisson", endog="y", exog="x1")
+    y = np.abs(rng.normal(size=50))
+    job = RegressionJob(data="d", model="glm", family="poisson", endog="y", exog="x1",
+                        fit_options='method="foo"')  # fmt: skip
     fit = fit_chunk(ModelSpec.from_job(job), Prepared(y, X, ("const", "x1")))
     assert fit.error_type == "ValueError"
-    assert fit.error_message.startswith("NaN, inf or invalid value"), fit.error_message
+    assert fit.error_message.startswith("method must be one of"), fit.error_message
+
+
+@pytest.mark.parametrize(
+    ("model", "family", "y", "match"),
+    [
+        (
+            "logit",
+            "gaussian",
+            [0, 1, 2],
+            "logit needs a response in [0, 1] (0/1 outcomes or "
+            "proportions); 1 of 3 rows are not (e.g. 2)",
+        ),
+        ("poisson", "gaussian", [0, -1, 2], "poisson needs a response at least 0 (counts); 1 of 3"),
+        ("glm", "poisson", [0, -1, 2], "glm with family poisson needs a response at least 0"),
+        ("glm", "gamma", [0, 1, 2], "glm with family gamma needs a response above 0; 1 of 3"),
+        ("glm", "binomial", [0.5, 1.5, 0], "binomial needs a response in [0, 1]"),
+    ],
+)
+def test_a_response_its_model_is_not_defined_on_fails_the_chunk(model, family, y, match):
+    # statsmodels said "endog must be in the unit interval" (logit), "NaN, inf or invalid
+    # value detected in weights" (negative counts), or fitted a Poisson to them.
+    from pipeline.workloads.regressions.design import Prepared
+    from pipeline.workloads.regressions.fit import fit_chunk
+    from pipeline.workloads.regressions.spec import ModelSpec
+
+    y = np.resize(np.asarray(y, dtype=float), 3)
+    X = np.column_stack([np.ones(3), [0.1, 0.5, 0.2]])
+    job = RegressionJob(data="d", model=model, family=family, endog="y", exog="x1")
+    fit = fit_chunk(ModelSpec.from_job(job), Prepared(np.tile(y, 10), np.tile(X, (10, 1)),
+                                                      ("const", "x1")))  # fmt: skip
+    assert fit.error_type == "BadResponse"
+    assert match.replace("1 of 3", "10 of 30") in fit.error_message, fit.error_message
 
 
 @pytest.mark.parametrize(

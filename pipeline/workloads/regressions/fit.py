@@ -62,6 +62,38 @@ class ChunkFit:
         return self.error_type is None
 
 
+#: The responses a model's likelihood is defined on: (low, high, whether low is allowed).
+_RESPONSE_DOMAINS = {
+    "logit": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
+    "probit": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
+    "poisson": (0.0, np.inf, True, "at least 0 (counts)"),
+    "glm:binomial": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
+    "glm:poisson": (0.0, np.inf, True, "at least 0 (counts)"),
+    "glm:negative_binomial": (0.0, np.inf, True, "at least 0 (counts)"),
+    "glm:gamma": (0.0, np.inf, False, "above 0"),
+    "glm:inverse_gaussian": (0.0, np.inf, False, "above 0"),
+}
+
+
+def _check_response_domain(spec, y: np.ndarray) -> None:
+    """A response its model is not defined on fails the chunk, naming the values: the
+    fit would stop on a message about its internals, or return estimates of nothing."""
+    model = f"glm:{spec.family}" if spec.model == "glm" else spec.model
+    domain = _RESPONSE_DOMAINS.get(model)
+    if domain is None:
+        return
+    low, high, low_ok, wanted = domain
+    outside = (y > high) | ((y < low) if low_ok else (y <= low))
+    if outside.any():
+        example = y[np.argmax(outside)]
+        name = model.replace("glm:", "glm with family ")
+        raise ChunkError(
+            "BadResponse",
+            f"{name} needs a response {wanted}; {int(outside.sum())} of {len(y)} rows are "
+            f"not (e.g. {example:g})",
+        )
+
+
 def _count_bad(a: np.ndarray) -> tuple[int, int]:
     nan = int(np.isnan(a).sum())
     return nan, int(a.size - nan - np.isfinite(a).sum())
@@ -97,6 +129,7 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
         raise ChunkError(
             "ConstantResponse", f"the response is constant ({p.y[0]!r} in all {n} rows)"
         )
+    _check_response_domain(spec, p.y)
     if p.weights is not None and (p.weights <= 0).any():
         raise ChunkError("BadWeights", f"{int((p.weights <= 0).sum())} weights are not positive")
     if not svd:
