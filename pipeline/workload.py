@@ -15,6 +15,8 @@ __all__ = [
     "TaskReceipt",
     "UnitFailure",
     "Workload",
+    "consolidate_manifest",
+    "manifest_entries",
     "plan_tasks",
     "tasks_from_stops",
 ]
@@ -233,22 +235,26 @@ class Workload(ABC):
         return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
 
 
-def consolidate_manifest(store: Store, job_id: str, tasks: list[Task]):
-    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table."""
-    import io
-
+def manifest_entries(store: Store, job_id: str, tasks: list[Task]):
+    """Every task's manifest entry as one table, in unit order when it has unit ranges."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from .layout import consolidated_manifest_key, manifest_key
-    from .storage import write_parquet
+    from .layout import manifest_key
+    from .storage import read_parquet_tables
 
-    parts = [pq.read_table(io.BytesIO(store.read_bytes(manifest_key(job_id, t.index))))
-             for t in tasks]  # fmt: skip
+    parts = read_parquet_tables(store, [manifest_key(job_id, t.index) for t in tasks])
     manifest = pa.concat_tables(parts, promote_options="permissive")
     for start in ("unit_start", "chunk_start", "cube_id"):
         if start in manifest.column_names:
-            manifest = manifest.sort_by([(start, "ascending")])
-            break
+            return manifest.sort_by([(start, "ascending")])
+    return manifest
+
+
+def consolidate_manifest(store: Store, job_id: str, tasks: list[Task]):
+    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table."""
+    from .layout import consolidated_manifest_key
+    from .storage import write_parquet
+
+    manifest = manifest_entries(store, job_id, tasks)
     write_parquet(store, consolidated_manifest_key(job_id), manifest)
     return manifest

@@ -32,7 +32,13 @@ from s3_server import (
 )
 
 from pipeline.errors import ConfigError, StorageError
-from pipeline.storage import LocalStore, open_store, read_parquet_file, write_parquet
+from pipeline.storage import (
+    LocalStore,
+    open_store,
+    read_parquet_file,
+    read_parquet_tables,
+    write_parquet,
+)
 from pipeline.storage.s3 import S3PermissionError, S3Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -269,6 +275,18 @@ def test_parquet_through_open_input(store):
     pf = read_parquet_file(store, "t.parquet")
     assert pf.metadata.num_rows == 1000
     assert pf.read(columns=["b"]).column("b").to_pylist() == table.column("b").to_pylist()
+
+
+def test_many_parquet_objects_read_in_order(store):
+    # A job's end reads every task's manifest entry: in threads from S3, in key order.
+    keys = [f"parts/part-{i:03d}.parquet" for i in range(40)]
+    for i, key in enumerate(keys):
+        write_parquet(store, key, pa.table({"i": [i], "s": [f"t{i}"]}))
+    tables = read_parquet_tables(store, keys[::-1], columns=["i"])
+    assert [t.column_names for t in tables[:1]] == [["i"]]
+    assert [t.column("i")[0].as_py() for t in tables] == list(range(39, -1, -1))
+    with pytest.raises(FileNotFoundError):
+        read_parquet_tables(store, [keys[0], "parts/missing.parquet"])
 
 
 def test_preflight_passes(store):

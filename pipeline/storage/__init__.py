@@ -5,10 +5,18 @@ from __future__ import annotations
 import functools
 
 from ..errors import ConfigError
-from .base import Store, join, read_parquet_file, write_parquet
+from .base import Store, join, read_parquet_file, read_parquet_tables, write_parquet
 from .local import LocalStore
 
-__all__ = ["LocalStore", "Store", "join", "open_store", "read_parquet_file", "write_parquet"]
+__all__ = [
+    "LocalStore",
+    "Store",
+    "join",
+    "open_store",
+    "read_parquet_file",
+    "read_parquet_tables",
+    "write_parquet",
+]
 
 
 def open_store(url: str) -> Store:

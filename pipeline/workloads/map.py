@@ -35,7 +35,7 @@ import xxhash
 from ..config import setting
 from ..errors import ConfigError, InputError
 from ..layout import part_key
-from ..storage import Store, join
+from ..storage import Store, join, read_parquet_tables
 from ..usercode import (
     accepts_seed,
     check_code_path,
@@ -432,9 +432,11 @@ class MapWorkload(Workload):
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
-        for t in sorted(self.tasks_to_retry(store, tasks)):
-            table = _read(store, _part(self.job_id, "failures", t)).to_pylist()
-            for row in table:
+        keys = [
+            _part(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
+        ]
+        for table in read_parquet_tables(store, keys):
+            for row in table.to_pylist():
                 where = f" (at {row['where']})" if row.get("where") else ""
                 failed.append(
                     UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}")

@@ -26,7 +26,7 @@ from ...config import setting
 from ...errors import StorageError
 from ...layout import consolidated_manifest_key, shard_key
 from ...storage import Store, open_store, write_parquet
-from ...workload import Task, TaskOutput, UnitFailure, Workload
+from ...workload import Task, TaskOutput, UnitFailure, Workload, manifest_entries
 from .frames import FrameSet, inspect_frames, load_layout, write_frames
 from .shards import ShardSpec, read_shard, write_shards
 
@@ -252,12 +252,7 @@ class CubeWorkload(Workload):
         return check_cube_shards(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        import pyarrow.parquet as pq
-
-        from ...layout import manifest_key
-
-        parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
-        manifest = pa.concat_tables(parts).sort_by("cube_id")
+        manifest = manifest_entries(store, self.job_id, tasks)
         if manifest.num_rows != self.n_units or manifest["cube_id"].to_pylist() != list(
             range(self.n_units)
         ):

@@ -27,9 +27,9 @@ import xxhash
 
 from ...dataset import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
 from ...errors import ConfigError, InputError
-from ...layout import consolidated_manifest_key, part_key
-from ...storage import Store, join, write_parquet
-from ...workload import Task, TaskOutput, UnitFailure, Workload
+from ...layout import part_key
+from ...storage import Store, join, read_parquet_tables
+from ...workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
 from .fit import ChunkFit
@@ -364,11 +364,7 @@ class RegressionWorkload(Workload):
         return check_regressions(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        from ...layout import manifest_key
-
-        parts = [pq.read_table(store.open_input(manifest_key(self.job_id, t.index))) for t in tasks]
-        manifest = pa.concat_tables(parts).sort_by([("chunk_start", "ascending")])
-        write_parquet(store, consolidated_manifest_key(self.job_id), manifest)
+        consolidate_manifest(store, self.job_id, tasks)
         details = {
             "coefficients": store.describe(join(self.job_id, "coefficients")),
             "models": store.describe(join(self.job_id, "models")),
@@ -381,11 +377,8 @@ class RegressionWorkload(Workload):
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
-        for t in tasks:
-            models = pq.read_table(
-                store.open_input(part_key(self.job_id, "models", t.index)),
-                columns=["chunk_id", "error_type", "error_message"],
-            )
+        keys = [part_key(self.job_id, "models", t.index) for t in tasks]
+        for models in read_parquet_tables(store, keys, ["chunk_id", "error_type", "error_message"]):
             errors = models.column("error_type").to_pylist()
             for cid, et, msg in zip(
                 models.column("chunk_id").to_pylist(),
