@@ -317,9 +317,16 @@ def check_unknown_keys(job: JobFile, *classes) -> None:
     known = {f.name for cls in classes for f in settings_of(cls)}
     unknown = sorted(set(job.values) - known)
     if unknown:
+        import difflib
+
+        close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hints = [f"{c[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "")
+                 for k, c in close.items() if c]  # fmt: skip
         raise ConfigError(
             f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
-            f"for workload {job.workload!r}; known keys: {', '.join(sorted(known))}"
+            f"for workload {job.workload!r}"
+            + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+            + f"; known keys: {', '.join(sorted(known))}"
         )
 
 

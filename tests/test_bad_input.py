@@ -108,8 +108,16 @@ def test_job_file_with_unknown_key(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"job\.toml: unknown key\(s\) 'cube_count' for "
-        r"workload 'cubes'",
+        r"workload 'cubes'; known keys: ",
     ):
+        load_jobs([str(job)], {}, environ={})
+    job.write_text('workload = "regressions"\nmodle = "ols"\nformla = "y ~ x"\n')
+    both = r"'formla', 'modle' for workload 'regressions' \(did you mean 'formula' for 'formla', "
+    with pytest.raises(ConfigError, match=both + r"'model' for 'modle'\?\)"):
+        load_jobs([str(job)], {}, environ={})
+    job.write_text('workload = "regressions"\nmodle = "ols"\n')
+    with pytest.raises(ConfigError, match=r"'modle' for workload 'regressions' \(did you mean "
+                       r"'model'\?\); known keys"):  # fmt: skip
         load_jobs([str(job)], {}, environ={})
 
 
