@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -14,13 +15,17 @@ from typing import Any
 from . import registry
 from .cluster import ClusterStart, connect
 from .config import (
+    ENV_PREFIX,
     JobFile,
+    ProcessSettings,
     RunOptions,
     check_flags_apply,
     check_unknown_keys,
     load_job_file,
     resolve,
+    settings_of,
 )
+from .errors import ConfigError
 from .layout import consolidated_manifest_key
 from .prices import worker_price
 from .report import write_report_page
@@ -29,6 +34,8 @@ from .storage import open_store
 from .summary import RunSummary
 from .usercode import add_import_paths
 from .workload import Workload
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Job", "load_jobs", "run_jobs"]
 
@@ -73,7 +80,32 @@ def load_jobs(
         settings = resolve(settings_cls, jf, cli, environ)
         job_id = settings.name or jf.stem or kind
         jobs.append(Job(kind, options, settings, job_id, jf.path))
+    _warn_misspelled_variables(environ)
     return jobs
+
+
+def _warn_misspelled_variables(environ: Mapping[str, str]) -> None:
+    """A ``PIPELINE_*`` variable that is no setting but nearly spells one is a typo
+    that would otherwise pass unnoticed (``PIPELINE_WORKRES=4`` runs on every core)."""
+    import difflib
+
+    if not any(var.startswith(ENV_PREFIX) for var in environ):
+        return
+    known = {f.name.upper() for cls in (RunOptions, ProcessSettings) for f in settings_of(cls)}
+    for name in registry.names():
+        try:
+            known |= {f.name.upper() for f in settings_of(registry.load(name).settings_class)}
+        except ConfigError:  # a plug-in that does not import: said when it is used
+            continue
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX) :] in known:
+            continue
+        close = difflib.get_close_matches(var[len(ENV_PREFIX) :], known, n=1, cutoff=0.8)
+        if close:
+            log.warning(
+                "environment variable %s is not a setting (did you mean %s%s?); ignored",
+                var, ENV_PREFIX, close[0],
+            )  # fmt: skip
 
 
 def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:

@@ -40,6 +40,17 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
         load_jobs([], {}, environ={"PIPELINE_WORKERS": "many"})
 
 
+def test_a_misspelled_variable_is_warned_about(caplog):
+    env = {"PIPELINE_WORKRES": "3", "PIPELINE_IMAGE": "x", "PIPELINE_FORMULA": "y ~ x"}
+    (job,) = load_jobs([], {}, workload="regressions", environ=env)
+    assert job.options.workers is None and job.settings.formula == "y ~ x"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "environment variable PIPELINE_WORKRES is not a setting (did you mean "
+        "PIPELINE_WORKERS?); ignored"
+    ]
+
+
 def test_a_choice_is_taken_in_any_case_and_stored_as_spelled_in_the_choices(tmp_path):
     path = write(tmp_path, 'workload = "regressions"\nmodel = "glm"\nfamily = "Poisson"\n')
     (job,) = load_jobs([path], {"cov_type": "hc1"}, environ={"PIPELINE_ENGINE": "StatsModels"})
