@@ -153,7 +153,7 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
             unified.add(file_schema, where)
         top = top_same if same and top_same is not None else None
         if top is None:  # each of the file's columns' field in the schema
-            top = [unified.index[meta.schema.column(j).path.split(".")[0]]
+            top = [_top_field(unified.index, meta.schema.column(j).path)
                    for j in range(meta.num_columns)]  # fmt: skip
             if same:
                 top_same = top
@@ -236,6 +236,18 @@ class _Unified:
 
     def schema(self) -> pa.Schema:
         return pa.schema(list(self.fields.values()))
+
+
+def _top_field(index: dict[str, int], path: str) -> int:
+    """The field of the schema a parquet leaf column belongs to, from its dotted path:
+    its longest prefix that names a field (a column may have dots in its own name,
+    ``sales.usd``; a nested one's path goes on, ``s.k`` or ``l.list.element``)."""
+    parts = path.split(".")
+    for k in range(len(parts), 0, -1):
+        found = index.get(".".join(parts[:k]))
+        if found is not None:
+            return found
+    raise KeyError(path)
 
 
 def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:

@@ -326,6 +326,25 @@ def test_files_whose_schemas_drifted(tmp_path):
         workload(str(path), formula="y ~ x1 + x2")
 
 
+def test_column_names_with_dots_and_spaces(tmp_path):
+    # Exported data names columns "sales.usd" or "x 1": parquet paths join nested
+    # fields with dots, and reading the footers took "sales.usd" for a field "sales".
+    df = panel(chunks=3, rows=40).rename(columns={"y": "sales.usd", "x1": "x 1"})
+    df["s"] = [{"k": i} for i in range(len(df))]  # a nested column: path "s.k"
+    path = tmp_path / "d"
+    path.mkdir()
+    df.to_parquet(path / "data.parquet", index=False)
+    renamed = df.rename(columns={"sales.usd": "y", "x 1": "x1"})
+    for settings in ({"formula": 'Q("sales.usd") ~ Q("x 1") + x2'},
+                     {"endog": "sales.usd", "exog": "x 1,x2"}):  # fmt: skip
+        coefs, models = fit_all(workload(str(path), **settings))
+        assert models.error_type.isna().all()
+        for c in range(3):
+            expected = smf.ols("y ~ x1 + x2", renamed[renamed.chunk == c]).fit()
+            np.testing.assert_allclose(coefs[coefs.chunk_id == c].estimate, expected.params,
+                                       rtol=1e-9)  # fmt: skip
+
+
 def test_decimal_columns_are_numbers(tmp_path):
     # Columns exported from a database as decimals: regressors to a formula and to
     # endog/exog, not categoricals of one level per distinct value (which patsy makes
