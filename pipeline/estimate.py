@@ -97,9 +97,10 @@ def estimate(
         # A round of tasks of the size the run will use, one per worker: the probes'
         # largest last about PROBE_SECONDS, and a rate taken over full-size tasks
         # carries what small ones miss (a cache filling up, a slower steady state).
-        first = len(plan.head)
-        full = plan.tasks(n)[first : first + workers] if plan.model else []
-        if sum(len(t.units) for t in full) > n / 4:
+        # Spread over the job: units often cost more further on (a grid's later
+        # sizes, a dataset's later years), and the probes ran its first ones.
+        full = _spread(plan.tasks(n)[len(plan.head) :], workers) if plan.model else []
+        if workers * plan.typical_size(n) > n / 4:
             full = []  # a job of a few large tasks: that round would be much of it
         receipts += run(full)
         failed = [f for r in receipts for f in r.failures]
@@ -153,15 +154,33 @@ def estimate(
     )
 
 
+def _spread(tasks: list, count: int) -> list:
+    """Up to ``count`` of ``tasks`` (consecutive), those holding the middles of
+    ``count`` equal stretches of their units."""
+    if not tasks:
+        return []
+    start, stop = tasks[0].start, tasks[-1].stop
+    picked: list = []
+    for i in range(count):
+        middle = start + (i + 0.5) * (stop - start) / count
+        task = next(t for t in tasks if t.stop > middle)
+        if task not in picked:
+            picked.append(task)
+    return picked
+
+
 def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:
-    """``model``'s per-unit seconds from full-size tasks, its fixed part kept."""
+    """``model``'s per-unit seconds, its fixed part kept: the probes' for the units they
+    ran, the full-size tasks' rate (a sample of the rest) for the others."""
     ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
     timed = [r for r in receipts if r.complete and r.units]
     weight = sum(layout.weight(*ranges[r.index]) for r in timed)
     if not timed or weight <= 0:
         return model
     work = sum(r.seconds - model.fixed - model.per_byte * r.bytes_read for r in timed)
-    return dataclasses.replace(model, per_unit=max(work / weight, 1e-9))
+    probed = layout.weight(0, sum(plan.head)) / max(layout.weight(0, layout.n), 1e-12)
+    per_unit = probed * model.per_unit + (1 - probed) * max(work / weight, 1e-9)
+    return dataclasses.replace(model, per_unit=per_unit)
 
 
 def _fallback_model(receipts, plan: Plan, layout) -> CostModel:

@@ -140,18 +140,53 @@ def test_the_projection_names_the_limit_that_binds():
 
 
 def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, client):
-    # 300 units of 0.5 ms: the run's tasks would be a third of the job or more, so no
-    # round of them is run. Unit 0, in a worker's first task, is 1 s slower (a cold
-    # start): the probes leave that task out of their fit, and so must the estimate
-    # (it took in every probe: about 10 ms a unit).
+    # 300 units of 0.5 ms and a small file written each (2-3 ms in all on this VM's
+    # disk): the run's tasks would be a third of the job or more, so no round of them
+    # is run. Unit 0, in a worker's first task, is 3 s slower (a cold start): the
+    # probes leave that task out of their fit, and so must the estimate (taking it in
+    # adds about 17 ms a unit).
     est = estimate(
-        lambda opts: SquaresWorkload("sq", 300, unit_seconds=0.0005, slow=(0, 1.0)),
+        lambda opts: SquaresWorkload("sq", 300, unit_seconds=0.0005, slow=(0, 3.0)),
         options(tmp_path / "out"),
         client,
         [],
     )
     assert est.sampled == est.sample.units  # no round of full-size tasks
-    assert 0.0003 < est.sample.model.per_unit < 0.002, est.sample.model
+    assert 0.0003 < est.sample.model.per_unit < 0.008, est.sample.model
+
+
+class _LaterUnitsCostMore(SquaresWorkload):
+    """unit_seconds for the first three quarters, then up to 13x: 2.5x on average."""
+
+    def seconds_of(self, unit: int) -> float:
+        return self.unit_seconds * (1 + 48 * max(0.0, unit / self.n_units - 0.75))
+
+
+def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, client):
+    # The probes run the job's first units; the round of full-size tasks is spread
+    # over the job, so a job whose later units cost more (a grid's larger sizes) is
+    # not projected at the cost of the units right after the probes (it was: 1x
+    # unit_seconds, against 2.5x on average).
+    est = estimate(
+        lambda opts: _LaterUnitsCostMore("sq", 600, unit_seconds=0.004),
+        options(tmp_path / "out"),
+        client,
+        [],
+    )
+    assert est.sampled > est.sample.units  # a round of full-size tasks ran
+    assert 1.9 * 0.004 < est.sample.model.per_unit < 3.5 * 0.004, est.sample.model
+
+
+def test_spread_takes_the_middles_of_equal_stretches():
+    from pipeline.estimate import _spread
+    from pipeline.workload import Task
+
+    tasks = [Task(i, 10 * i, 10 * i + 10) for i in range(10)]  # units 0..99
+    assert _spread(tasks, 2) == [tasks[2], tasks[7]]  # units 25 and 75
+    assert _spread(tasks, 4) == [tasks[1], tasks[3], tasks[6], tasks[8]]
+    assert _spread(tasks[6:], 2) == [tasks[7], tasks[9]]  # units 70 and 90
+    assert _spread(tasks[9:], 3) == [tasks[9]]
+    assert _spread([], 2) == []
 
 
 @pytest.mark.slow

@@ -48,6 +48,9 @@ class SquaresWorkload(Workload):
     def fingerprint(self):
         return {"n_units": self.n_units}
 
+    def seconds_of(self, unit: int) -> float:
+        return self.unit_seconds + (self.slow[1] if self.slow and unit == self.slow[0] else 0)
+
     def run_task(self, task, store):
         if task.index == self.crash_task:
             raise RuntimeError(f"task {task.index} cannot start")
@@ -55,9 +58,7 @@ class SquaresWorkload(Workload):
         for unit in task.units:
             if unit == self.exit_unit:
                 os._exit(3)
-            time.sleep(
-                self.unit_seconds + (self.slow[1] if self.slow and unit == self.slow[0] else 0)
-            )
+            time.sleep(self.seconds_of(unit))
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")

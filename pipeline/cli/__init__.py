@@ -153,8 +153,14 @@ def run_command(job_files, workload, **values) -> None:
         sys.exit(1)
 
 
-@main.command("estimate", context_settings={"show_default": False})
-@click.argument("job_file", type=click.Path(dir_okay=False))
+@main.command("estimate", cls=_RunCommand, context_settings={"show_default": False})
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--workload",
+    type=click.Choice(registry.names()),
+    default=None,
+    help="Workload of a job given by flags alone (no job file). [default: cubes]",
+)
 @click.option(
     "--fleet",
     "fleets",
@@ -163,8 +169,9 @@ def run_command(job_files, workload, **values) -> None:
     "module's scheduler and load balancer. [default: c5.24xlarge:5, the module's]",
 )
 @_setting_options
-def estimate_command(job_file, fleets, **values) -> None:
-    """Project JOB_FILE's wall time, cost and runs per day on a fleet.
+def estimate_command(job_file, workload, fleets, **values) -> None:
+    """Project JOB_FILE's (or the job the flags give) wall time, cost and runs per day
+    on a fleet.
 
     Runs the job's probe tasks (a small sample of its units) on the embedded or
     the connected cluster into a scratch output, deleted afterwards (none of the
@@ -177,7 +184,7 @@ def estimate_command(job_file, fleets, **values) -> None:
     from ..prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
 
     try:
-        (job,) = load_jobs([job_file], values)
+        (job,) = load_jobs([job_file] if job_file else [], values, workload=workload)
         table = load_prices(job.options.price_file)
         default = f"{DEFAULT_WORKER_INSTANCE}:{DEFAULT_WORKER_INSTANCES}"
         fleet_list = [parse_fleet(f, table) for f in fleets or (default,)]
