@@ -136,10 +136,19 @@ class RegressionWorkload(Workload):
         rows = _decimals_as_floats(
             read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
         )
-        if self.spec.formula is not None:
+        try:
+            design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
+        except Exception:
+            if self.spec.formula is not None:
+                self._check_formula(rows)  # says what is wrong with the formula, if it is
+            raise
+        if self.spec.formula is not None and design.exact:
+            # Not built whole (patsy failed there, or the formula needs chunks alone):
+            # patsy's own evaluation says what is wrong, if anything. (Built whole, the
+            # formula evaluated, to one response column: that check would cost 10 ms.)
             self._check_formula(rows)
         try:
-            first = TaskDesign(self.spec, rows.table, rows.offsets, self.info).prepare(0)
+            first = design.prepare(0)
         except ChunkError:
             return  # a bad first chunk is that chunk's failure, recorded when it runs
         check_trial_fit(self.spec, first)
