@@ -419,6 +419,13 @@ def _runs(table: pa.Table) -> pa.Table:
         return table.append_column("__rows", pa.array(np.ones(n, dtype=np.int64)))
     change = np.zeros(n - 1, dtype=bool)
     for column in table.columns:
+        t = column.type
+        if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            # numbers compared in numpy: arrow's boolean result, bit-packed, costs more
+            # to unpack than the comparison (7 of 20 ms for 2.5 M rows)
+            values = column.to_numpy()
+            change |= values[1:] != values[:-1]
+            continue
         differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
         change |= np.asarray(pc.fill_null(differs, True).combine_chunks(), dtype=bool)
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])
