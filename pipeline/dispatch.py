@@ -62,6 +62,7 @@ def execute_task(
         read_seconds=out.read_seconds,
         started=started,
         pid=os.getpid(),
+        recorded=None if out.recorded_failures is None else tuple(out.recorded_failures),
     )
 
 

@@ -185,11 +185,16 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             # Units that failed as data (a chunk whose fit failed is a row in the
             # models table, and its task is complete) count against --max-failures too,
             # including those of tasks skipped on resume.
+            told = {r.index: r.recorded for r in receipts if r.recorded is not None}
             ran_now = {r.index for r in receipts}
             in_run = [t for t in tasks if t.index in ran_now]
-            _add_recorded(summary, workload.recorded_failures(store, in_run), in_run=True)
+            unsaid = [t for t in in_run if t.index not in told]
+            recorded = [f for t in in_run if t.index in told for f in told[t.index]]
+            recorded += workload.recorded_failures(store, unsaid) if unsaid else []
+            _add_recorded(summary, recorded, in_run=True)
             skipped = [t for t in tasks if t.index in done]
-            _add_recorded(summary, workload.recorded_failures(store, skipped), in_run=False)
+            if skipped:
+                _add_recorded(summary, workload.recorded_failures(store, skipped), in_run=False)
             # Attempts killed mid-write (a lost worker) left partial objects behind;
             # every task is now complete, so none of them is still being written.
             leftovers = store.discard_incomplete(workload.job_id)

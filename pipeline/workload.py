@@ -91,6 +91,10 @@ class TaskOutput:
     bytes_read: int = 0
     bytes_needed: int = 0
     read_seconds: float = 0.0
+    #: Units of this task that failed as data (what :meth:`Workload.recorded_failures`
+    #: would read back for it), when the task knows them: the driver then need not
+    #: read them back at the job's end. None: not said, so read.
+    recorded_failures: list[UnitFailure] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class TaskReceipt:
     #: the report page's timeline.
     started: float = 0.0
     pid: int = 0
+    #: TaskOutput.recorded_failures: None when the task did not say.
+    recorded: tuple[UnitFailure, ...] | None = None
 
     @property
     def complete(self) -> bool:

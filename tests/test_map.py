@@ -74,6 +74,16 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert failure["error_type"] == "ValueError" and failure["unit"] == 2
     assert "x = 3 is refused" in failure["message"]
     assert "userfns.py:" in failure["message"] and "in power" in failure["message"]
+    # The task said so; reading its failures table back gives the same.
+    from dataclasses import asdict
+
+    from pipeline.storage import LocalStore
+    from pipeline.workload import Task
+
+    w = MapWorkload(MapJob(**settings), "m")
+    w.preflight()
+    read = w.recorded_failures(LocalStore(tmp_path / "out"), [Task(1, 2, 4)])
+    assert [asdict(f) for f in read] == first.failures
     failures = results_table(str(tmp_path / "out"), "failures").to_pandas()
     assert failures[["unit", "x", "error_type"]].values.tolist() == [[2, 3, "ValueError"]]
     assert len(calls(log)) == 5

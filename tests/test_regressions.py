@@ -550,6 +550,16 @@ def test_run_resume_results_and_verify(tmp_path, client):
         "chunk=3",
         "chunk=4",
     ]
+    # The tasks said which chunks failed: what the driver would read back from the models
+    # tables (and does for tasks of an earlier run).
+    from dataclasses import asdict
+
+    from pipeline.workload import Task
+
+    w = RegressionWorkload(RegressionJob(data=data, formula=FORMULA, chunk_by="chunk"), "reg")
+    w.preflight()
+    tasks = [Task(0, 0, 3), Task(1, 3, 6), Task(2, 6, 7)]
+    assert [asdict(f) for f in w.recorded_failures(LocalStore(out), tasks)] == s.failures
     models = results_table(str(out), "models").to_pandas()
     assert models.chunk_id.tolist() == list(range(7))
     coefs = results_table(str(out), "coefficients").to_pandas()

@@ -234,6 +234,7 @@ class MapWorkload(Workload):
                 "checksum": pa.array([e[3] for e in entries], pa.string()),
             }
         )
+        out.recorded_failures = [_recorded(f) for f in failed]
         out.busy_seconds = time.perf_counter() - t0
         return out
 
@@ -436,11 +437,7 @@ class MapWorkload(Workload):
             _part(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
         ]
         for table in read_parquet_tables(store, keys):
-            for row in table.to_pylist():
-                where = f" (at {row['where']})" if row.get("where") else ""
-                failed.append(
-                    UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}")
-                )
+            failed += [_recorded(row) for row in table.to_pylist()]
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
@@ -560,6 +557,12 @@ def run_map(
     options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
     workload = MapWorkload(job, name or getattr(fn, "__name__", "map"), fn=fn)
     return run_workload(workload, options, client=client)
+
+
+def _recorded(row: dict) -> UnitFailure:
+    """A failures table's row (or the record it is written from) as a UnitFailure."""
+    where = f" (at {row['where']})" if row.get("where") else ""
+    return UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}")
 
 
 def _same(value: Any, key: Any) -> bool:

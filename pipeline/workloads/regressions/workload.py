@@ -258,9 +258,9 @@ class RegressionWorkload(Workload):
 
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)
-        objects = self._task_objects(task)
+        objects, recorded = self._task_objects(task)
         t_write = time.perf_counter()
-        out = TaskOutput()
+        out = TaskOutput(recorded_failures=recorded)
         out.bytes_read, out.bytes_needed, out.read_seconds = READS.since(reads)
         rows = {"object": [], "kind": [], "chunk_start": [], "chunk_stop": [], "size": [],
                 "checksum": []}  # fmt: skip
@@ -291,9 +291,15 @@ class RegressionWorkload(Workload):
         }
         return out
 
-    def _task_objects(self, task: Task) -> list[tuple[str, str, bytes]]:
+    def _task_objects(self, task: Task) -> tuple[list[tuple[str, str, bytes]], list[UnitFailure]]:
+        """The task's objects (key, kind, bytes), and its chunks whose fit failed."""
         plots = self.job.plots
         fits = self.fit_range(task.start, task.stop, keep_resid=plots)
+        recorded = [  # (the batched engine's blocks are fits that succeeded)
+            UnitFailure(self.chunk_label(task.start + i), fit.error_type, fit.error_message)
+            for i, fit in sorted(fits.single.items())
+            if fit.error_type is not None
+        ]
         objects = [
             (part_key(self.job_id, name, task.index), name, _parquet(table))
             for name, table in zip(PART_TABLES, self.tables(task.start, fits), strict=True)
@@ -306,7 +312,7 @@ class RegressionWorkload(Workload):
                     label = self.chunk_label(task.start + i)
                     key = join(self.job_id, "plots", f"{plot_name(task.start + i, label)}.pdf")
                     objects.append((key, "plot", chunk_figure(fit, label)))
-        return objects
+        return objects, recorded
 
     # -- tables ---------------------------------------------------------------------------
 
