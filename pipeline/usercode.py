@@ -72,7 +72,9 @@ def load_function(spec: str, setting: str = "function") -> Callable:
 
 
 def describe_function(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    """``module:qualname``; a callable object is named by its class."""
+    name = getattr(fn, "__qualname__", None) or f"{type(fn).__qualname__} object"
+    return f"{getattr(fn, '__module__', None) or type(fn).__module__}:{name}"
 
 
 def check_signature(

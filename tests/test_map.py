@@ -261,6 +261,21 @@ def test_bad_jobs_fail_before_any_task(tmp_path, client, settings, error, match)
     assert not (tmp_path / "out").exists()
 
 
+def test_a_callable_object_is_named_by_its_class_not_its_address():
+    # Its repr held a memory address: in the job's description and fingerprint, so a
+    # run of pipeline.map over it in a new process never matched the last one.
+    from pipeline.usercode import describe_function
+
+    class Scaler:
+        def __call__(self, x):
+            return {"y": 2 * x}
+
+    name = describe_function(Scaler())
+    assert name.startswith(f"{__name__}:") and name.endswith(".Scaler object"), name
+    assert "0x" not in name
+    assert describe_function(np.sqrt) == "numpy:sqrt"
+
+
 def test_a_function_defined_in_the_calling_script_travels_by_value(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(

@@ -190,7 +190,8 @@ class MapWorkload(Workload):
             ship_code(client, check_code_path(self.job.code))
 
     def describe(self) -> str:
-        return f"map job {self.job_id!r}: {describe_function(self.fn)} over {self.input.describe()}"
+        function = self.job.function or describe_function(self.fn)
+        return f"map job {self.job_id!r}: {function} over {self.input.describe()}"
 
     # -- worker ---------------------------------------------------------------------------
 
