@@ -20,11 +20,18 @@ knows which task killed its workers and which were only aborted with it.
 The end of a call does not sleep 10 ms for the result collector to stop: the runner
 makes a backend per call, so no later call shares the collector, and the probes'
 rounds (each a call) each paid it.
+
+Each result that reaches joblib releases :attr:`DaskBackend.arrived`: a reader that
+waits on it before asking ``Parallel``'s generator for the next result gets it at
+once, where the generator's own wait polls every 10 ms (half of that lost on
+average at each of a run's barriers: the end of a probe round, the last task).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
 
 from joblib._dask import DaskDistributedBackend
 
@@ -37,18 +44,43 @@ class _DaskLevelError:
 
 
 class _Labelled:
-    """joblib's completion callback for a batch, with the batch's calls' arguments."""
+    """joblib's completion callback for a batch, with the batch's calls' arguments;
+    ``arrived`` is released once joblib has the result (or the error)."""
 
-    __slots__ = ("callback", "calls")
+    __slots__ = ("arrived", "callback", "calls")
 
-    def __init__(self, callback, calls: list[tuple]):
-        self.callback, self.calls = callback, calls
+    def __init__(self, callback, calls: list[tuple], arrived: threading.Semaphore):
+        self.callback, self.calls, self.arrived = callback, calls, arrived
 
     def __call__(self, out):
-        return self.callback(out)
+        try:
+            return self.callback(out)
+        finally:
+            self.arrived.release()
+
+
+#: Longest wait for a result's arrival before asking joblib anyway (a safety net: every
+#: result is announced, and joblib's generator then waits as it always does).
+ARRIVAL_WAIT = 1.0
+
+
+def read_as_they_arrive(results: Iterator, arrived: threading.Semaphore, count: int) -> Iterator:
+    """``results`` (joblib's generator of ``count`` results), each asked for once it
+    has arrived, so that the generator never sleeps through its 10 ms poll."""
+    for _ in range(count):
+        arrived.acquire(timeout=ARRIVAL_WAIT)
+        try:
+            yield next(results)
+        except StopIteration:
+            return
+    yield from results  # (ends at once: every result was read)
 
 
 class DaskBackend(DaskDistributedBackend):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.arrived = threading.Semaphore(0)
+
     def effective_n_jobs(self, n_jobs):
         # joblib runs a call in the calling process when this is 1: with one worker
         # thread (--workers 1, or a worker of two just lost) every task would run in
@@ -64,7 +96,7 @@ class DaskBackend(DaskDistributedBackend):
     def submit(self, func, callback=None):
         # joblib's own submit; the callback now knows which calls the batch holds
         calls = [args for _f, args, _kw in getattr(func, "items", ())]
-        return super().submit(func, _Labelled(callback, calls))
+        return super().submit(func, _Labelled(callback, calls, self.arrived))
 
     async def _collect(self):
         while self._continue:

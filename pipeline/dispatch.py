@@ -216,7 +216,7 @@ class TaskRunner:
         stopped the dispatch)."""
         from joblib import Parallel, delayed, parallel_config
 
-        from ._joblib_dask import DaskBackend
+        from ._joblib_dask import DaskBackend, read_as_they_arrive
 
         if not tasks:
             return iter(()), None
@@ -225,14 +225,13 @@ class TaskRunner:
             backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
             backend.share(self.workload, self._workload_for(tasks))
             with parallel_config(backend=backend):
-                return Parallel(
+                results = Parallel(
                     n_jobs=-1,
                     return_as="generator_unordered",
                     batch_size=1,
                     pre_dispatch="3*n_jobs",
-                )(
-                    delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks
-                ), None
+                )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
+            return read_as_they_arrive(results, backend.arrived, len(tasks)), None
         except Exception as exc:
             return None, self._cluster_error(exc, reported, total)
 
