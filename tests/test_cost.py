@@ -233,6 +233,13 @@ def test_pipeline_estimate_on_the_command_line(tmp_path):
     assert not (tmp_path / "out").exists()
     bad = subprocess.run([*cmd[:-1], "c9.mega:2"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--fleet 'c9.mega'" in bad.stderr
+    # A job given by flags alone, as `pipeline run --workload ...` takes it.
+    flags = [sys.executable, "-m", "pipeline", "estimate", "--workload", "map", "--function",
+             "mine:slow", "--grid", json.dumps({"x": grid}), "--output", str(tmp_path / "out"),
+             "--workers", "2"]  # fmt: skip
+    proc = subprocess.run(flags, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("estimate of map job 'map': 300 points"), proc.stdout
 
 
 @pytest.mark.integration
