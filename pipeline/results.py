@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import registry
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .storage import Store, join, open_store
 
 __all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
@@ -99,12 +99,35 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
         raise InputError(message) from None
 
 
+#: What ``write_results`` writes, by the output's suffix.
+RESULT_FORMATS = (".parquet", ".csv")
+
+
 def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
-    """Write the concatenated table to ``out`` (a local path or s3:// URL); return rows."""
+    """Write the concatenated table to ``out`` (a local path or s3:// URL), parquet or
+    CSV by its suffix; return rows."""
+    suffix = "." + out.rstrip("/").rpartition(".")[2].lower() if "." in out else ""
+    if suffix not in RESULT_FORMATS:
+        raise ConfigError(
+            f"--out {out}: write to a {' or '.join(RESULT_FORMATS)} file "
+            f"(the suffix chooses the format)"
+        )
     result = results_table(output, table, job)
     parent, _, name = out.rstrip("/").rpartition("/")
     sink = io.BytesIO()
-    pq.write_table(result, sink)
+    if suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        try:
+            pcsv.write_csv(result, sink)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+            nested = [f.name for f in result.schema if pa.types.is_nested(f.type)]
+            raise ConfigError(
+                f"--out {out}: CSV cannot hold the nested column(s) {', '.join(nested)} "
+                f"({exc}); write a .parquet file"
+            ) from None
+    else:
+        pq.write_table(result, sink)
     open_store(parent or ".").write_bytes(name, sink.getbuffer())
     return result.num_rows
 

@@ -97,6 +97,11 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     write_results(str(tmp_path / "out"), None, str(tmp_path / "a.parquet"))
     write_results(str(clean), None, str(tmp_path / "b.parquet"))
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    # The suffix chooses the format: .csv is CSV, not parquet bytes in a .csv file.
+    write_results(str(clean), None, str(tmp_path / "b.csv"))
+    assert pd.read_csv(tmp_path / "b.csv").equals(pd.read_parquet(tmp_path / "b.parquet"))
+    with pytest.raises(ConfigError, match=r"b\.txt: write to a \.parquet or \.csv file"):
+        write_results(str(clean), None, str(tmp_path / "b.txt"))
     (check,) = verify_output(str(tmp_path / "out"))
     assert check.ok, check
     third = run(client, tmp_path / "out", units_per_task=2, **settings)

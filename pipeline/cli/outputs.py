@@ -80,7 +80,7 @@ def regressions_data_command(chunks, rows, features, out, seed) -> None:
     help="Which table (a regression job: models or coefficients; a map job: results, "
     "failures). Default: the workload's main table.",
 )
-@click.option("--out", help="Write the whole table here (.parquet, local or s3://).")
+@click.option("--out", help="Write the whole table here (.parquet or .csv, a local path or s3://).")
 def results_command(output, job, table, out) -> None:
     """Concatenate a job's per-task tables into one, in unit order (or summarize it)."""
     from ..results import summarize, write_results
