@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .errors import InputError
 from .partitions import Partitions, parse_partitions
-from .storage import Store, open_store
+from .storage import Store, open_store, per_object
 
 __all__ = [
     "READS",
@@ -262,12 +261,6 @@ def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     return pa.int64()
 
 
-#: Files of a remote store whose footers (and chunk-by columns) are read at once: on
-#: S3 each is a round trip or two, and thousands of small files would otherwise take
-#: minutes.
-READ_THREADS = 16
-
-
 def _footers(store: Store, keys: list[str], chunk_by: tuple[str, ...]) -> list:
     """(version, footer) of each key, or the exception reading it raised; in order.
     Footers are cached: planning the chunks and checking the formula read them again.
@@ -287,17 +280,7 @@ def _footers(store: Store, keys: list[str], chunk_by: tuple[str, ...]) -> list:
         except Exception as exc:  # raised in order by the caller, naming the file
             return exc
 
-    return _per_file(store, one, keys)
-
-
-def _per_file(store: Store, fn, items) -> list:
-    """``[fn(x) for x in items]``, in threads for a remote store. From a local disk,
-    threads would only contend for the GIL (twice as slow on thousands of files)."""
-    if not store.remote or len(items) < 2:
-        return [fn(x) for x in items]
-    first = [fn(items[0])]  # creates the store's client before threads share it
-    with ThreadPoolExecutor(min(READ_THREADS, len(items))) as pool:
-        return first + list(pool.map(fn, items[1:]))
+    return per_object(store, one, keys)
 
 
 @dataclass(frozen=True)
@@ -439,7 +422,7 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
         return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
     store = open_store(ds.url)
     first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
-    parts = _per_file(
+    parts = per_object(
         store, lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
     )
     # Runs grouped once for all files: a group-by per small file costs more than its rows.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import PurePosixPath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,7 +107,7 @@ RESULT_FORMATS = (".parquet", ".csv")
 def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
     """Write the concatenated table to ``out`` (a local path or s3:// URL), parquet or
     CSV by its suffix; return rows."""
-    suffix = "." + out.rstrip("/").rpartition(".")[2].lower() if "." in out else ""
+    suffix = PurePosixPath(out).suffix.lower()
     if suffix not in RESULT_FORMATS:
         raise ConfigError(
             f"--out {out}: write to a {' or '.join(RESULT_FORMATS)} file "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from ..errors import ConfigError
-from .base import Store, join, read_parquet_file, read_parquet_tables, write_parquet
+from .base import Store, join, per_object, read_parquet_file, read_parquet_tables, write_parquet
 from .local import LocalStore
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Store",
     "join",
     "open_store",
+    "per_object",
     "read_parquet_file",
     "read_parquet_tables",
     "write_parquet",

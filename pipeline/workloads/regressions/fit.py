@@ -62,16 +62,20 @@ class ChunkFit:
         return self.error_type is None
 
 
-#: The responses a model's likelihood is defined on: (low, high, whether low is allowed).
+#: The responses a model's likelihood is defined on: (low, high, whether low is allowed,
+#: what to say).
+_UNIT_INTERVAL = (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)")
+_COUNTS = (0.0, np.inf, True, "at least 0 (counts)")
+_POSITIVE = (0.0, np.inf, False, "above 0")
 _RESPONSE_DOMAINS = {
-    "logit": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
-    "probit": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
-    "poisson": (0.0, np.inf, True, "at least 0 (counts)"),
-    "glm:binomial": (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)"),
-    "glm:poisson": (0.0, np.inf, True, "at least 0 (counts)"),
-    "glm:negative_binomial": (0.0, np.inf, True, "at least 0 (counts)"),
-    "glm:gamma": (0.0, np.inf, False, "above 0"),
-    "glm:inverse_gaussian": (0.0, np.inf, False, "above 0"),
+    "logit": _UNIT_INTERVAL,
+    "probit": _UNIT_INTERVAL,
+    "poisson": _COUNTS,
+    "glm:binomial": _UNIT_INTERVAL,
+    "glm:poisson": _COUNTS,
+    "glm:negative_binomial": _COUNTS,
+    "glm:gamma": _POSITIVE,
+    "glm:inverse_gaussian": _POSITIVE,
 }
 
 

@@ -133,9 +133,7 @@ class RegressionWorkload(Workload):
 
     def _check_design(self) -> None:
         """Evaluate the formula on the first chunk: a bad formula fails the job here."""
-        rows = _decimals_as_floats(
-            read_task_rows(self.dataset, self.index, 0, 1, list(self.columns))
-        )
+        rows = self._read_rows(0, 1)
         try:
             design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
         except Exception:
@@ -224,10 +222,7 @@ class RegressionWorkload(Workload):
         """Fit chunks ``start..stop-1``: their rows read once, designed and fitted a slice
         at a time (:func:`.design.design_slices`); their results by local position."""
         spec = self.spec
-        rows = _decimals_as_floats(read_task_rows(
-            self.dataset, self.index, start, stop, list(self.columns),
-            dictionary=self._text_columns(),
-        ))  # fmt: skip
+        rows = self._read_rows(start, stop, dictionary=self._text_columns())
         has_constant = self.info.has_intercept if self.info is not None else spec.add_constant
         table, offsets = rows.table, rows.offsets
         fits = TaskFits(stop - start)
@@ -236,6 +231,12 @@ class RegressionWorkload(Workload):
             design = TaskDesign(spec, table.slice(lo, hi - lo), offsets[a : b + 1] - lo, self.info)
             fits.add(fit_task(spec, design, has_constant, keep_resid=keep_resid), a)
         return fits
+
+    def _read_rows(self, start: int, stop: int, dictionary: tuple[str, ...] = ()):
+        """Chunks ``start..stop-1``'s rows of the model's columns, decimals as floats."""
+        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns),
+                              dictionary=dictionary)  # fmt: skip
+        return _decimals_as_floats(rows)
 
     def _text_columns(self) -> tuple[str, ...]:
         """The formula's string columns (not the cluster groups): read as dictionaries,
