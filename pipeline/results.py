@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from . import registry
 from .errors import ConfigError, InputError
-from .storage import Store, join, open_store
+from .storage import Store, join, open_store, read_parquet_object
 
 __all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
 
@@ -51,7 +51,7 @@ def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
     for entry in store.list(join(job_id, "manifest")):
         if not entry.endswith(".parquet"):
             continue
-        manifest = pq.read_table(io.BytesIO(store.read_bytes(entry)))
+        manifest = read_parquet_object(store, entry)
         names = manifest.column_names
         if "kind" not in names or "object" not in names:
             continue
@@ -83,7 +83,7 @@ def results_table(output: str, table: str | None = None, job: str | None = None)
         raise InputError(
             f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
         )
-    parts = [(first, pq.read_table(store.open_input(key))) for first, key in tables[table]]
+    parts = [(first, read_parquet_object(store, key)) for first, key in tables[table]]
     result = concat_parts(store, parts)
     return workload.assemble_table(store, job_id, table, result, tables)
 

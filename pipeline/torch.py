@@ -28,14 +28,13 @@ import json
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 import xxhash
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .errors import InputError, StorageError
 from .layout import consolidated_manifest_key, job_record_key
-from .storage import open_store
+from .storage import open_store, read_parquet
 from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 from .workloads.cubes.shards import npy_header
 
@@ -158,7 +157,7 @@ class CubeShards(Dataset):
             raise InputError(f"{store.describe(record_key)}: job {job!r} is not a cube job")
         fingerprint = record["fingerprint"]
         self.dim, self.dtype = int(fingerprint["dim"]), np.dtype(fingerprint["dtype"])
-        manifest = pq.read_table(store.open_input(manifest_key)).sort_by("cube_id")
+        manifest = read_parquet(store.open_input(manifest_key)).sort_by("cube_id")
         ids = manifest["cube_id"].to_numpy()
         if not np.array_equal(ids, np.arange(len(ids))):
             raise InputError(f"{store.describe(manifest_key)}: does not list cubes 0..n-1 once")

@@ -14,13 +14,12 @@ import json
 import re
 from dataclasses import dataclass, field
 
-import pyarrow.parquet as pq
 import xxhash
 
 from . import registry
 from .errors import InputError
 from .layout import consolidated_manifest_key
-from .storage import Store, join, open_store
+from .storage import Store, join, open_store, read_parquet_object
 
 __all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]
 
@@ -94,7 +93,7 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     its task entries, noting that in ``check``; None when there is none."""
     key = consolidated_manifest_key(job_id)
     if store.exists(key):
-        return pq.read_table(io.BytesIO(store.read_bytes(key))).to_pandas()
+        return read_parquet_object(store, key).to_pandas()
     parts = store.list(join(job_id, "manifest"))
     check.incomplete = (
         f"no manifest.parquet: the run has not completed "
@@ -105,7 +104,7 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     import pandas as pd
 
     return pd.concat(
-        [pq.read_table(io.BytesIO(store.read_bytes(p))).to_pandas() for p in parts],
+        [read_parquet_object(store, p).to_pandas() for p in parts],
         ignore_index=True,
     )
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import functools
 
 from ..errors import ConfigError
-from .base import Store, join, per_object, read_parquet_file, read_parquet_tables, write_parquet
+from .base import (
+    Store,
+    join,
+    per_object,
+    read_parquet,
+    read_parquet_file,
+    read_parquet_object,
+    read_parquet_tables,
+    write_parquet,
+)
 from .local import LocalStore
 
 __all__ = [
@@ -14,7 +23,9 @@ __all__ = [
     "join",
     "open_store",
     "per_object",
+    "read_parquet",
     "read_parquet_file",
+    "read_parquet_object",
     "read_parquet_tables",
     "write_parquet",
 ]

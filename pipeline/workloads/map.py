@@ -35,7 +35,7 @@ import xxhash
 from ..config import setting
 from ..errors import ConfigError, InputError
 from ..layout import part_key
-from ..storage import Store, join, read_parquet_tables
+from ..storage import Store, join, read_parquet_object, read_parquet_tables
 from ..usercode import (
     accepts_seed,
     check_code_path,
@@ -450,7 +450,7 @@ _part = part_key
 
 
 def _read(store: Store, key: str) -> pa.Table:
-    return pq.read_table(io.BytesIO(store.read_bytes(key)))
+    return read_parquet_object(store, key)
 
 
 def _source_hash(fn: Callable) -> str | None:

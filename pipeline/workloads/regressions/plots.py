@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from ...storage import Store, join
+from ...storage import Store, join, read_parquet_object
 
 __all__ = ["chunk_figure", "write_summary_figure"]
 
@@ -59,10 +59,9 @@ def chunk_figure(fit, label: str) -> bytes:
 def write_summary_figure(store: Store, job_id: str) -> str:
     """Histogram of each term's estimates across chunks -> ``<job>/coefficients-summary.pdf``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     parts = [
-        pq.read_table(store.open_input(k), columns=["term", "estimate"])
+        read_parquet_object(store, k, columns=["term", "estimate"])
         for k in store.list(join(job_id, "coefficients"))
         if k.endswith(".parquet")
     ]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ...errors import InputError
+from ...storage import read_parquet_tables
 
 __all__ = ["TABLES", "assemble", "summary_text"]
 
@@ -26,7 +26,7 @@ def assemble(store, job_id: str, table: str, result: pa.Table, tables: dict) -> 
     if table != "models":
         return result
     timings = _by_chunk(
-        pa.concat_tables([pq.read_table(store.open_input(k)) for _, k in tables["timings"]])
+        pa.concat_tables(read_parquet_tables(store, [k for _, k in tables["timings"]]))
     )
     if not timings.column("chunk_id").equals(result.column("chunk_id")):
         raise InputError(f"{store.describe(job_id)}: timings do not match the models table")

@@ -3,11 +3,7 @@ listed exactly once in the models tables (their content, not only the ranges).""
 
 from __future__ import annotations
 
-import io
-
-import pyarrow.parquet as pq
-
-from ...storage import Store
+from ...storage import Store, read_parquet
 from ...verify import JobCheck, check_listed_objects
 
 __all__ = ["check_regressions"]
@@ -20,7 +16,7 @@ def check_regressions(store: Store, manifest, check: JobCheck) -> set[str]:
         if row.kind != "models":
             return
         try:
-            ids = pq.read_table(io.BytesIO(data), columns=["chunk_id"]).column(0)
+            ids = read_parquet(data, columns=["chunk_id"]).column(0)
         except Exception as exc:
             check.corrupt.append(f"{store.describe(row.object)}: not a readable table ({exc})")
             return
