@@ -148,9 +148,20 @@ def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"
     assert (
-        "returned a builtins.list; expected a mapping or a pandas Series (one row), a "
+        "returned a builtins.list; expected a value (number, text, date), a mapping or a "
         in (s.failures[0]["message"])
     )
+
+
+def test_a_single_value_is_a_row_of_one_column(tmp_path, client):
+    # As joblib's Parallel collects one value per call; numpy's scalars are values too.
+    for kind, want in [("int", 7), ("float", 0.5), ("text", "abc")]:
+        run(client, tmp_path / kind, function=f"{FN}:one_value", grid={"x": [kind]})
+        table = results_table(str(tmp_path / kind))
+        assert table.column_names == ["unit", "x", "result"]
+        assert table.column("result").to_pylist() == [want]
+    run(client, tmp_path / "day", function=f"{FN}:one_value", grid={"x": ["day"]})
+    assert str(results_table(str(tmp_path / "day")).column("result")[0]) == "2024-01-02"
 
 
 def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, client):

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import inspect
 import io
+import numbers
 import time
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
@@ -266,6 +269,9 @@ class MapWorkload(Workload):
         """What a unit returned, as one row (a dict) or rows (a table), keys not yet added."""
         if returned is None:
             return None
+        if isinstance(returned, _SCALARS):
+            # One value per unit, as joblib's Parallel collects them: a row of one column.
+            returned = {SCALAR_COLUMN: returned}
         if type(returned).__name__ == "Series" and hasattr(returned, "index"):
             # One row, its labels naming the columns (as chunk.mean() gives).
             row = {str(label): value for label, value in returned.items()}
@@ -299,7 +305,8 @@ class MapWorkload(Workload):
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
-                "expected a mapping or a pandas Series (one row), a pandas DataFrame, a pyarrow "
+                "expected a value (number, text, date), a mapping or a pandas Series (one row), "
+                "a pandas DataFrame, a pyarrow "
                 "Table or a list of mappings (rows), or None"
             )
         echoed = self._echoed_keys(unit, table.column_names,
@@ -458,6 +465,10 @@ def _source_hash(fn: Callable) -> str | None:
         return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
     return None
 
+
+#: The column a function's single value (a number, text, a date) is stored in.
+SCALAR_COLUMN = "result"
+_SCALARS = (numbers.Number, str, bytes, datetime.date, datetime.timedelta, np.generic)
 
 _UNCONVERTIBLE = (
     pa.ArrowInvalid,

@@ -89,6 +89,16 @@ def wrong_type(x):
     return [x]
 
 
+def one_value(x):
+    """A value per unit, of the type ``x`` says."""
+    import datetime
+
+    import numpy as np
+
+    return {"int": 7, "float": np.float64(0.5), "text": "abc",
+            "day": datetime.date(2024, 1, 2)}[x]  # fmt: skip
+
+
 def mixed_types(x):
     return {"v": x if x % 2 else f"text {x}"}
 
