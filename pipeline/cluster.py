@@ -265,6 +265,20 @@ def _check_main_guard() -> None:
         )
 
 
+def _forget_main_without_a_file() -> None:
+    """A script read from standard input (``python - <<EOF``) runs as a ``__main__``
+    whose ``__file__`` is ``<stdin>``: each spawned worker would try to run that file
+    again and fail to start. Like ``python -c``'s, such a main has no file to re-run;
+    without the pseudo-path, spawn leaves it alone (functions defined in it travel by
+    value)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if isinstance(path, str) and path.startswith("<") and getattr(main, "__spec__", None) is None:
+        del main.__file__
+
+
 def _quiet_resource_tracker() -> None:
     """Start multiprocessing's resource tracker with its leak warning off.
 
@@ -296,6 +310,7 @@ def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, prof
     from distributed import LocalCluster
 
     _check_main_guard()
+    _forget_main_without_a_file()
     _quiet_resource_tracker()
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.

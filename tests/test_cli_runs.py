@@ -191,6 +191,21 @@ def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, frames_d
     assert ok.stdout.strip() == "[0, 1, 2, 3]"
 
 
+def test_a_script_read_from_standard_input_runs_on_the_embedded_cluster(tmp_path):
+    # `python - <<EOF`: __main__'s file is "<stdin>", which spawned workers cannot run.
+    script = (
+        "import pipeline\n"
+        "def add(x, y):\n"
+        "    return x + y\n"
+        "s = pipeline.map(add, grid={'x': [1, 2], 'y': [10]}, output='out', workers=2)\n"
+        "print(s.units_run, pipeline.results_table('out').column('result').to_pylist())\n"
+    )
+    proc = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "2 [11, 12]"
+
+
 def test_the_example_plugin_runs_resumes_and_verifies_through_the_cli(tmp_path):
     texts = tmp_path / "texts"
     texts.mkdir()
