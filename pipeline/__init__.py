@@ -9,7 +9,7 @@ from .errors import ClusterError, ConfigError, InputError, JobRunning, PipelineE
 from .jobs import Job, load_jobs, run_jobs
 from .results import results_table
 from .runner import run_job
-from .storage import LocalStore, Store, open_store
+from .storage import LocalStore, Store, open_file, open_store
 from .summary import RunSummary
 from .usercode import unit_seed
 from .workload import Task, TaskOutput, UnitFailure, Workload
@@ -45,6 +45,7 @@ __all__ = [
     # storage
     "LocalStore",
     "Store",
+    "open_file",
     "open_store",
     # errors
     "ClusterError",

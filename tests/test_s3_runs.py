@@ -177,3 +177,21 @@ def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, 
                 store.hold(lock_key("sq"), "pid 4"),
             ):
                 pass
+
+
+def test_a_map_over_files_on_s3_reads_them_with_open_file(s3, s3_bucket):
+    from mapfns.userfns import line_count
+
+    import pipeline
+
+    store = pipeline.open_store(s3.url(prefix="texts"))
+    for i in range(3):
+        store.write_bytes(f"t{i}.txt", b"line\n" * i)
+    summary = pipeline.map(line_count, files=s3.url(prefix="texts"),
+                           output=s3.url(prefix="out"), workers=2, progress=False)  # fmt: skip
+    assert summary.units_failed == 0, summary.failures
+    table = pipeline.results_table(s3.url(prefix="out"))
+    assert table.column("lines").to_pylist() == [0, 1, 2]
+    assert table.column("file").to_pylist() == [s3.url(prefix=f"texts/t{i}.txt") for i in range(3)]
+    with pipeline.open_file(s3.url(prefix="texts/t2.txt")) as f:
+        assert f.read() == b"line\nline\n" and not isinstance(f.read(), str)

@@ -770,3 +770,17 @@ def test_a_process_that_reads_parquet_exits_cleanly(tmp_path):
     # ... and no module of the package reads parquet through the scanner.
     package = Path(pipeline.__file__).parent
     assert not [p for p in package.rglob("*.py") if "pq.read_table(" in p.read_text()]
+
+
+def test_open_file_reads_a_local_path_as_bytes_or_text(tmp_path):
+    from pipeline import open_file
+
+    (tmp_path / "a.txt").write_bytes("é\n".encode())
+    with open_file(tmp_path / "a.txt") as f:
+        assert f.read() == "é\n".encode()
+    with open_file(str(tmp_path / "a.txt"), "r") as f:
+        assert f.read() == "é\n"
+    with pytest.raises(ConfigError, match="mode 'w'; expected 'rb' or 'r'"):
+        open_file(tmp_path / "a.txt", "w")
+    with pytest.raises(ConfigError, match="expected s3://bucket/key"):
+        open_file("s3://bucket-only/")

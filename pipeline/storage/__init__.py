@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 
 from ..errors import ConfigError
 from .base import (
@@ -21,6 +22,7 @@ __all__ = [
     "LocalStore",
     "Store",
     "join",
+    "open_file",
     "open_store",
     "per_object",
     "read_parquet",
@@ -54,3 +56,24 @@ def _open_store(url: str) -> Store:
             "expected a local path, file:// or s3://"
         )
     return LocalStore(url.removeprefix("file://"))
+
+
+def open_file(path, mode: str = "rb", encoding: str | None = None):
+    """Open a local path or an ``s3://`` URL for reading, as a file object.
+
+    What a ``map`` function over ``files`` needs: its paths may be ``s3://`` URLs,
+    read here through the same S3 settings as the job's own (endpoint, credentials,
+    retries; ranged GETs, so a reader that seeks fetches what it reads). ``mode``:
+    ``"rb"`` or ``"r"`` (text, ``encoding`` default UTF-8)."""
+    if mode not in ("rb", "r"):
+        raise ConfigError(f"open_file({path!r}): mode {mode!r}; expected 'rb' or 'r' (reading)")
+    path = str(path)
+    if not path.startswith("s3://"):
+        return open(path, mode, encoding=encoding if mode == "r" else None)
+    folder, _, name = path.rpartition("/")
+    if folder == "s3:/" or not name:
+        raise ConfigError(f"open_file({path!r}): expected s3://bucket/key, the URL of an object")
+    raw = open_store(folder).open_input(name)
+    if mode == "rb":
+        return io.BufferedReader(raw)
+    return io.TextIOWrapper(io.BufferedReader(raw), encoding=encoding or "utf-8")
