@@ -19,6 +19,8 @@ on the same frames and machine.
       checks the frames' footers) to the last cube; next to (a+), the reference with
       the same consumer, and the ceiling: the cores copying each cube once into a
       reused buffer and reading it once, at the one-thread rates measured with (c);
+  (h0) (h)'s design alone: forked producer processes building into memfd buffers
+      named over a queue, the same consumer; no Dask, none of the delivery code;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
       embedded cluster and handed over in shared memory; (i') built in place in one
       loader worker per core; (i'') cubes stacked by the default collate; the same
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import random
 import shutil
@@ -185,6 +188,71 @@ def delivered(frames_dir: Path, d: int, n: int, workers: int, rounds: int) -> di
     return {"cubes_per_s": max(rates), "rounds": rates, "from_first_cube": steady}
 
 
+def _ring_producer(frames_dir: str, d: int, fds: list[int], requests, built) -> None:
+    frames = inspect_frames(frames_dir, d)
+    layout = load_layout(frames, d, "float64")
+    slots = [_map_cube(fd, d) for fd in fds]
+    built.put(None)
+    while (request := requests.get()) is not None:
+        cube_id, slot = request
+        build_cube(layout, cube_columns(10, cube_id, d, frames.n_cols, False), slots[slot])
+        built.put(slot)
+
+
+def _map_cube(fd: int, d: int) -> np.ndarray:
+    flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
+    return np.frombuffer(mmap.mmap(fd, d**3 * 8, flags), dtype=np.float64).reshape(d, d, d)
+
+
+def ring_delivery(frames_dir: Path, d: int, n: int, producers: int, rounds: int) -> float:
+    """(h0): (h)'s design with nothing of Dask or of this project's delivery code:
+    ``producers`` forked processes build cubes into two memfd buffers each, told which
+    by a queue, and the consumer reads each as it is built. What the design itself
+    costs on this machine, next to which (h) shows the implementation's share."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    built = [ctx.Queue() for _ in range(producers)]
+    requests = [ctx.Queue() for _ in range(producers)]
+    fds = [[os.memfd_create("bench-ring") for _ in range(2)] for _ in range(producers)]
+    every_fd = [fd for mine in fds for fd in mine]
+    for fd in every_fd:
+        os.ftruncate(fd, d**3 * 8)
+    views = [[_map_cube(fd, d) for fd in mine] for mine in fds]
+    procs = [
+        ctx.Process(target=_ring_producer, args=(str(frames_dir), d, fds[p], requests[p], built[p]))
+        for p in range(producers)
+    ]
+    for proc in procs:
+        proc.start()
+    for queue in built:
+        queue.get()  # the producer's layout is loaded
+    best = 0.0
+    try:
+        for _ in range(rounds):
+            t0, total, asked = time.perf_counter(), 0.0, 0
+            for p in range(producers):
+                for slot in range(2):
+                    requests[p].put((asked, slot))
+                    asked += 1
+            for k in range(n):  # in turn over the producers, as the cube ids were handed out
+                p = k % producers
+                slot = built[p].get()
+                total += float(views[p][slot].sum())
+                if asked < n:
+                    requests[p].put((asked, slot))
+                    asked += 1
+            best = max(best, n / (time.perf_counter() - t0))
+    finally:
+        for queue in requests:
+            queue.put(None)
+        for proc in procs:
+            proc.join()
+        for fd in every_fd:
+            os.close(fd)
+    return best
+
+
 def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
     """(i): DataLoader(CubeStream) with ``workers`` loader processes, batches of 8,
     each batch read once: built by the cluster (CubeStream(cluster=client)), built in
@@ -237,6 +305,12 @@ def print_delivery(
         f"({n} cubes, best of rounds {rounds}; from the first cube: {steady})",
         flush=True,
     )
+    print(
+        f"(h0) the same design without Dask     {h['ring']:10,.0f} cubes/s ({cores} forked "
+        "producers, 2 memfd buffers each, a queue; (h)/(h0) = "
+        f"{h['cubes_per_s'] / h['ring']:.2f})",
+        flush=True,
+    )
     if i is None:
         print("(i) DataLoader(CubeStream)            n/a (torch not installed)")
     else:
@@ -253,6 +327,7 @@ def print_delivery(
         "h/a": h["cubes_per_s"] / a,
         "h/a_read": h["cubes_per_s"] / a_read,
         "h/ceiling": h["cubes_per_s"] / ceiling,
+        "h/h0": h["cubes_per_s"] / h["ring"],
     }
     print(
         f"    ceiling for (h): {cores} cores / (8 MB copy into a reused buffer, "
@@ -376,6 +451,9 @@ def main() -> None:
             flush=True,
         )
         h = delivered(frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds)
+        h["ring"] = ring_delivery(
+            frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds
+        )
         i = loader_rate(frames_dir, d, args.loader_cubes, args.workers)
         delivery = print_delivery(h, i, a, a_read, dd, args.deliver_cubes, one_thread)
         if args.regret_cubes:
