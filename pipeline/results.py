@@ -36,11 +36,12 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
         name = job
     elif len(jobs) == 1:
         name = next(iter(jobs))
+    elif not jobs:
+        # The same words as `pipeline verify`'s.
+        raise InputError(f"{store.url}: no job output here (no <job>/job.json)")
     else:
-        found = ", ".join(sorted(jobs)) or "none"
         raise InputError(
-            f"{store.url}: {'several' if jobs else 'no'} jobs ({found}); "
-            + ("name one with --job" if jobs else "run one first")
+            f"{store.url}: several jobs ({', '.join(sorted(jobs))}); name one with --job"
         )
     return name, json.loads(store.read_bytes(jobs[name]))
 

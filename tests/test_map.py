@@ -347,3 +347,15 @@ def test_a_unit_that_kills_its_worker_fails_its_task_alone(tmp_path):
     assert sorted(failed) == [2, 3] and failed[3]["error_type"] == "KilledWorker"
     assert "died each of the 4 times it ran it (units 2..3)" in failed[3]["message"]
     assert results_table(str(tmp_path)).column("y").to_pylist() == [0, 1, 4, 5, 6, 7]
+
+
+def test_results_name_the_job_to_pick_or_say_there_is_none(tmp_path, client):
+    with pytest.raises(InputError, match="no job output here"):
+        results_table(str(tmp_path / "nothing"))
+    for name in ("j1", "j2"):
+        run(client, tmp_path / "two", job_id=name, function=f"{FN}:one_value", grid={"x": ["int"]})
+    with pytest.raises(InputError, match=r"several jobs \(j1, j2\); name one with --job"):
+        results_table(str(tmp_path / "two"))
+    with pytest.raises(InputError, match=r"no job 'j3' \(found: j1, j2\)"):
+        results_table(str(tmp_path / "two"), job="j3")
+    assert results_table(str(tmp_path / "two"), job="j2").num_rows == 1
