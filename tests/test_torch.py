@@ -134,6 +134,10 @@ def test_cube_shards_local_in_a_shuffling_loader_equal_the_stored_cubes(
     assert digest(ds[-1]) == want[21]
     with pytest.raises(IndexError, match="cube 22 out of range"):
         ds[22]
+    # Without a job name: the one job under the output, or the job's own folder.
+    for where in (tmp_path, tmp_path / "cubes", f"{tmp_path}/cubes/"):
+        found = CubeShards(where)
+        assert (found.output.rstrip("/"), found.job, len(found)) == (str(tmp_path), "cubes", 22)
 
 
 def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
