@@ -17,6 +17,7 @@ from __future__ import annotations
 from .storage import join
 
 __all__ = [
+    "job_records",
     "job_record_key",
     "manifest_key",
     "manifest_prefix",
@@ -25,6 +26,12 @@ __all__ = [
     "shard_key",
     "lock_key",
 ]
+
+
+def job_records(store) -> dict[str, str]:
+    """Job id -> its record's key, for every job under ``store``."""
+    keys = [k for k in store.list() if k.endswith("/job.json") and k.count("/") == 1]
+    return {k.split("/", 1)[0]: k for k in keys}
 
 
 def job_record_key(job_id: str) -> str:

@@ -18,16 +18,26 @@ import pyarrow.parquet as pq
 
 from . import registry
 from .errors import ConfigError, InputError
+from .layout import job_records
 from .storage import Store, join, open_store, read_parquet_object
 
-__all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
+__all__ = ["find_job", "job_folder", "job_tables", "results_table", "summarize", "write_results"]
+
+
+def job_folder(output: str, job: str | None = None) -> tuple[str, str | None]:
+    """``(output, job)``, with a job's own folder given as ``output`` (what a run
+    prints: ``results: results/cubes``) taken as its parent and the job's name."""
+    output = str(output)
+    if job is None and open_store(output).exists("job.json"):
+        parent, _, name = output.rstrip("/").rpartition("/")
+        return parent or ".", name
+    return output, job
 
 
 def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
     """The job under ``output`` (``job``, or the only one there) and its record."""
     store = open_store(output)
-    records = [k for k in store.list() if k.endswith("/job.json") and k.count("/") == 1]
-    jobs = {k.split("/", 1)[0]: k for k in records}
+    jobs = job_records(store)
     if job is not None:
         if job not in jobs:
             raise InputError(
@@ -69,6 +79,7 @@ def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
 
 def results_table(output: str, table: str | None = None, job: str | None = None) -> pa.Table:
     """One table of every completed task's rows of ``table``, in unit order."""
+    output, job = job_folder(output, job)
     store = open_store(output)
     job_id, record = find_job(output, job)
     workload = registry.load(record["workload"])
@@ -136,6 +147,7 @@ def write_results(output: str, table: str | None, out: str, job: str | None = No
 
 def summarize(output: str, table: str | None = None, job: str | None = None) -> str:
     """A few lines about a job's table, for the terminal."""
+    output, job = job_folder(output, job)
     store = open_store(output)
     job_id, record = find_job(output, job)
     workload = registry.load(record["workload"])

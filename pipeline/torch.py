@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .errors import InputError, StorageError
 from .layout import consolidated_manifest_key, job_record_key
-from .results import find_job
+from .results import find_job, job_folder
 from .storage import open_store, read_parquet
 from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 from .workloads.cubes.shards import npy_header
@@ -140,23 +140,15 @@ class CubeStream(IterableDataset):
         return (torch.tensor(list(ids)), batch) if self.with_ids else batch
 
 
-def _job_folder(output: str) -> tuple[str, str]:
-    """(output, job) for a ``CubeShards`` given no job name."""
-    if open_store(output).exists("job.json"):  # a job's own folder
-        parent, _, name = output.rstrip("/").rpartition("/")
-        return parent or ".", name
-    return output, find_job(output)[0]
-
-
 class CubeShards(Dataset):
     """The cubes of job ``job`` stored under ``output`` (a folder or ``s3://`` prefix),
     as written by ``pipeline run`` with ``sink = "store"``. Without ``job``: the one
     job there, or ``output`` itself when it is a job's folder (``results/cubes``)."""
 
     def __init__(self, output: str, job: str | None = None, *, verify: bool = False):
-        output = str(output)
+        output, job = job_folder(output, job)
         if job is None:
-            output, job = _job_folder(output)
+            job = find_job(output)[0]
         self.output, self.job, self.verify = output, job, verify
         store = open_store(output)
         record_key, manifest_key = job_record_key(job), consolidated_manifest_key(job)

@@ -18,7 +18,8 @@ import xxhash
 
 from . import registry
 from .errors import InputError
-from .layout import consolidated_manifest_key
+from .layout import consolidated_manifest_key, job_records
+from .results import job_folder
 from .storage import Store, join, open_store, read_parquet_object
 
 __all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]
@@ -45,10 +46,13 @@ class JobCheck:
 
 
 def verify_output(url: str, job_ids: list[str] | None = None) -> list[JobCheck]:
-    """Check every job under ``url`` (or only ``job_ids``)."""
+    """Check every job under ``url`` (or only ``job_ids``), or the job whose own folder
+    ``url`` is."""
+    if not job_ids:
+        url, job = job_folder(url)
+        job_ids = [job] if job else None
     store = open_store(url)
-    records = [k for k in store.list() if k.endswith("/job.json") and k.count("/") == 1]
-    found = {k.split("/", 1)[0]: k for k in records}
+    found = job_records(store)
     if job_ids:
         absent = sorted(set(job_ids) - set(found))
         if absent:

@@ -359,3 +359,9 @@ def test_results_name_the_job_to_pick_or_say_there_is_none(tmp_path, client):
     with pytest.raises(InputError, match=r"no job 'j3' \(found: j1, j2\)"):
         results_table(str(tmp_path / "two"), job="j3")
     assert results_table(str(tmp_path / "two"), job="j2").num_rows == 1
+    # A job's own folder, as a run prints it ("results: .../two/j2"), names the job.
+    assert results_table(str(tmp_path / "two" / "j2")).equals(
+        results_table(str(tmp_path / "two"), job="j2")
+    )
+    (check,) = verify_output(f"{tmp_path}/two/j1/")
+    assert check.job_id == "j1" and check.ok

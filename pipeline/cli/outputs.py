@@ -131,7 +131,7 @@ def certs_command(out, days, hosts, overwrite) -> None:
 @click.argument("output")
 @click.option("--job", "jobs", multiple=True, help="Only this job id (repeatable).")
 def verify_command(output, jobs) -> None:
-    """Check OUTPUT (a folder or s3:// prefix) against its manifests.
+    """Check OUTPUT (a folder or s3:// prefix, or one job's folder) against its manifests.
 
     Reports objects that are missing, extra (not in any manifest), corrupt
     (checksum differs), and units listed more or fewer than once. Exits
