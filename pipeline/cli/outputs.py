@@ -82,7 +82,9 @@ def regressions_data_command(chunks, rows, features, out, seed) -> None:
 )
 @click.option("--out", help="Write the whole table here (.parquet or .csv, a local path or s3://).")
 def results_command(output, job, table, out) -> None:
-    """Concatenate a job's per-task tables into one, in unit order (or summarize it)."""
+    """Concatenate a job's per-task tables into one, in unit order (or summarize it).
+
+    OUTPUT: the run's output (a folder or s3:// prefix), or the job's own folder."""
     from ..results import summarize, write_results
 
     try:
