@@ -162,6 +162,11 @@ def test_a_single_value_is_a_row_of_one_column(tmp_path, client):
         assert table.column("result").to_pylist() == [want]
     run(client, tmp_path / "day", function=f"{FN}:one_value", grid={"x": ["day"]})
     assert str(results_table(str(tmp_path / "day")).column("result")[0]) == "2024-01-02"
+    # A mapping's labels name the columns as text, as a Series' do.
+    run(client, tmp_path / "q", function=f"{FN}:quantiles", grid={"x": [1]})
+    assert results_table(str(tmp_path / "q")).to_pylist() == [
+        {"unit": 0, "x": 1, "0.5": 1, "0.9": 2}
+    ]
 
 
 def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, client):

@@ -274,15 +274,9 @@ class MapWorkload(Workload):
             returned = {SCALAR_COLUMN: returned}
         if type(returned).__name__ == "Series" and hasattr(returned, "index"):
             # One row, its labels naming the columns (as chunk.mean() gives).
-            row = {str(label): value for label, value in returned.items()}
-            if len(row) != len(returned):
-                raise ValueError(
-                    "the function returned a pandas Series with repeated labels; as one row, "
-                    "its labels name the columns and must differ"
-                )
-            returned = row
+            returned = _named_row(returned.items(), len(returned), "a pandas Series")
         if isinstance(returned, Mapping):
-            row = dict(returned)
+            row = _named_row(returned.items(), len(returned), "a mapping")
             for name in self._echoed_keys(unit, row, lambda c: [row[c]]):
                 del row[name]
             return row
@@ -301,7 +295,7 @@ class MapWorkload(Workload):
         elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
             if not returned:
                 return None
-            table = pa.Table.from_pylist([dict(r) for r in returned])
+            table = pa.Table.from_pylist([_named_row(r.items(), len(r), "a row") for r in returned])
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
@@ -478,6 +472,18 @@ _UNCONVERTIBLE = (
     ValueError,
     OverflowError,
 )
+
+
+def _named_row(items, count: int, what: str) -> dict:
+    """A row whose labels name its columns, as text (``{0.5: q}`` gives column "0.5", as
+    a Series' labels and a DataFrame's columns do)."""
+    row = {label if isinstance(label, str) else str(label): value for label, value in items}
+    if len(row) != count:
+        raise ValueError(
+            f"the function returned {what} with labels that repeat as text; as a row, its "
+            "labels name the columns and must differ"
+        )
+    return row
 
 
 def _one_row(row: dict) -> pa.Table:
