@@ -281,6 +281,16 @@ def test_map_code_is_shipped_to_the_workers_and_its_hash_guards_resume(remote, t
         + '"\n[grid]\nx = [1, 2, 3, 4, 5, 6]\n'
     )
     out = f"s3://{BUCKET}/map1"
+    # Without `code`, the workers cannot import it: said before any task runs.
+    bare = jobs / "bare.toml"
+    bare.write_text(job.read_text().replace("code =", "# code ="))
+    unshipped = pipeline_cli(["run", bare, "--output", f"s3://{BUCKET}/map0", "--no-progress",
+                              *remote.driver_flags], remote.env)  # fmt: skip
+    assert unshipped.returncode == 1
+    assert "workers cannot import the function" in unshipped.stderr, unshipped.stderr
+    assert "No module named 'shipped_fns'" in unshipped.stderr
+    assert "points in" not in unshipped.stdout  # no task ran
+
     args = ["run", job, "--output", out, "--no-progress", *remote.driver_flags]
     proc = pipeline_cli(args, remote.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -191,6 +191,16 @@ class MapWorkload(Workload):
             from ..usercode import ship_code
 
             ship_code(client, check_code_path(self.job.code))
+        if self._by_name:
+            # Known now rather than from every unit's failure: a remote cluster's
+            # workers import the function by name, from their own import path.
+            errors = {w: e for w, e in client.run(_import_error, self.job.function).items() if e}
+            if errors:
+                worker, error = min(errors.items())
+                raise ConfigError(
+                    f"{len(errors)} of {len(client.scheduler_info()['workers'])} workers "
+                    f"cannot import the function; on {worker}: {error}"
+                )
 
     def describe(self) -> str:
         function = self.job.function or describe_function(self.fn)
@@ -452,6 +462,15 @@ _part = part_key
 
 def _read(store: Store, key: str) -> pa.Table:
     return read_parquet_object(store, key)
+
+
+def _import_error(spec: str) -> str | None:
+    """Worker: why ``spec`` does not import here, or None."""
+    try:
+        load_function(spec)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def _source_hash(fn: Callable) -> str | None:
