@@ -33,7 +33,7 @@ def execute_task(
 
         receipt, stats = profiled(execute_task, workload, store_url, task)
         return dataclasses.replace(receipt, profile=stats)
-    started, t0 = time.time(), time.perf_counter()
+    started, t0, cpu0 = time.time(), time.perf_counter(), time.process_time()
     try:
         store = open_store(store_url) if store_url else None
         out = workload.run_task(task, store)
@@ -54,6 +54,7 @@ def execute_task(
         bytes_written=out.bytes_written,
         seconds=seconds,
         busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
+        cpu_seconds=time.process_time() - cpu0,
         worker=socket.gethostname(),
         fingerprint=out.fingerprint,
         phases=dict(out.phases),

@@ -167,6 +167,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     summary.failures = [asdict(f) for f in failures]
     summary.bytes_written = sum(r.bytes_written for r in receipts)
     summary.busy_seconds = sum(r.busy_seconds for r in receipts)
+    summary.cpu_seconds = sum(r.cpu_seconds for r in receipts)
     for r in receipts:
         for phase, seconds in r.phases.items():
             summary.phases[phase] = summary.phases.get(phase, 0.0) + seconds

@@ -53,6 +53,8 @@ class RunSummary:
     units_per_second: float = 0.0
     bytes_written: int = 0
     busy_seconds: float = 0.0
+    #: CPU seconds the worker processes used during this run's tasks.
+    cpu_seconds: float = 0.0
     #: Worker-seconds by :data:`PHASES`, summed over this run's tasks.
     phases: dict[str, float] = field(default_factory=dict)
     workers: int = 0
@@ -200,6 +202,13 @@ def bottleneck(s: RunSummary) -> str | None:
         return (
             f"overhead-bound: the workers were busy {eff:.0%} of the run (start-up, "
             "scheduling, or too little work for the workers)"
+        )
+    tasks_seconds = s.busy_seconds or 0.0
+    if s.cpu_seconds and s.cpu_seconds < 0.5 * tasks_seconds:
+        return (
+            f"wait-bound: {w} workers busy {eff:.0%} of the run, on the CPU "
+            f"{s.cpu_seconds / tasks_seconds:.0%} of that time (the tasks waited: sleep, "
+            "network, disk); more workers than cores (--workers) would overlap the waits"
         )
     return f"CPU-bound: {w} workers busy {eff:.0%} of the run"
 

@@ -120,6 +120,9 @@ class TaskReceipt:
     pid: int = 0
     #: TaskOutput.recorded_failures: None when the task did not say.
     recorded: tuple[UnitFailure, ...] | None = None
+    #: CPU time of the worker process during the task: against ``seconds``, whether
+    #: the task computed or waited (sleep, network, disk).
+    cpu_seconds: float = 0.0
 
     @property
     def complete(self) -> bool:

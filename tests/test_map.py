@@ -370,3 +370,17 @@ def test_results_name_the_job_to_pick_or_say_there_is_none(tmp_path, client):
     )
     (check,) = verify_output(f"{tmp_path}/two/j1/")
     assert check.job_id == "j1" and check.ok
+
+
+def test_the_summary_tells_waiting_tasks_from_computing_ones(tmp_path, client):
+    from pipeline.summary import bottleneck
+
+    # Units long enough (8 x 0.2 s on 2 workers) that the run is not overhead-bound.
+    grid = {"x": ["wait"], "i": list(range(8)), "seconds": [0.2]}
+    waited = run(client, tmp_path / "w", function=f"{FN}:waits", grid=grid, units_per_task=4)
+    assert waited.cpu_seconds < 0.5 * waited.busy_seconds
+    assert bottleneck(waited).startswith("wait-bound: 2 workers busy"), bottleneck(waited)
+    grid = {"x": ["spin"], "i": list(range(8)), "seconds": [0.2]}
+    spun = run(client, tmp_path / "s", function=f"{FN}:waits", grid=grid, units_per_task=4)
+    assert spun.cpu_seconds > 0.7 * spun.busy_seconds
+    assert not (bottleneck(spun) or "").startswith("wait-bound")

@@ -138,3 +138,16 @@ def line_count(path):
 def quantiles(x):
     """Labels that are not text, as ``series.quantile([...]).to_dict()`` gives."""
     return {0.5: x, 0.9: 2 * x}
+
+
+def waits(x, i=0, seconds=0.05):
+    """A unit that waits (a network call's stand-in) or computes for ``seconds``."""
+    import time
+
+    if x == "wait":
+        time.sleep(seconds)
+    else:
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+    return {"x": x}
