@@ -116,6 +116,17 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
 RESULT_FORMATS = (".parquet", ".csv")
 
 
+def _nested_as_json(table: pa.Table) -> pa.Table:
+    """Lists, structs and maps as JSON text, which a CSV cell can hold (a grid's list
+    parameters, a function's dict values); nulls stay empty cells."""
+    for i, column in enumerate(table.schema):
+        if pa.types.is_nested(column.type):
+            text = [None if v is None else json.dumps(v, default=str)
+                    for v in table.column(i).to_pylist()]  # fmt: skip
+            table = table.set_column(i, column.name, pa.array(text, pa.string()))
+    return table
+
+
 def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
     """Write the concatenated table to ``out`` (a local path or s3:// URL), parquet or
     CSV by its suffix; return rows."""
@@ -131,14 +142,7 @@ def write_results(output: str, table: str | None, out: str, job: str | None = No
     if suffix == ".csv":
         import pyarrow.csv as pcsv
 
-        try:
-            pcsv.write_csv(result, sink)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
-            nested = [f.name for f in result.schema if pa.types.is_nested(f.type)]
-            raise ConfigError(
-                f"--out {out}: CSV cannot hold the nested column(s) {', '.join(nested)} "
-                f"({exc}); write a .parquet file"
-            ) from None
+        pcsv.write_csv(_nested_as_json(result), sink)
     else:
         pq.write_table(result, sink)
     open_store(parent or ".").write_bytes(name, sink.getbuffer())

@@ -384,3 +384,11 @@ def test_the_summary_tells_waiting_tasks_from_computing_ones(tmp_path, client):
     spun = run(client, tmp_path / "s", function=f"{FN}:waits", grid=grid, units_per_task=4)
     assert spun.cpu_seconds > 0.7 * spun.busy_seconds
     assert not (bottleneck(spun) or "").startswith("wait-bound")
+
+
+def test_nested_columns_reach_a_csv_as_json_text(tmp_path, client):
+    run(client, tmp_path / "o", function=f"{FN}:list_param", grid={"dims": [[1, 2], [3, 4, 5]]})
+    write_results(str(tmp_path / "o"), None, str(tmp_path / "r.csv"))
+    rows = pd.read_csv(tmp_path / "r.csv")
+    assert rows["dims"].tolist() == ["[1, 2]", "[3, 4, 5]"]
+    assert rows["first"].tolist() == ['{"k": 1}', '{"k": 3}'] and rows["n"].tolist() == [2, 3]

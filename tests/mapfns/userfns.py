@@ -151,3 +151,8 @@ def waits(x, i=0, seconds=0.05):
         while time.process_time() - start < seconds:
             pass
     return {"x": x}
+
+
+def list_param(dims):
+    """A grid whose values are lists, returning a mapping value."""
+    return {"n": len(dims), "first": {"k": dims[0]}}
