@@ -310,8 +310,7 @@ class MapWorkload(Workload):
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
                 "expected a value (number, text, date), a mapping or a pandas Series (one row), "
-                "a pandas DataFrame, a pyarrow "
-                "Table or a list of mappings (rows), or None"
+                "a pandas DataFrame, a pyarrow Table or a list of mappings (rows), or None"
             )
         echoed = self._echoed_keys(unit, table.column_names,
                                    lambda c: table.column(c).unique().to_pylist())  # fmt: skip
@@ -424,11 +423,11 @@ class MapWorkload(Workload):
         failures_key = _part(self.job_id, "failures", task.index)
         if not store.exists(failures_key):
             return {}, None
-        retry = set(_read(store, failures_key).column("unit").to_pylist())
+        retry = set(read_parquet_object(store, failures_key).column("unit").to_pylist())
         kept: dict[int, pa.Table] = {}
         results_key = _part(self.job_id, "results", task.index)
         if store.exists(results_key):
-            rows = _read(store, results_key)
+            rows = read_parquet_object(store, results_key)
             units = rows.column("unit").to_numpy()
             for unit in sorted(set(units.tolist()) - retry):
                 kept[unit] = rows.filter(pa.array(units == unit))
@@ -458,10 +457,6 @@ class MapWorkload(Workload):
 
 
 _part = part_key
-
-
-def _read(store: Store, key: str) -> pa.Table:
-    return read_parquet_object(store, key)
 
 
 def _import_error(spec: str) -> str | None:
