@@ -193,8 +193,7 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
     workload is loaded from the registry."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(_text(p))
     except FileNotFoundError:
         from . import registry
 
@@ -202,7 +201,7 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         if str(path) in registry.names():
             hint = f" (to run the {path} workload from flags alone: --workload {path})"
         raise ConfigError(f"job file {p}: no such file{hint}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
     workload = data.pop("workload", default_workload)
     if not isinstance(workload, str):
@@ -268,15 +267,20 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     return value
 
 
+def _text(path: Path) -> str:
+    """A settings file's text, UTF-8 with or without the byte-order mark that Windows
+    editors write (tomllib refuses the mark; it reads their CRLF line ends itself)."""
+    return path.read_bytes().decode("utf-8-sig")
+
+
 def _table_file(path: Path, name: str, origin: str) -> dict:
     """A table setting given as a file: JSON, or TOML whose table ``[name]`` (a job
     file's own) or else whole document is the value."""
     try:
         if path.suffix.lower() == ".json":
-            value = json.loads(path.read_text())
+            value = json.loads(_text(path))
         else:
-            with open(path, "rb") as f:
-                value = tomllib.load(f)
+            value = tomllib.loads(_text(path))
             if isinstance(value.get(name), dict):
                 value = value[name]
     except (ValueError, OSError) as exc:  # TOMLDecodeError and JSONDecodeError too

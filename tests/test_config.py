@@ -95,6 +95,21 @@ def test_several_job_files_share_flags(tmp_path):
     assert {j.options.output for j in jobs} == {"elsewhere"}
 
 
+def test_files_a_windows_editor_saved_are_read(tmp_path):
+    # UTF-8 with a byte-order mark and CRLF line ends.
+    job = tmp_path / "win.toml"
+    job.write_bytes(b"\xef\xbb\xbfcubes = 3\r\ndim = 6\r\n")
+    grid = tmp_path / "grid.json"
+    grid.write_bytes(b'\xef\xbb\xbf{"alpha": [1]}\r\n')
+    (cubes,) = load_jobs([str(job)], {}, environ={})
+    assert (cubes.settings.cubes, cubes.settings.dim) == (3, 6)
+    (mapped,) = load_jobs([], {"grid": str(grid)}, workload="map", environ={})
+    assert mapped.settings.grid == {"alpha": [1]}
+    job.write_bytes(b'cubes = 3\nname = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"win.toml: not valid TOML: 'utf-8' codec"):
+        load_jobs([str(job)], {}, environ={})
+
+
 def test_flags_for_another_workload_are_refused():
     from pipeline.config import RunOptions, check_flags_apply
     from pipeline.workloads.cubes import CubeJob
