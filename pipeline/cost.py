@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .planning import is_small_job
 from .prices import (
     DEFAULT_SCHEDULER_INSTANCE,
     Instance,
@@ -169,7 +170,10 @@ def project(
     # covers as many more units as the fleet has more workers. The rest is then cut
     # as the planner would for the fleet's workers.
     start, probing, probe_tasks = 0, 0.0, 0
-    if sample.probed and not units_per_task:
+    # Too small to probe on the fleet's workers: one round, unprobed, as the runner
+    # does it (not this cluster's probing time, which can be most of such a job).
+    small = not units_per_task and is_small_job(n, w)
+    if sample.probed and not units_per_task and not small:
         start = min(n, round(sample.units * w / max(1, sample.workers)))
         probe_tasks = min(
             -(-start // layout.granularity), round(sample.probe_tasks * w / max(1, sample.workers))
@@ -177,6 +181,8 @@ def project(
         probing = sample.seconds
     if units_per_task:
         stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
+    elif small:
+        stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), w, 1.0, rounds=1)
     else:
         stops = cut_tasks(layout, start, model, w, task_seconds)
     tasks = probe_tasks + len(stops)

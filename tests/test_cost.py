@@ -137,6 +137,11 @@ def test_the_projection_names_the_limit_that_binds():
     assert planned.tasks == 480 and planned.wall_seconds < many.wall_seconds / 100
     big = parse_fleet("c5.24xlarge:6", load_prices())
     assert any("480" in note for note in project(layout, _sample(), big).notes)
+    # 200 units of 0.2 s, whose probes took 13.5 s on 2 workers: on 480 workers the
+    # runner does not probe so small a job; it runs in one round of one unit a task.
+    sample = JobSample(CostModel(0.0015, 0.2, 0.0, 0.002), 119, 13.5, workers=2)
+    small = project(make_layout(200), sample, fleet)
+    assert small.tasks == 200 and small.wall_seconds == pytest.approx(0.2015, abs=0.01)
 
 
 def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, client):
