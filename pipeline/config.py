@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 import tomllib
 from collections.abc import Mapping
@@ -65,6 +66,28 @@ def settings_of(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "kind" in f.metadata]
 
 
+def check_settings(obj) -> None:
+    """Check a settings object built in Python (``CubeJob(cubes=0)``) as flags, job
+    files and variables are checked: each value given (not None) of its kind, within
+    its minimum and choices. A path given for text and a numpy number are stored as
+    ``str`` and ``int``/``float`` (what job records hold); other values as given."""
+    for f in settings_of(type(obj)):
+        value, kind = getattr(obj, f.name), f.metadata["kind"]
+        if value is None or value == f.default:
+            continue
+        if kind is str and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif (
+            kind in (int, float)
+            and isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and kind(value) == value
+        ):
+            value = kind(value)  # numpy's integers and floats, 5.0 for an integer
+        _coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
+        object.__setattr__(obj, f.name, value)  # frozen dataclasses: in __post_init__
+
+
 def flag_name(f: dataclasses.Field) -> str:
     return f.name.replace("_", "-")
 
@@ -76,6 +99,9 @@ def env_name(f: dataclasses.Field) -> str:
 @dataclass(frozen=True)
 class RunOptions:
     """How a job runs: where, with what parallelism, writing where."""
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     scheduler: str | None = setting(
         None,

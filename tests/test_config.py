@@ -167,3 +167,22 @@ def test_run_help_for_one_workload_lists_its_settings_and_the_runs():
     assert "--cubes-per-shard" not in one and "--formula" not in one
     every = CliRunner().invoke(main, ["run", "--help"]).output
     assert "--function" in every and "--cubes-per-shard" in every and "--formula" in every
+
+
+def test_settings_made_in_python_are_checked_as_flags_are(tmp_path):
+    import numpy as np
+
+    from pipeline import CubeJob, MapJob, RunOptions
+
+    with pytest.raises(ConfigError, match=r"CubeJob\(cubes=0\): 0 must be at least 1"):
+        CubeJob(cubes=0)
+    with pytest.raises(ConfigError, match=r"CubeJob\(dim=-5\): -5 must be at least 1"):
+        CubeJob(dim=-5)  # a ZeroDivisionError or dying producers, before
+    with pytest.raises(ConfigError, match=r"RunOptions\(workers=True\): expected an integer"):
+        RunOptions(workers=True)
+    with pytest.raises(ConfigError, match=r"MapJob\(retries=-1\): -1 must be at least 0"):
+        MapJob(function="m:f", grid={"x": [1]}, retries=-1)
+    # numpy's numbers and paths are taken, and stored as a job record holds them.
+    job = CubeJob(cubes=np.int64(7), frames=tmp_path)
+    assert (job.cubes, job.frames) == (7, str(tmp_path)) and type(job.cubes) is int
+    assert RunOptions(task_seconds=np.float32(0.5)).task_seconds == 0.5

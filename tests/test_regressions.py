@@ -489,8 +489,9 @@ def test_non_convergence_and_perfect_separation(tmp_path):
             r"gives 2 columns: I\(y > 0\)\[False\], I\(y > 0\)\[True\]\); a True/False "
             r"response is fitted as 0/1: write I\(\(y > 0\) \* 1\)",
         ),
-        ({"model": "tobit"}, ConfigError, "model 'tobit'"),
-        ({"cov_type": "HC9"}, ConfigError, "cov_type 'HC9'"),
+        # Refused when the settings are made, as flags and job files are.
+        ({"model": "tobit"}, ConfigError, r"RegressionJob\(model='tobit'\): 'tobit' is not one"),
+        ({"cov_type": "HC9"}, ConfigError, r"cov_type='HC9'\): 'HC9' is not one of nonrobust"),
         ({"cov_type": "HAC"}, ConfigError, "needs maxlags"),
         ({"chunk_by": "ticker"}, InputError, "no column 'ticker'"),
         ({"chunk_by": None}, ConfigError, "no chunks"),
@@ -520,9 +521,9 @@ def test_non_convergence_and_perfect_separation(tmp_path):
 def test_bad_jobs_fail_before_any_task(dataset, tmp_path, client, settings, error, match):
     data, _ = dataset
     kw = {"data": data, "formula": FORMULA, "chunk_by": "chunk", **settings}
-    w = RegressionWorkload(RegressionJob(**kw), "bad")
     out = tmp_path / "out"
     with pytest.raises(error, match=match):
+        w = RegressionWorkload(RegressionJob(**kw), "bad")
         run_job(w, RunOptions(output=str(out), progress=False), client, echo=lambda m: None)
     assert not out.exists()
 

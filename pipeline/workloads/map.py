@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from ..config import setting
+from ..config import check_settings, setting
 from ..errors import ConfigError, InputError
 from ..layout import part_key
 from ..storage import Store, join, read_parquet_object, read_parquet_tables
@@ -62,6 +62,9 @@ def _listing(default, help: str):
 @dataclasses.dataclass(frozen=True)
 class MapJob:
     """The settings of a map job (job-file keys, ``--flags``, ``PIPELINE_*`` vars)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     name: str | None = setting(
         None, str, "Job id: names the job's folder in the output. Default: the job file's name."

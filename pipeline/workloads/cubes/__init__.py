@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from ...config import setting
+from ...config import check_settings, setting
 from ...errors import StorageError
 from ...layout import consolidated_manifest_key, shard_key
 from ...storage import Store, open_store, write_parquet
@@ -40,6 +40,9 @@ AUTO_FRAME_COLS = 1000
 @dataclass(frozen=True)
 class CubeJob:
     """The settings of a cube job (job-file keys, ``--flags``, ``PIPELINE_*`` vars)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     name: str | None = setting(
         None,

@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import setting
+from ...config import check_settings, setting
 from ...errors import ConfigError
 
 __all__ = [
@@ -80,6 +80,9 @@ def _listing(default, help: str):
 @dataclass(frozen=True)
 class RegressionJob:
     """The settings of a regression job (job-file keys, ``--flags``, ``PIPELINE_*`` vars)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     name: str | None = setting(
         None,
