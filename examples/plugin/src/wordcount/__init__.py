@@ -18,12 +18,15 @@ import pyarrow.parquet as pq
 import xxhash
 
 from pipeline import InputError, TaskOutput, UnitFailure, Workload
-from pipeline.config import setting
+from pipeline.config import check_settings, setting
 from pipeline.layout import part_key
 
 
 @dataclasses.dataclass(frozen=True)
 class WordCountJob:
+    def __post_init__(self) -> None:
+        check_settings(self)  # values made in Python, checked as flags and job files are
+
     name: str | None = setting(None, str, "Job id. Default: the job file's name.")
     folder: str | None = setting(None, str, "Folder of .txt files to count the words of.")
     top: int = setting(3, int, "How many of each file's most common words to keep.", minimum=1)
