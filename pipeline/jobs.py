@@ -26,7 +26,7 @@ from .config import (
     settings_of,
 )
 from .errors import ConfigError
-from .layout import consolidated_manifest_key
+from .layout import check_job_id, consolidated_manifest_key
 from .prices import worker_price
 from .report import write_report_page
 from .runner import completed_job, run_job
@@ -79,6 +79,7 @@ def load_jobs(
         options = resolve(RunOptions, jf, cli, environ)
         settings = resolve(settings_cls, jf, cli, environ)
         job_id = settings.name or jf.stem or kind
+        check_job_id(job_id)
         jobs.append(Job(kind, options, settings, job_id, jf.path))
     _warn_misspelled_variables(environ)
     return jobs

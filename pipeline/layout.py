@@ -14,9 +14,11 @@ _locks/<job>                        held by the run writing <job> (outside it: a
 
 from __future__ import annotations
 
+from .errors import ConfigError
 from .storage import join
 
 __all__ = [
+    "check_job_id",
     "job_records",
     "job_record_key",
     "manifest_key",
@@ -26,6 +28,24 @@ __all__ = [
     "shard_key",
     "lock_key",
 ]
+
+
+def check_job_id(job_id: str) -> None:
+    """A job's name is one folder under the output, beside the output's own (``_locks``):
+    ``a/b`` would hide the job from ``pipeline results`` and ``verify``, ``_locks`` would
+    mix it with the locks."""
+    if (
+        not isinstance(job_id, str)
+        or not job_id
+        or any(c in job_id for c in "/\\")
+        or job_id[0] in "._"
+        or not job_id.isprintable()
+    ):
+        raise ConfigError(
+            f"job name {job_id!r}: a job's name is one folder under the output: printable, "
+            "without '/' or '\\', not starting with '.' or '_' (the output's own); set "
+            "name = '...' (--name)"
+        )
 
 
 def job_records(store) -> dict[str, str]:

@@ -15,7 +15,7 @@ from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
 from .errors import Interrupted, JobRunning
-from .layout import consolidated_manifest_key, lock_key
+from .layout import check_job_id, consolidated_manifest_key, lock_key
 from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
 from .probing import probe
@@ -86,6 +86,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
     :class:`JobRunning` when another run of the job is writing the same output.
     """
+    check_job_id(workload.job_id)
     workload.preflight()
     price = worker_price(options)  # a bad price setting fails before any task
     with _held(workload, options):

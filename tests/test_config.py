@@ -186,3 +186,15 @@ def test_settings_made_in_python_are_checked_as_flags_are(tmp_path):
     job = CubeJob(cubes=np.int64(7), frames=tmp_path)
     assert (job.cubes, job.frames) == (7, str(tmp_path)) and type(job.cubes) is int
     assert RunOptions(task_seconds=np.float32(0.5)).task_seconds == 0.5
+
+
+def test_a_job_name_is_one_folder_beside_the_outputs_own(tmp_path):
+    for name in ("a/b", "..", "_locks", ".hidden", "tab\there"):
+        with pytest.raises(ConfigError, match="a job's name is one folder under the output"):
+            load_jobs([], {"name": name}, environ={})
+    draft = tmp_path / "_draft.toml"
+    draft.write_text("cubes = 1\n")
+    with pytest.raises(ConfigError, match=r"job name '_draft'.*set name = "):
+        load_jobs([str(draft)], {}, environ={})
+    (job,) = load_jobs([str(draft)], {"name": "my draft"}, environ={})
+    assert job.job_id == "my draft"
