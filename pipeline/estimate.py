@@ -13,6 +13,7 @@ model then projects the whole job on this cluster and on each fleet
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import tempfile
@@ -160,13 +161,13 @@ def _spread(tasks: list, count: int) -> list:
     if not tasks:
         return []
     start, stop = tasks[0].start, tasks[-1].stop
-    picked: list = []
+    stops = [t.stop for t in tasks]
+    picked: dict[int, object] = {}  # by position, in order
     for i in range(count):
         middle = start + (i + 0.5) * (stop - start) / count
-        task = next(t for t in tasks if t.stop > middle)
-        if task not in picked:
-            picked.append(task)
-    return picked
+        at = bisect.bisect_right(stops, middle)
+        picked.setdefault(at, tasks[at])
+    return list(picked.values())
 
 
 def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:

@@ -15,10 +15,11 @@ _locks/<job>                        held by the run writing <job> (outside it: a
 from __future__ import annotations
 
 from .errors import ConfigError
-from .storage import join
+from .storage import join, open_store
 
 __all__ = [
     "check_job_id",
+    "job_folder",
     "job_records",
     "job_record_key",
     "manifest_key",
@@ -52,6 +53,16 @@ def job_records(store) -> dict[str, str]:
     """Job id -> its record's key, for every job under ``store``."""
     keys = [k for k in store.list() if k.endswith("/job.json") and k.count("/") == 1]
     return {k.split("/", 1)[0]: k for k in keys}
+
+
+def job_folder(output: str, job: str | None = None) -> tuple[str, str | None]:
+    """``(output, job)``, with a job's own folder given as ``output`` (what a run
+    prints: ``results: results/cubes``) taken as its parent and the job's name."""
+    output = str(output)
+    if job is None and open_store(output).exists("job.json"):
+        parent, _, name = output.rstrip("/").rpartition("/")
+        return parent or ".", name
+    return output, job
 
 
 def job_record_key(job_id: str) -> str:

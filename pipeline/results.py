@@ -18,25 +18,18 @@ import pyarrow.parquet as pq
 
 from . import registry
 from .errors import ConfigError, InputError
-from .layout import job_records
+from .layout import job_folder, job_record_key, job_records
 from .storage import Store, join, open_store, read_parquet_object
 
-__all__ = ["find_job", "job_folder", "job_tables", "results_table", "summarize", "write_results"]
-
-
-def job_folder(output: str, job: str | None = None) -> tuple[str, str | None]:
-    """``(output, job)``, with a job's own folder given as ``output`` (what a run
-    prints: ``results: results/cubes``) taken as its parent and the job's name."""
-    output = str(output)
-    if job is None and open_store(output).exists("job.json"):
-        parent, _, name = output.rstrip("/").rpartition("/")
-        return parent or ".", name
-    return output, job
+__all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
 
 
 def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
     """The job under ``output`` (``job``, or the only one there) and its record."""
     store = open_store(output)
+    if job is not None and store.exists(job_record_key(job)):
+        # Named and there: no listing of the whole output (thousands of parts on S3).
+        return job, json.loads(store.read_bytes(job_record_key(job)))
     jobs = job_records(store)
     if job is not None:
         if job not in jobs:

@@ -33,8 +33,8 @@ import xxhash
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .errors import InputError, StorageError
-from .layout import consolidated_manifest_key, job_record_key
-from .results import find_job, job_folder
+from .layout import consolidated_manifest_key, job_folder, job_record_key
+from .results import find_job
 from .storage import open_store, read_parquet
 from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 from .workloads.cubes.shards import npy_header

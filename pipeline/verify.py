@@ -18,8 +18,7 @@ import xxhash
 
 from . import registry
 from .errors import InputError
-from .layout import consolidated_manifest_key, job_records
-from .results import job_folder
+from .layout import consolidated_manifest_key, job_folder, job_records
 from .storage import Store, join, open_store, read_parquet_object
 
 __all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]

@@ -290,9 +290,9 @@ class MapWorkload(Workload):
             returned = {SCALAR_COLUMN: returned}
         if type(returned).__name__ == "Series" and hasattr(returned, "index"):
             # One row, its labels naming the columns (as chunk.mean() gives).
-            returned = _named_row(returned.items(), len(returned), "a pandas Series")
+            returned = _named_row(returned, "a pandas Series")
         if isinstance(returned, Mapping):
-            row = _named_row(returned.items(), len(returned), "a mapping")
+            row = _named_row(returned, "a mapping")
             for name in self._echoed_keys(unit, row, lambda c: [row[c]]):
                 del row[name]
             return row
@@ -311,7 +311,7 @@ class MapWorkload(Workload):
         elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
             if not returned:
                 return None
-            table = pa.Table.from_pylist([_named_row(r.items(), len(r), "a row") for r in returned])
+            table = pa.Table.from_pylist([_named_row(r, "a row") for r in returned])
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
@@ -494,11 +494,12 @@ _UNCONVERTIBLE = (
 )
 
 
-def _named_row(items, count: int, what: str) -> dict:
+def _named_row(labelled, what: str) -> dict:
     """A row whose labels name its columns, as text (``{0.5: q}`` gives column "0.5", as
     a Series' labels and a DataFrame's columns do)."""
-    row = {label if isinstance(label, str) else str(label): value for label, value in items}
-    if len(row) != count:
+    row = {label if isinstance(label, str) else str(label): value
+           for label, value in labelled.items()}  # fmt: skip
+    if len(row) != len(labelled):
         raise ValueError(
             f"the function returned {what} with labels that repeat as text; as a row, its "
             "labels name the columns and must differ"
