@@ -229,6 +229,12 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         raise ConfigError(f"job file {p}: no such file{hint}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
+    nested = [k for k, v in data.items() if isinstance(v, dict) and "workload" in v]
+    if "workload" not in data and nested:
+        raise ConfigError(
+            f"job file {p}: a job's keys go at the top level of the file, not under "
+            f"[{nested[0]}] (one job per file; drop the [{nested[0]}] line)"
+        )
     workload = data.pop("workload", default_workload)
     if not isinstance(workload, str):
         raise ConfigError(f"job file {p}: workload = {workload!r} is not a workload name")
@@ -352,10 +358,15 @@ def check_unknown_keys(job: JobFile, *classes) -> None:
         close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = [f"{c[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "")
                  for k, c in close.items() if c]  # fmt: skip
+        tables = [k for k in unknown if isinstance(job.values[k], dict)]
+        table = (
+            f" ([{tables[0]}] is a TOML table: a job's keys go at the top level)" if tables else ""
+        )
         raise ConfigError(
             f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
             f"for workload {job.workload!r}"
             + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+            + table
             + f"; known keys: {', '.join(sorted(known))}"
         )
 

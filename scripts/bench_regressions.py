@@ -434,6 +434,8 @@ def main() -> None:
         help="Fresh runs each of the default and the sweep's best size, for the regret.",
     )
     args = p.parse_args()
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     from pipeline import RunOptions, connect
 
     names = list(CASES) if args.case == "all" else [args.case]

@@ -154,6 +154,8 @@ def main() -> None:
     p.add_argument("--lines", action="store_true", help="Also run line_profiler.")
     p.add_argument("--dir", default=None, help="Scratch folder (default: a temporary one).")
     args = p.parse_args()
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     cases = list(CASES) if args.case == "all" else [args.case]
     engines = ["statsmodels", "auto"] if args.engine == "all" else [args.engine]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import ConfigError, InputError, load_jobs, run_jobs
+from pipeline import ConfigError, InputError, StorageError, load_jobs, run_jobs
 from pipeline.storage import LocalStore
 from pipeline.workloads.cubes.frames import write_frames
 
@@ -119,6 +119,28 @@ def test_job_file_with_unknown_key(tmp_path):
     with pytest.raises(ConfigError, match=r"'modle' for workload 'regressions' \(did you mean "
                        r"'model'\?\); known keys"):  # fmt: skip
         load_jobs([str(job)], {}, environ={})
+
+
+def test_job_file_with_its_keys_under_a_table(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nworkload = "map"\nfunction = "m:f"\ngrid = { a = [1] }\n')
+    with pytest.raises(ConfigError, match=r"job\.toml: a job's keys go at the top level of "
+                       r"the file, not under \[job\]"):  # fmt: skip
+        load_jobs([str(job)], {}, environ={})
+    job.write_text("[settings]\ncubes = 5\n")
+    table = r"\(\[settings\] is a TOML table: a job's keys go at the top level\)"
+    with pytest.raises(ConfigError, match=r"'settings' for workload 'cubes' " + table):
+        load_jobs([str(job)], {}, environ={})
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_output_that_is_a_file_is_named(tmp_path, under):
+    (tmp_path / "afile").write_text("not a folder")
+    output = tmp_path / "afile" / under if under else tmp_path / "afile"
+    with pytest.raises(StorageError, match=rf"output {output}: {tmp_path / 'afile'} is a file, "
+                       r"expected a folder"):  # fmt: skip
+        LocalStore(output).preflight()
+    assert (tmp_path / "afile").read_text() == "not a folder"
 
 
 def test_job_file_with_wrong_type(tmp_path):

@@ -72,6 +72,18 @@ class LocalStore(Store):
         self.root = Path(os.path.normpath(Path(root).expanduser().absolute()))
         self.url = str(self.root)
 
+    def preflight(self) -> None:
+        from ..errors import StorageError
+
+        # The nearest existing ancestor: a file there (an output given as a file's
+        # name, or under one) fails every write with a bare "Not a directory".
+        at = self.root
+        while not at.exists() and at != at.parent:
+            at = at.parent
+        if at.exists() and not at.is_dir():
+            raise StorageError(f"output {self.root}: {at} is a file, expected a folder")
+        super().preflight()
+
     def path(self, key: str) -> Path:
         if ".." in key.replace("\\", "/").split("/"):
             raise StorageError(f"key {key!r} must not contain '..'")
