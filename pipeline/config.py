@@ -226,6 +226,9 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         hint = ""
         if str(path) in registry.names():
             hint = f" (to run the {path} workload from flags alone: --workload {path})"
+        elif str(path).lower() in ("true", "false", "yes", "no", "on", "off"):
+            # `--progress false`: an on/off flag takes no value, so the word became a file
+            hint = " (an on/off flag such as --overwrite takes no value; --no-overwrite is off)"
         raise ConfigError(f"job file {p}: no such file{hint}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None

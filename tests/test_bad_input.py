@@ -121,6 +121,13 @@ def test_job_file_with_unknown_key(tmp_path):
         load_jobs([str(job)], {}, environ={})
 
 
+def test_a_value_given_to_an_on_off_flag_is_explained(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hint = r"\(an on/off flag such as --overwrite takes no value; --no-overwrite is off\)"
+    with pytest.raises(ConfigError, match=r"job file false: no such file " + hint):
+        load_jobs(["false"], {}, environ={})
+
+
 def test_job_file_with_its_keys_under_a_table(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[job]\nworkload = "map"\nfunction = "m:f"\ngrid = { a = [1] }\n')
