@@ -12,13 +12,8 @@ import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
-from pipeline.dataset import (
-    WHOLE_FILE_BYTES,
-    chunk_boundaries,
-    discover,
-    plan_chunks,
-    read_task_rows,
-)
+from pipeline.chunks import chunk_boundaries, plan_chunks
+from pipeline.dataset import WHOLE_FILE_BYTES, discover
 from pipeline.errors import ConfigError
 from pipeline.planning import (
     Plan,
@@ -44,6 +39,7 @@ from pipeline.sizing import (
     target_seconds,
 )
 from pipeline.storage import LocalStore
+from pipeline.task_rows import read_task_rows
 from pipeline.workload import Task
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload, write_regression_data
 

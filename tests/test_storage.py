@@ -689,7 +689,9 @@ def test_fault_proxy_concurrent_clients(s3):
 def test_s3_task_reads_one_get_per_file(s3, s3_bucket, monkeypatch):
     """A task's row groups come in one ranged GET per file, not one per column chunk;
     a small file in one GET, footer included."""
-    from pipeline.dataset import discover, plan_chunks, read_task_rows
+    from pipeline.chunks import plan_chunks
+    from pipeline.dataset import discover
+    from pipeline.task_rows import read_task_rows
 
     rows_per_chunk, chunks = 1000, 64
     rng = np.random.default_rng(3)

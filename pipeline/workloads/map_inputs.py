@@ -137,7 +137,8 @@ class DataInput:
 
     def __init__(self, data: str, chunk_by: tuple[str, ...], chunk_rows: int | None,
                  columns: tuple[str, ...]):  # fmt: skip
-        from ..dataset import check_columns, discover, plan_chunks
+        from ..chunks import plan_chunks
+        from ..dataset import check_columns, discover
 
         if chunk_by and chunk_rows:
             raise ConfigError("give chunk_by or chunk_rows, not both")
@@ -158,7 +159,7 @@ class DataInput:
         self.n_units = self.index.n_chunks
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
-        from ..dataset import read_task_rows
+        from ..task_rows import read_task_rows
 
         rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
         frame = rows.table.to_pandas()

@@ -25,10 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from ...dataset import ChunkIndex, Dataset, check_columns, discover, plan_chunks, read_task_rows
+from ...chunks import ChunkIndex, plan_chunks
+from ...dataset import Dataset, check_columns, discover
 from ...errors import ConfigError, InputError
 from ...layout import part_key
 from ...storage import Store, join, read_parquet_tables
+from ...task_rows import read_task_rows
 from ...workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
@@ -203,7 +205,7 @@ class RegressionWorkload(Workload):
 
     def natural_boundaries(self) -> np.ndarray:
         """Chunks starting a row group (or file): tasks cut there read disjoint data."""
-        from ...dataset import chunk_boundaries
+        from ...chunks import chunk_boundaries
 
         return chunk_boundaries(self.dataset, self.index)
 
@@ -255,7 +257,7 @@ class RegressionWorkload(Workload):
         )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
-        from ...dataset import READS
+        from ...task_rows import READS
 
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)
