@@ -99,7 +99,7 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
     try:
         return pa.concat_tables([t for _, t in parts], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        from .workloads.map import differing_units
+        from .workloads.map_rows import differing_units
 
         message = differing_units([t for _, t in parts], [f"from {f}" for f, _ in parts], exc)
         raise InputError(message) from None
