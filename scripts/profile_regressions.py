@@ -120,7 +120,15 @@ def profile(name: str, engine: str, root: Path, args) -> None:
 def line_profile(w, task, store) -> None:
     from line_profiler import LineProfiler
 
-    from pipeline.workloads.regressions import batched, design, engine, fit, taskfits, workload
+    from pipeline.workloads.regressions import (
+        batched,
+        design,
+        engine,
+        fit,
+        patsy_fast,
+        taskfits,
+        workload,
+    )
 
     lp = LineProfiler()
     for fn in (
@@ -131,7 +139,7 @@ def line_profile(w, task, store) -> None:
         engine._fit_stacks,
         batched._solve_stack,
         design.TaskDesign._formula_once,
-        design._design_once,
+        patsy_fast.design_once,
         taskfits.TaskFits.models_columns,
         taskfits.TaskFits.coefficient_columns,
         fit.fit_chunk,

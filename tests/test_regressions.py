@@ -809,11 +809,11 @@ def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
 def test_dictionary_strings_code_like_patsy_on_the_rows_read():
     """String columns read as dictionaries: levels are the values the rows use, sorted,
     whatever each row group's dictionary holds (here an unused "zz" and other orders)."""
-    from pipeline.workloads.regressions.design import _coded_columns
+    from pipeline.workloads.regressions.patsy_fast import coded_columns
 
     a = pa.array(["b", "a", "b"]).dictionary_encode()
     b = pa.DictionaryArray.from_arrays(pa.array([2, 1, 2], pa.int32()), pa.array(["zz", "é", "c"]))
     table = pa.table({"s": pa.chunked_array([a, b])})
-    coded = _coded_columns(table)["s"]
+    coded = coded_columns(table)["s"]
     assert list(coded.categories) == ["a", "b", "c", "é"]
     assert list(coded) == ["b", "a", "b", "c", "é", "c"]

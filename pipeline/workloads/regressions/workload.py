@@ -156,7 +156,7 @@ class RegressionWorkload(Workload):
     def _check_formula(self, rows) -> None:
         import patsy
 
-        from .design import _keep_all_na
+        from .patsy_fast import keep_all_na
         from .spec import eval_env, model_desc
 
         try:
@@ -164,7 +164,7 @@ class RegressionWorkload(Workload):
                 model_desc(self.spec.formula),
                 rows.table.to_pandas(),
                 eval_env=eval_env(),
-                NA_action=_keep_all_na(),
+                NA_action=keep_all_na(),
                 return_type="matrix",
             )
         except Exception as exc:
