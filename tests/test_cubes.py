@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from pipeline import load_jobs, read_shard, run_job
+from pipeline import InputError, load_jobs, read_shard, run_job
 from pipeline.workloads.cubes import cube_columns
 
 
@@ -64,6 +64,34 @@ def test_cube_content_matches_the_definition(tmp_path, frames_dir, client, per_l
     if not per_layer:
         # The same columns in every layer, drawn from (seed, cube id) alone.
         np.testing.assert_array_equal(manifest["columns"][5], cube_columns(3, 5, 10, 30, False))
+
+
+def test_frames_whose_first_column_is_a_date_build_cubes(tmp_path, client):
+    # Column 0 is never drawn (a frame's date or index): its type does not matter.
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(10):
+        df = pd.DataFrame(
+            rng.normal(size=(12, 14)).astype("float32"), columns=list("abcdefghijklmn")
+        )
+        df.insert(0, "date", pd.date_range("2024-01-01", periods=12))
+        df.to_parquet(folder / f"day-{i:02d}.parquet")
+    out = tmp_path / "out"
+    assert run(cube_job(out, folder, cubes=8), client).complete
+    dfs = frames(folder)
+    for row in load_manifest(out).itertuples():
+        cube = read_shard((out / row.shard).read_bytes())[row.offset]
+        expected = [
+            dfs[f].iloc[:10, np.asarray(row.columns)].to_numpy("float64") for f in range(10)
+        ]
+        np.testing.assert_array_equal(cube, np.stack(expected))
+    # Elsewhere, a date is still refused, by name.
+    df = pd.read_parquet(folder / "day-03.parquet")
+    df["c"] = df["date"]
+    df.to_parquet(folder / "day-03.parquet")
+    with pytest.raises(InputError, match=r"day-03\.parquet: column 'c' has type timestamp"):
+        run(cube_job(tmp_path / "out2", folder, cubes=8), client)
 
 
 def test_cube_columns_depend_on_seed_and_cube_id_only():

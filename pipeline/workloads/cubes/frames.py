@@ -96,11 +96,11 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
                 schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"frame {where}: not a readable parquet file ({exc})") from exc
-        for fld in schema:
+        for fld in list(schema)[1:]:  # column 0 (a date, an index) is never drawn
             if not (pa.types.is_floating(fld.type) or pa.types.is_integer(fld.type)):
                 raise InputError(
                     f"frame {where}: column {fld.name!r} has type {fld.type}; "
-                    "expected numbers (float or integer)"
+                    "expected numbers (float or integer) in every column after the first"
                 )
         if meta.num_rows < dim:
             raise InputError(
