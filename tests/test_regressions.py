@@ -484,6 +484,7 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ({"formula": "y ~ x1 + nope"}, InputError, "no column 'nope'"),
         ({"formula": "y ~ x1 +"}, ConfigError, "does not parse"),
         ({"formula": "y ~ np.lgo(x1)"}, ConfigError, "cannot be evaluated"),
+        ({"formula": "y ~ lgo(x1)"}, ConfigError, r"lgo\(\) is not a function a formula knows"),
         (  # patsy makes a True/False response two columns
             {"model": "logit", "formula": "I(y > 0) ~ x1"},
             ConfigError,

@@ -325,6 +325,16 @@ def analyze_formula(formula: str) -> FormulaInfo:
             except SyntaxError as exc:
                 raise ConfigError(f"formula {formula!r}: {code!r} is not valid: {exc}") from None
             for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id not in known
+                ):
+                    raise ConfigError(
+                        f"formula {formula!r}: {node.func.id}() is not a function a formula "
+                        "knows; it has numpy as np (np.log), Python's builtins and patsy's "
+                        "(C, I, Q, center, standardize, bs, cr, cc, te)"
+                    )
                 if isinstance(node, ast.Name) and node.id not in known:
                     columns[node.id] = None
                 elif isinstance(node, ast.Name) and node.id in _STATEFUL:
