@@ -128,6 +128,8 @@ class JobSample:
     #: Whether a run of the job probes (False: a job too small to, or --units-per-task).
     probed: bool = True
     probe_tasks: int = 0
+    #: The tasks' CPU seconds over their wall seconds (None: not measured).
+    cpu_share: float | None = None
 
 
 @dataclass
@@ -201,6 +203,12 @@ def project(
     binding = max(order, key=lambda k: limits[k])
     wall = float(limits[binding])
     notes = []
+    if binding == "cpu" and sample.cpu_share is not None and sample.cpu_share < 0.5:
+        notes.append(
+            f"the probes' tasks were on the CPU {sample.cpu_share:.0%} of their time (they "
+            "waited: sleep, network, disk), so the workers' time binds, not their cores: "
+            "more workers than cores would overlap the waits"
+        )
     if w > SCHEDULER_WORKER_WALL:
         notes.append(
             f"{w:,} workers: the reference deployment found about {SCHEDULER_WORKER_WALL} the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
-from pipeline.cost import JobSample, parse_fleet, project
+from pipeline.cost import Fleet, JobSample, parse_fleet, project
 from pipeline.errors import ConfigError
 from pipeline.estimate import estimate
 from pipeline.prices import load_prices, worker_price
@@ -142,6 +143,15 @@ def test_the_projection_names_the_limit_that_binds():
     sample = JobSample(CostModel(0.0015, 0.2, 0.0, 0.002), 119, 13.5, workers=2)
     small = project(make_layout(200), sample, fleet)
     assert small.tasks == 200 and small.wall_seconds == pytest.approx(0.2015, abs=0.01)
+
+
+def test_a_projection_of_waiting_tasks_says_the_cores_are_not_what_binds():
+    here = Fleet(None, 1, 2, 0.085, "this cluster")
+    waits = dataclasses.replace(_sample(per_unit=0.2), cpu_share=0.08)
+    (note,) = project(make_layout(200), waits, here).notes
+    assert note.startswith("the probes' tasks were on the CPU 8% of their time")
+    computes = dataclasses.replace(_sample(per_unit=0.2), cpu_share=0.95)
+    assert project(make_layout(200), computes, here).notes == []
 
 
 def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, client):
