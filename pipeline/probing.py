@@ -98,10 +98,14 @@ def probe(
                 sizes = aligned_probes(layout, sum(plan.head), sizes)
             elif first_round:  # a warm-up per worker first: each worker's first to start
                 warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
-                # A large and a small probe for every other worker: two sizes to fit
-                # a line through, at a round of two tasks per worker, not three.
-                pairs = -(-n_workers // 2)
-                sizes = warm_ups + probe_round(g, large, pairs, left - sum(warm_ups))
+                # A large probe for every worker and a small one for every other: two
+                # sizes to fit a line through, and rounds that differ by a small task
+                # between workers. (A large and a small for every other worker left
+                # the others idle through the large ones: 7 s of 0.5 s units.)
+                rest = left - sum(warm_ups)
+                larges = probe_round(None, large, n_workers, rest)
+                smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
+                sizes = warm_ups + larges + smalls
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         ranges = {t.index: (t.start, t.stop) for t in round_}

@@ -55,7 +55,7 @@ def _manifest_parts(out, job="sq"):
 
 def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     # At least 10 ms per unit. A first round of a warm-up unit per worker (left out of
-    # the fit), then a task of 16 units and one of 1 (for every other worker); then rounds of one
+    # the fit), then a task of 16 units per worker and one of 1 for every other; then rounds of one
     # large task per worker, two measured rounds at least, until the large one lasts
     # 0.1 s. The rest is cut into tasks of about 1 s, in whole rounds of 2 tasks.
     s = run_job(
@@ -66,8 +66,8 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
     assert s.complete and s.units_run == 300 and s.units_failed == 0
     assert record["plan_format"] == 2 and record["units_per_task"] is None
     assert s.probe_tasks == len(head) and stops[-1] == 300 and stops == sorted(stops)
-    assert head[:4] == [1, 1, 16, 1]
-    rounds = [head[2:3]] + [head[i : i + 2] for i in range(4, len(head), 2)]
+    assert head[:5] == [1, 1, 16, 16, 1]
+    rounds = [head[2:4]] + [head[i : i + 2] for i in range(5, len(head), 2)]
     assert len(rounds) >= 2
     assert all(r[0] == r[-1] for r in rounds)
     assert [r[0] for r in rounds] == sorted(r[0] for r in rounds)
@@ -81,28 +81,28 @@ def test_probe_tasks_measure_the_rate_and_size_the_rest(tmp_path, client):
 
 
 def test_the_rest_starts_once_a_probe_settles_the_cut_not_after_the_slowest(tmp_path, client):
-    # 300 units of 10 ms on 2 workers: round 1 is [1, 1, 16, 1], round 2 two probes of
+    # 300 units of 10 ms on 2 workers: round 1 is [1, 1, 16, 16, 1], round 2 two probes of
     # 30-38 units (aimed at 0.4 s, at most a quarter of a worker's share), each with a
     # follower of its size queued behind it, and the first probe to finish settles the
-    # cut. The other holds unit 70, 1.5 s slower: the followers and the rest's tasks
+    # cut. The other holds unit 80, 1.5 s slower: the followers and the rest's tasks
     # run on the free worker meanwhile, without waiting for it.
     s = run_job(
-        SquaresWorkload("sq", 300, unit_seconds=0.01, slow=(70, 1.5)),
+        SquaresWorkload("sq", 300, unit_seconds=0.01, slow=(80, 1.5)),
         options(tmp_path),
         client,
         echo=lambda m: None,
     )
     head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]
     assert s.complete and s.units_run == 300
-    assert head[:4] == [1, 1, 16, 1] and len(head) == 8 and 30 <= head[4] <= 38
-    assert head[4] == head[5] == head[6] == head[7]
+    assert head[:5] == [1, 1, 16, 16, 1] and len(head) == 9 and 30 <= head[5] <= 38
+    assert head[5] == head[6] == head[7] == head[8]
     timings = {t["index"]: t for t in s.task_timings}
-    slow = timings[5]  # units 19 + head[4] .. 18 + 2 * head[4]: unit 70 among them
+    slow = timings[6]  # units 35 + head[5] .. 34 + 2 * head[5]: unit 80 among them
     slow_end = slow["start"] + slow["seconds"]
     assert slow["seconds"] > 1.5
     rest = [t for i, t in timings.items() if i >= len(head)]
     assert rest and min(t["start"] for t in rest) < slow_end - 0.5
-    meanwhile = [t for i, t in timings.items() if i >= 6 and t["start"] < slow_end]
+    meanwhile = [t for i, t in timings.items() if i >= 7 and t["start"] < slow_end]
     assert sum(t["units"] for t in meanwhile) > 100
     assert _values(tmp_path) == {f"{u:05d}": b"%d" % (u * u) for u in range(300)}
 
