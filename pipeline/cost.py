@@ -206,8 +206,9 @@ def project(
     if binding == "cpu" and sample.cpu_share is not None and sample.cpu_share < 0.5:
         notes.append(
             f"the probes' tasks were on the CPU {sample.cpu_share:.0%} of their time (they "
-            "waited: sleep, network, disk), so the workers' time binds, not their cores: "
-            "more workers than cores would overlap the waits"
+            "waited: sleep, network, disk, or processes they started, whose CPU is not "
+            "counted), so the workers' time binds, not their cores: more workers than "
+            "cores would overlap the waits"
         )
     if w > SCHEDULER_WORKER_WALL:
         notes.append(

@@ -208,8 +208,8 @@ def bottleneck(s: RunSummary) -> str | None:
         return (
             f"wait-bound: {w} workers busy {eff:.0%} of the run, on the CPU "
             f"{s.cpu_seconds / tasks_seconds:.0%} of that time (the tasks waited: sleep, "
-            "network, disk); more workers (--workers, even beyond the cores) would "
-            "overlap more waits"
+            "network, disk, or processes they started, whose CPU is not counted); more "
+            "workers (--workers, even beyond the cores) would overlap more waits"
         )
     return f"CPU-bound: {w} workers busy {eff:.0%} of the run"
 
