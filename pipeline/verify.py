@@ -9,19 +9,23 @@ a workload with a manifest of its own kind overrides ``Workload.verify_job``.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
+import os
 import re
+import socket
 from dataclasses import dataclass, field
 
 import xxhash
 
 from . import registry
 from .errors import InputError
-from .layout import consolidated_manifest_key, job_folder, job_records
+from .layout import consolidated_manifest_key, job_folder, job_records, lock_key, manifest_key
 from .storage import Store, join, open_store, read_parquet_object
+from .workload import Task
 
-__all__ = ["JobCheck", "check_listed_objects", "read_manifest", "verify_output"]
+__all__ = ["JobCheck", "check_listed_objects", "read_manifest", "repair_job", "verify_output"]
 
 
 @dataclass
@@ -36,6 +40,11 @@ class JobCheck:
     corrupt: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     incomplete: str | None = None
+    #: The first unit of each manifest entry whose objects are missing or corrupt:
+    #: their tasks are what ``repair`` marks to run again.
+    damaged_units: set[int] = field(default_factory=set)
+    #: The tasks ``repair`` marked to run again.
+    repaired: list[Task] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -44,9 +53,12 @@ class JobCheck:
         )
 
 
-def verify_output(url: str, job_ids: list[str] | None = None) -> list[JobCheck]:
+def verify_output(
+    url: str, job_ids: list[str] | None = None, *, repair: bool = False
+) -> list[JobCheck]:
     """Check every job under ``url`` (or only ``job_ids``), or the job whose own folder
-    ``url`` is."""
+    ``url`` is. With ``repair``, the tasks whose objects are missing or corrupt are
+    marked to run again (:func:`repair_job`)."""
     if not job_ids:
         url, job = job_folder(url)
         job_ids = [job] if job else None
@@ -71,8 +83,48 @@ def verify_output(url: str, job_ids: list[str] | None = None) -> list[JobCheck]:
         listed = workload.verify_job(store, job_id, record, manifest, check)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
+        if repair and check.damaged_units:
+            check.repaired = repair_job(store, job_id, record, manifest, check.damaged_units)
         checks.append(check)
     return checks
+
+
+def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[int]) -> list[Task]:
+    """Mark the tasks holding the ``damaged`` units to run again: their objects (all of
+    them, so a task reruns whole: a ``map`` task with recorded failures would
+    otherwise rerun only those) and their manifest entries are deleted, and the job's
+    consolidated manifest with them, so the next run of the job's command resumes
+    with those tasks alone and writes the bytes they wrote before. Under the job's
+    lock: not while a run of the job is writing it."""
+    from .errors import JobRunning
+    from .planning import Plan
+
+    plan = Plan(list(record.get("head") or []), record.get("units_per_task"), record.get("stops"))
+    tasks = plan.tasks(record["units"])
+    starts = [t.start for t in tasks]
+    hit = sorted(
+        {tasks[bisect.bisect_right(starts, u) - 1] for u in damaged if tasks and u >= 0},
+        key=lambda t: t.index,
+    )
+    unit = next(c for c in ("unit_start", "chunk_start", "cube_id") if c in manifest)
+    keys = "object" if "object" in manifest else "shard"
+    owner = f"pipeline verify --repair, pid {os.getpid()} on {socket.gethostname()}"
+    try:
+        with store.hold(lock_key(job_id), owner):
+            store.delete_prefix(consolidated_manifest_key(job_id))
+            for task in hit:
+                # The entry first: a repair stopped midway leaves a task to rerun, never
+                # an entry that lists deleted objects.
+                store.delete_prefix(manifest_key(job_id, task.index))
+                mine = manifest[(manifest[unit] >= task.start) & (manifest[unit] < task.stop)]
+                for key in sorted(set(mine[keys])):
+                    store.delete_prefix(key)
+    except BlockingIOError as exc:
+        raise JobRunning(
+            f"job {job_id!r} in {store.url} is running ({exc.strerror}): repair it once "
+            "that run has ended"
+        ) from None
+    return hit
 
 
 #: Objects a job writes about itself besides what its manifests list.
@@ -132,11 +184,13 @@ def check_listed_objects(
             data = store.read_bytes(row.object)
         except FileNotFoundError:
             check.missing.append(where)
+            check.damaged_units.add(int(getattr(row, start)))
             continue
         check.objects_checked += 1
         actual = xxhash.xxh3_64_hexdigest(data)
         if actual != row.checksum:
             check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
+            check.damaged_units.add(int(getattr(row, start)))
         elif on_object is not None:
             on_object(row, data)
     if not coverage:
@@ -169,19 +223,23 @@ def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
                 data = store.read_bytes(shard_key)
             except FileNotFoundError:
                 check.missing.append(where)
+                check.damaged_units.add(int(rows["cube_id"].min()))
                 continue
             check.objects_checked += 1
             try:
                 cubes = np.load(io.BytesIO(data))
             except ValueError as exc:
                 check.corrupt.append(f"{where}: not a readable .npy ({exc})")
+                check.damaged_units.add(int(rows["cube_id"].min()))
                 continue
             for row in rows.itertuples():
                 if row.offset >= cubes.shape[-1]:
                     check.corrupt.append(f"{where}: no cube at offset {row.offset}")
+                    check.damaged_units.add(int(row.cube_id))
                     continue
                 actual = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cubes[..., row.offset].T))
                 if actual != row.checksum:
+                    check.damaged_units.add(int(row.cube_id))
                     check.corrupt.append(
                         f"{where}[{row.offset}] (cube {row.cube_id}): "
                         f"checksum {actual} != manifest {row.checksum}"

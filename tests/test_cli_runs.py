@@ -140,6 +140,29 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert "plan:" not in first.stdout and "probe" not in first.stdout
 
 
+def test_a_damaged_output_is_repaired_by_verify_repair_and_a_rerun(tmp_path, frames_dir):
+    args = ["run", "--frames", frames_dir, "--dim", 6, "--cubes", 40, "--cubes-per-shard", 8,
+            "--units-per-task", 8, "--output", tmp_path]  # fmt: skip
+    assert pipeline(*args).returncode == 0
+    shard = tmp_path / "cubes" / "shards" / "000002.npy"
+    original = shard.read_bytes()
+    shard.unlink()
+    found = pipeline("verify", tmp_path)
+    assert found.returncode == 1 and "missing: " in found.stdout
+    assert "`pipeline verify --repair` marks the damaged tasks to run again" in found.stdout
+    marked = pipeline("verify", tmp_path, "--repair")
+    assert marked.returncode == 1
+    assert (
+        "repair: 1 task(s) (units 16-23) marked to run again: run the job's command "
+        "again (without --overwrite) to redo them" in marked.stdout
+    ), marked.stdout
+    again = pipeline(*args)
+    assert again.returncode == 0 and "8 of 8 cubes" in again.stdout, again.stdout
+    assert "resuming: 32 of 40 cubes already complete" in again.stderr
+    assert shard.read_bytes() == original
+    assert pipeline("verify", tmp_path).returncode == 0
+
+
 def test_recorded_chunk_failures_are_not_offered_a_rerun(tmp_path):
     data = tmp_path / "data"
     made = pipeline("data", "regressions", "--chunks", 4, "--rows", 30, "--out", data)

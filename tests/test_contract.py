@@ -171,3 +171,31 @@ def test_verify_finds_a_missing_a_corrupt_and_an_extra_object(name, tmp_path, cl
     assert any(listed[0] in m for m in check.missing), check
     assert any(listed[-1] in c for c in check.corrupt), check
     assert check.extra == [f"{out}/job/notes.txt"]
+
+
+def test_verify_repair_reruns_only_the_damaged_tasks_to_the_same_bytes(
+    name, tmp_path, client, frames_dir
+):
+    out = tmp_path / "out"
+    first = run(client, build(name, tmp_path, frames_dir), out)
+    clean = digest(out)
+    manifest = pq.read_table(out / consolidated_manifest_key("job")).to_pandas()
+    listed = sorted(set(manifest["shard" if "shard" in manifest else "object"]))
+    before = {key: (out / key).read_bytes() for key in listed}
+    (out / listed[0]).unlink()
+    (out / listed[-1]).write_bytes(before[listed[-1]][:-1] + b"\x00")
+    (check,) = verify_output(str(out))
+    assert not check.ok and check.damaged_units and not check.repaired
+    (check,) = verify_output(str(out), repair=True)
+    assert 1 <= len(check.repaired) <= 2, check.repaired
+    assert not (out / consolidated_manifest_key("job")).exists()
+    assert not (out / listed[0]).exists() and not (out / listed[-1]).exists()
+    again = run(client, build(name, tmp_path, frames_dir), out)
+    assert again.complete and again.tasks_skipped == first.tasks - len(check.repaired)
+    assert digest(out) == clean
+    timed = {key for key in listed if "/timings/" in key}  # timings are what they are
+    assert {k: (out / k).read_bytes() for k in listed if k not in timed} == {
+        k: data for k, data in before.items() if k not in timed
+    }
+    (check,) = verify_output(str(out))
+    assert check.ok, check

@@ -132,7 +132,13 @@ def certs_command(out, days, hosts, overwrite) -> None:
 @click.command("verify")
 @click.argument("output")
 @click.option("--job", "jobs", multiple=True, help="Only this job id (repeatable).")
-def verify_command(output, jobs) -> None:
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Mark the tasks whose objects are missing or corrupt to run again (their "
+    "objects and manifest entries are deleted); the job's command, run again, redoes them.",
+)
+def verify_command(output, jobs, repair) -> None:
     """Check OUTPUT (a folder or s3:// prefix, or one job's folder) against its manifests.
 
     Reports objects that are missing, extra (not in any manifest), corrupt
@@ -142,7 +148,7 @@ def verify_command(output, jobs) -> None:
     from ..verify import verify_output
 
     try:
-        checks = verify_output(output, list(jobs) or None)
+        checks = verify_output(output, list(jobs) or None, repair=repair)
     except PipelineError as exc:
         raise click.ClickException(str(exc)) from exc
     bad = False
@@ -166,6 +172,18 @@ def verify_command(output, jobs) -> None:
                 click.echo(f"  ... {len(items) - 10} more {label}")
         if c.incomplete:
             click.echo(f"  incomplete: {c.incomplete}")
+        if c.repaired:
+            spans = ", ".join(f"{t.start}-{t.stop - 1}" for t in c.repaired[:10])
+            more = f" and {len(c.repaired) - 10} more" if len(c.repaired) > 10 else ""
+            click.echo(
+                f"  repair: {len(c.repaired)} task(s) (units {spans}{more}) marked to run "
+                "again: run the job's command again (without --overwrite) to redo them"
+            )
+        elif c.damaged_units:
+            click.echo(
+                "  `pipeline verify --repair` marks the damaged tasks to run again, and the "
+                "job's command then redoes them alone"
+            )
         bad |= not c.ok
     if bad:
         sys.exit(1)

@@ -19,6 +19,7 @@ def check_regressions(store: Store, manifest, check: JobCheck) -> set[str]:
             ids = read_parquet(data, columns=["chunk_id"]).column(0)
         except Exception as exc:
             check.corrupt.append(f"{store.describe(row.object)}: not a readable table ({exc})")
+            check.damaged_units.add(int(row.chunk_start))
             return
         for cid in ids.to_pylist():
             seen[cid] = seen.get(cid, 0) + 1
