@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import RunOptions, registry, run_job
-from pipeline.layout import consolidated_manifest_key, manifest_key
+from pipeline.errors import JobRunning
+from pipeline.layout import consolidated_manifest_key, lock_key, manifest_key
 from pipeline.results import concat_parts, job_tables
 from pipeline.storage import LocalStore
 from pipeline.verify import verify_output
@@ -199,3 +200,16 @@ def test_verify_repair_reruns_only_the_damaged_tasks_to_the_same_bytes(
     }
     (check,) = verify_output(str(out))
     assert check.ok, check
+
+
+def test_verify_repair_waits_for_no_run_of_the_job(tmp_path, client, frames_dir):
+    out = tmp_path / "out"
+    run(client, build("squares", tmp_path, frames_dir), out)
+    manifest = pq.read_table(out / consolidated_manifest_key("job")).to_pandas()
+    (out / manifest["object"][0]).unlink()
+    with (
+        LocalStore(out).hold(lock_key("job"), "a run"),
+        pytest.raises(JobRunning, match="is running"),
+    ):
+        verify_output(str(out), repair=True)
+    assert (out / manifest_key("job", 0)).exists()  # nothing deleted
