@@ -102,17 +102,20 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
     plan = Plan(list(record.get("head") or []), record.get("units_per_task"), record.get("stops"))
     tasks = plan.tasks(record["units"])
     starts = [t.start for t in tasks]
-    hit = sorted(
-        {tasks[bisect.bisect_right(starts, u) - 1] for u in damaged if tasks and u >= 0},
-        key=lambda t: t.index,
-    )
-    unit = next(c for c in ("unit_start", "chunk_start", "cube_id") if c in manifest)
+    hit: set[Task] = set()
+    for u in damaged:
+        task = tasks[bisect.bisect_right(starts, u) - 1] if starts else None
+        if task is not None and task.start <= u < task.stop:
+            hit.add(task)
+    unit = next((c for c in ("unit_start", "chunk_start", "cube_id") if c in manifest), None)
     keys = "object" if "object" in manifest else "shard"
+    if unit is None or keys not in manifest:
+        return []  # a manifest of the workload's own kind: not one this can map to tasks
     owner = f"pipeline verify --repair, pid {os.getpid()} on {socket.gethostname()}"
     try:
         with store.hold(lock_key(job_id), owner):
             store.delete_prefix(consolidated_manifest_key(job_id))
-            for task in hit:
+            for task in sorted(hit, key=lambda t: t.index):
                 # The entry first: a repair stopped midway leaves a task to rerun, never
                 # an entry that lists deleted objects.
                 store.delete_prefix(manifest_key(job_id, task.index))
@@ -124,7 +127,7 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
             f"job {job_id!r} in {store.url} is running ({exc.strerror}): repair it once "
             "that run has ended"
         ) from None
-    return hit
+    return sorted(hit, key=lambda t: t.index)
 
 
 #: Objects a job writes about itself besides what its manifests list.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,7 +117,9 @@ def test_a_driver_killed_with_sigkill_leaves_no_warning(tmp_path, frames_dir):
     assert "leaked" not in stderr, stderr
     # A worker that was sending a result to the driver when it died logs that its peer
     # went away (Dask's own report, which is true); any other traceback is a defect.
-    for report in stderr.split("Traceback (most recent call last):")[1:]:
+    # (A record is one log line and its traceback, chained exceptions included.)
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - )", stderr)
+    for report in [r for r in records if "Traceback (most recent call last):" in r]:
         assert "CommClosedError" in report and PACKAGE_DIR not in report, stderr
 
 
