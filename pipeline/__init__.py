@@ -12,6 +12,7 @@ from .runner import run_job
 from .storage import LocalStore, Store, open_file, open_store
 from .summary import RunSummary
 from .usercode import unit_seed
+from .verify import JobCheck, verify_output
 from .workload import Task, TaskOutput, UnitFailure, Workload
 from .workloads.cubes import CubeJob, CubeWorkload
 from .workloads.cubes.shards import read_shard
@@ -28,6 +29,8 @@ __all__ = [
     "run_job",
     "run_jobs",
     "results_table",
+    "verify_output",
+    "JobCheck",
     # workloads
     "CubeJob",
     "CubeWorkload",
