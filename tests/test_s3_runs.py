@@ -195,3 +195,21 @@ def test_a_map_over_files_on_s3_reads_them_with_open_file(s3, s3_bucket):
     assert table.column("file").to_pylist() == [s3.url(prefix=f"texts/t{i}.txt") for i in range(3)]
     with pipeline.open_file(s3.url(prefix="texts/t2.txt")) as f:
         assert f.read() == b"line\nline\n" and not isinstance(f.read(), str)
+
+
+def test_a_shard_deleted_on_s3_is_repaired_to_its_bytes(s3, s3_bucket, frames_dir):
+    output = f"s3://{BUCKET}/repaired"
+    with connect(RunOptions(workers=2)) as client:
+        job = cube_job(frames_dir, output)
+        assert run_job(job.build(), job.options, client, echo=lambda m: None).complete
+        key = "repaired/cubes/shards/000005.npy"
+        original = s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        s3.client().delete_object(Bucket=BUCKET, Key=key)
+        (check,) = verify_output(output, repair=True)
+        assert not check.ok and [(t.start, t.stop) for t in check.repaired] == [(16, 24)]
+        again = cube_job(frames_dir, output)
+        summary = run_job(again.build(), again.options, client, echo=lambda m: None)
+    assert summary.complete and summary.units_run == 8 and summary.units_skipped == 40
+    assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read() == original
+    (check,) = verify_output(output)
+    assert check.ok and check.units_ok == 48
