@@ -81,8 +81,28 @@ def load_jobs(
         job_id = settings.name or jf.stem or kind
         check_job_id(job_id)
         jobs.append(Job(kind, options, settings, job_id, jf.path))
+    _check_distinct(jobs)
     _warn_misspelled_variables(environ, [type(job.settings) for job in jobs])
     return jobs
+
+
+def _check_distinct(jobs: list[Job]) -> None:
+    """Two jobs of one command writing one job folder: the second would find the
+    first's output (and refuse its other settings, or call itself complete), after the
+    first had run."""
+    seen: dict[tuple[str, str], Job] = {}
+    for job in jobs:
+        out = job.options.output
+        where = (out.rstrip("/") if "://" in out else os.path.abspath(out), job.job_id)
+        if where in seen:
+            first = seen[where]
+            if first.source == job.source:
+                raise ConfigError(f"job file {job.source} is given twice")
+            raise ConfigError(
+                f"job files {first.source} and {job.source} both write job {job.job_id!r} to "
+                f"{out}: give one a name of its own (name = ...) or another output"
+            )
+        seen[where] = job
 
 
 def _warn_misspelled_variables(environ: Mapping[str, str], loaded: list[type]) -> None:

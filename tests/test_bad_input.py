@@ -128,6 +128,19 @@ def test_a_value_given_to_an_on_off_flag_is_explained(tmp_path, monkeypatch):
         load_jobs(["false"], {}, environ={})
 
 
+def test_two_job_files_writing_one_job_folder_are_refused_before_either_runs(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text('workload = "map"\nname = "grid"\nfunction = "m:f"\ngrid = { x = [1] }\n')
+    b.write_text('workload = "map"\nname = "grid"\nfunction = "m:f"\ngrid = { x = [2] }\n')
+    out = {"output": str(tmp_path / "out")}
+    with pytest.raises(ConfigError, match=r"a\.toml and .*b\.toml both write job 'grid' to "):
+        load_jobs([str(a), str(b)], out, environ={})
+    with pytest.raises(ConfigError, match=r"a\.toml is given twice"):
+        load_jobs([str(a), str(a)], out, environ={})
+    b.write_text('workload = "map"\nname = "other"\nfunction = "m:f"\ngrid = { x = [2] }\n')
+    assert [j.job_id for j in load_jobs([str(a), str(b)], out, environ={})] == ["grid", "other"]
+
+
 def test_job_file_with_its_keys_under_a_table(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[job]\nworkload = "map"\nfunction = "m:f"\ngrid = { a = [1] }\n')
