@@ -19,6 +19,7 @@ from .storage import join, open_store
 
 __all__ = [
     "check_job_id",
+    "completed_tasks",
     "job_folder",
     "job_records",
     "job_record_key",
@@ -91,3 +92,14 @@ def shard_key(job_id: str, shard: int) -> str:
 
 def lock_key(job_id: str) -> str:
     return join("_locks", job_id)
+
+
+def completed_tasks(store, job_id: str) -> set[int]:
+    """The indices of the job's tasks that wrote their manifest entry (all their data
+    is written)."""
+    done = set()
+    for key in store.list(manifest_prefix(job_id)):
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith("part-") and name.endswith(".parquet"):
+            done.add(int(name[5:-8]))
+    return done

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import PurePosixPath
 
 import pyarrow as pa
@@ -18,10 +19,24 @@ import pyarrow.parquet as pq
 
 from . import registry
 from .errors import ConfigError, InputError
-from .layout import job_folder, job_record_key, job_records
+from .layout import (
+    completed_tasks,
+    consolidated_manifest_key,
+    job_folder,
+    job_record_key,
+    job_records,
+)
 from .storage import Store, join, open_store, read_parquet_object
 
-__all__ = ["find_job", "job_tables", "results_table", "summarize", "write_results"]
+__all__ = [
+    "IncompleteJob",
+    "find_job",
+    "incomplete_note",
+    "job_tables",
+    "results_table",
+    "summarize",
+    "write_results",
+]
 
 
 def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
@@ -90,7 +105,29 @@ def results_table(output: str, table: str | None = None, job: str | None = None)
         )
     parts = [(first, read_parquet_object(store, key)) for first, key in tables[table]]
     result = concat_parts(store, parts)
+    note = incomplete_note(store, job_id, record)
+    if note:
+        warnings.warn(f"{store.describe(job_id)}: {note}", IncompleteJob, stacklevel=2)
     return workload.assemble_table(store, job_id, table, result, tables)
+
+
+class IncompleteJob(UserWarning):
+    """The table is of a job whose run has not finished: its completed tasks' rows."""
+
+
+def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
+    """What is missing from a job whose run has not finished, or None once it has."""
+    from .planning import Plan
+
+    if store.exists(consolidated_manifest_key(job_id)):
+        return None
+    plan = Plan(list(record.get("head") or []), record.get("units_per_task"), record.get("stops"))
+    done = completed_tasks(store, job_id)
+    units = sum(t.stop - t.start for t in plan.tasks(record["units"]) if t.index in done)
+    return (
+        f"the job's run has not finished: these are the rows of {units:,} of its "
+        f"{record['units']:,} units; run the job again to finish it"
+    )
 
 
 def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
@@ -149,10 +186,15 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     job_id, record = find_job(output, job)
     workload = registry.load(record["workload"])
     table = table or getattr(workload, "default_table", None)
-    result = results_table(output, table, job_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IncompleteJob)  # said below, in the summary
+        result = results_table(output, table, job_id)
+    note = incomplete_note(store, job_id, record)
     custom = workload.summarize_table(table, result)
     if custom:
-        return custom
+        return custom + (f"\nincomplete: {note}" if note else "")
     lines = [f"{store.describe(job_id)}: table {table!r}, {result.num_rows:,} rows"]
+    if note:
+        lines.append(f"incomplete: {note}")
     lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
     return "\n".join(lines)

@@ -15,13 +15,13 @@ from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
 from .errors import Interrupted, JobRunning
-from .layout import check_job_id, consolidated_manifest_key, lock_key
+from .layout import check_job_id, completed_tasks, consolidated_manifest_key, lock_key
 from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
 from .probing import probe
 from .report import task_timings
 from .sizing import longest_first
-from .storage import Store, join, open_store
+from .storage import Store, open_store
 from .summary import RunSummary
 from .workload import Task, TaskReceipt, UnitFailure, Workload
 
@@ -31,14 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def _completed(store: Store | None, job_id: str) -> set[int]:
-    if store is None:
-        return set()
-    done = set()
-    for key in store.list(join(job_id, "manifest")):
-        name = key.rsplit("/", 1)[-1]
-        if name.startswith("part-") and name.endswith(".parquet"):
-            done.add(int(name[5:-8]))
-    return done
+    return completed_tasks(store, job_id) if store is not None else set()
 
 
 def open_output(workload: Workload, options: RunOptions, echo=print) -> Store | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,23 @@ def test_grid_in_product_order_with_keys_first_and_seeds(tmp_path, client):
     assert table["noise"].tolist() == expected
     (check,) = verify_output(str(tmp_path))
     assert check.ok and check.units_ok == 6, check
+
+
+def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
+    from pipeline.layout import consolidated_manifest_key, manifest_key
+    from pipeline.results import IncompleteJob, summarize
+
+    run(client, tmp_path, function=f"{FN}:power", grid={"x": [1, 2, 3], "p": [2, 3]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a finished job's table: no warning
+        assert results_table(str(tmp_path)).num_rows == 6
+    # As if the driver had been killed before task 1 (units 2-3) wrote its entry.
+    (tmp_path / manifest_key("m", 1)).unlink()
+    (tmp_path / consolidated_manifest_key("m")).unlink()
+    note = "the job's run has not finished: these are the rows of 4 of its 6 units"
+    with pytest.warns(IncompleteJob, match=note):
+        assert results_table(str(tmp_path)).column("x").to_pylist() == [1, 1, 3, 3]
+    assert f"\nincomplete: {note}; run the job again to finish it\n" in summarize(str(tmp_path))
 
 
 def test_same_bytes_whatever_the_task_sizes(tmp_path, client):

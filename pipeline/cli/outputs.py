@@ -4,6 +4,7 @@ data, a job's tables, TLS certificates, and verifying an output."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
@@ -85,12 +86,17 @@ def results_command(output, job, table, out) -> None:
     """Concatenate a job's per-task tables into one, in unit order (or summarize it).
 
     OUTPUT: the run's output (a folder or s3:// prefix), or the job's own folder."""
-    from ..results import summarize, write_results
+    from ..results import IncompleteJob, summarize, write_results
 
     try:
         if out:
-            rows = write_results(output, table, out, job)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", IncompleteJob)
+                rows = write_results(output, table, out, job)
             click.echo(f"wrote {rows} rows to {out}")
+            for warning in caught:
+                if issubclass(warning.category, IncompleteJob):
+                    click.echo(f"incomplete: {warning.message}", err=True)
         else:
             click.echo(summarize(output, table, job))
     except PipelineError as exc:
