@@ -72,6 +72,16 @@ class Plan:
             return tasks_from_stops(self.head, self.stops)
         return plan_tasks(n_units, self.units_per_task, self.head)
 
+    @classmethod
+    def from_record(cls, record: dict) -> Plan:
+        """The plan a job's record (``job.json``) holds."""
+        return cls(
+            list(record.get("head") or []),
+            record.get("units_per_task"),
+            record.get("stops"),
+            record.get("cost_model"),
+        )
+
     def add_probes(self, sizes: list[int]) -> list[Task]:
         """Append probe tasks of ``sizes`` units; return them."""
         first = len(self.head)
@@ -123,12 +133,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             f"settings ({', '.join(changed)}); use --overwrite to replace it, or another "
             "--output or name"
         )
-    plan = Plan(
-        list(record.get("head", [])),
-        record.get("units_per_task"),
-        record.get("stops"),
-        record.get("cost_model"),
-    )
+    plan = Plan.from_record(record)
     if plan.stops is not None and (
         sum(plan.head) > workload.n_units or (plan.stops and plan.stops[-1] != workload.n_units)
     ):

@@ -121,7 +121,7 @@ def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
 
     if store.exists(consolidated_manifest_key(job_id)):
         return None
-    plan = Plan(list(record.get("head") or []), record.get("units_per_task"), record.get("stops"))
+    plan = Plan.from_record(record)
     done = completed_tasks(store, job_id)
     units = sum(t.stop - t.start for t in plan.tasks(record["units"]) if t.index in done)
     return (

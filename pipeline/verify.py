@@ -99,7 +99,7 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
     from .errors import JobRunning
     from .planning import Plan
 
-    plan = Plan(list(record.get("head") or []), record.get("units_per_task"), record.get("stops"))
+    plan = Plan.from_record(record)
     tasks = plan.tasks(record["units"])
     starts = [t.start for t in tasks]
     hit: set[Task] = set()
