@@ -115,7 +115,14 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
             table = pq.ParquetFile(f, metadata=meta).read(columns=read, use_threads=False)
     found = {b: table.column(b) for b in read}
     table = pa.table(by_columns(found, table.num_rows), names=list(by))
-    return _runs(table.append_column("__rg", pa.array(np.repeat(rgs, counts))))
+    table = table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
+    # A small file's rows are run-length encoded with the other small files' at once
+    # (a call per file cost more than its rows: 3,333 files of 2-3 chunks, 0.23 s).
+    return table if table.num_rows <= RUNS_TOGETHER_ROWS else _runs(table)
+
+
+#: Files of at most this many rows have their rows' runs found together.
+RUNS_TOGETHER_ROWS = 65_536
 
 
 def _as_type(column, t: pa.DataType):
@@ -165,8 +172,21 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
         store, lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
     )
     # Runs grouped once for all files: a group-by per small file costs more than its rows.
-    runs = [p for p in parts if "count_all" not in p.column_names]
-    parts = [p for p in parts if "count_all" in p.column_names]
+    # Each part: a file's row groups' keys from statistics (count_all), its runs of rows
+    # (__rows), or a small file's rows, whose runs are found with the others' at once
+    # (runs never span files: their row groups differ).
+    counted, runs, small = [], [], []
+    for p in parts:
+        names = p.column_names
+        if "count_all" in names:
+            counted.append(p)
+        elif "__rows" in names:
+            runs.append(p)
+        else:
+            small.append(p)
+    if small:
+        runs.append(_runs(pa.concat_tables(small)))
+    parts = counted
     if runs:
         grouped_runs = pa.concat_tables(runs).group_by([*by, "__rg"], use_threads=False)
         parts.append(
