@@ -122,21 +122,24 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
     unified = _Unified()
     rg_rows, rg_file, rg_local, versions, col_bytes = [], [], [], [], []
     footers = _footers(store, keys, tuple(chunk_by))
+    first_parquet = None
     for i, (key, footer) in enumerate(zip(keys, footers, strict=True)):
-        where = store.describe(key)
         try:
             if isinstance(footer, Exception):
                 raise footer
             version, meta = footer
-            file_schema = meta.schema.to_arrow_schema()
+            # Thousands of files share one schema: the same parquet schema is the same
+            # arrow schema, without converting each (the reconciling is for the others).
+            same = first_parquet is not None and meta.schema.equals(first_parquet)
+            file_schema = first if same else meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
+            where = store.describe(key)
             raise InputError(f"dataset file {where}: not a readable parquet file ({exc})") from exc
-        # Thousands of files share one schema: the reconciling is for those that don't.
-        same = first is None or file_schema.equals(first)
+        same = same or first is None or file_schema.equals(first)
         if first is None:
-            first = file_schema
+            first, first_parquet = file_schema, meta.schema
         if not same or i == 0:
-            unified.add(file_schema, where)
+            unified.add(file_schema, store.describe(key))
         top = top_same if same and top_same is not None else None
         if top is None:  # each of the file's columns' field in the schema
             top = [_top_field(unified.index, meta.schema.column(j).path)
@@ -155,8 +158,10 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
             col_bytes.append(sizes)
         versions.append(version)
     schema = unified.schema()
-    col_bytes = [np.pad(b, (0, len(schema) - len(b))) for b in col_bytes]
-    col_bytes = np.asarray(col_bytes, dtype=np.int64).reshape(len(rg_rows), len(schema))
+    by_column = np.zeros((len(rg_rows), len(schema)), dtype=np.int64)
+    for g, b in enumerate(col_bytes):  # (a file that lacks later columns: zeros there)
+        by_column[g, : len(b)] = b
+    col_bytes = by_column
     if partitions is not None:
         clash = [n for n in partitions.names if n in schema.names]
         if clash:
