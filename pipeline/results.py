@@ -196,5 +196,15 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     lines = [f"{store.describe(job_id)}: table {table!r}, {result.num_rows:,} rows"]
     if note:
         lines.append(f"incomplete: {note}")
+    failed = _failed_units(store, job_id) if table != "failures" else 0
+    if failed:
+        units = "unit" if failed == 1 else "units"
+        lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
     lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
     return "\n".join(lines)
+
+
+def _failed_units(store: Store, job_id: str) -> int:
+    """Rows of the job's ``failures`` table (a ``map`` job's units that raised)."""
+    parts = job_tables(store, job_id).get("failures", [])
+    return sum(read_parquet_object(store, key).num_rows for _, key in parts)

@@ -104,11 +104,16 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert [asdict(f) for f in read] == first.failures
     failures = results_table(str(tmp_path / "out"), "failures").to_pandas()
     assert failures[["unit", "x", "error_type"]].values.tolist() == [[2, 3, "ValueError"]]
+    from pipeline.results import summarize
+
+    shown = summarize(str(tmp_path / "out")).splitlines()
+    assert shown[1] == "failed: 1 unit, not in this table (--table failures)", shown
     assert len(calls(log)) == 5
     flag.unlink()
     log.unlink()
     second = run(client, tmp_path / "out", units_per_task=2, **settings)
     assert second.units_run == 2 and second.units_failed == 0 and second.complete
+    assert "failed:" not in summarize(str(tmp_path / "out"))
     assert calls(log) == ["power 3 2"]  # the failed unit only, not its task's other unit
     clean = tmp_path / "clean"
     run(client, clean, units_per_task=2, **settings)
