@@ -46,7 +46,7 @@ class Estimate:
     workers: int
     sample: JobSample
     projections: list[Projection]
-    #: Units the estimate ran: the probes' and a round of full-size tasks.
+    #: Units the estimate ran: the probes' and full-size tasks spread over the job.
     sampled: int = 0
 
 
@@ -93,16 +93,21 @@ def estimate(
             # Too small to probe: one task per unit on this cluster is the sample.
             receipts = run(plan.add_probes([1] * n))
         else:
-            receipts, _ = probe(run, plan, set(), opts, workers, layout, start_rest=False)
+            # One round may do: the estimate keeps none of the probes' work.
+            receipts, _ = probe(
+                run, plan, set(), opts, workers, layout, start_rest=False, min_rounds=1
+            )
         seconds = time.perf_counter() - t0
-        # A round of tasks of the size the run will use, one per worker: the probes'
-        # largest last about PROBE_SECONDS, and a rate taken over full-size tasks
-        # carries what small ones miss (a cache filling up, a slower steady state).
-        # Spread over the job: units often cost more further on (a grid's later
-        # sizes, a dataset's later years), and the probes ran its first ones.
-        full = _spread(plan.tasks(n)[len(plan.head) :], workers) if plan.model else []
-        if workers * plan.typical_size(n) > n / 4:
-            full = []  # a job of a few large tasks: that round would be much of it
+        # Two rounds of tasks of the size the run will use, two per worker: the
+        # probes' largest last about PROBE_SECONDS, and a rate taken over full-size
+        # tasks carries what small ones miss (a cache filling up, a slower steady
+        # state). Spread over the job: units often cost more further on (a grid's
+        # later sizes, a dataset's later years), and the probes ran its first ones;
+        # two samples of the rest missed a costlier last quarter.
+        count = FULL_SIZE_TASKS_PER_WORKER * workers
+        full = _spread(plan.tasks(n)[len(plan.head) :], count) if plan.model else []
+        if count * plan.typical_size(n) > n / 2:
+            full = []  # a job of a few large tasks: those would be much of it
         receipts += run(full)
         failed = [f for r in receipts for f in r.failures]
         if failed and not any(r.complete for r in receipts):
@@ -156,6 +161,10 @@ def estimate(
     )
 
 
+#: Full-size tasks an estimate runs per worker, spread over the job.
+FULL_SIZE_TASKS_PER_WORKER = 2
+
+
 def _spread(tasks: list, count: int) -> list:
     """Up to ``count`` of ``tasks`` (consecutive), those holding the middles of
     ``count`` equal stretches of their units."""
@@ -202,7 +211,7 @@ def estimate_lines(e: Estimate) -> list[str]:
     lines = [
         f"estimate of {e.workload} job {e.job_id!r}: {e.units:,} {e.unit_name}s; the probes ran "
         f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers"
-        + (f", and {more:,} more in a round of full-size tasks" if more else "")
+        + (f", and {more:,} more in full-size tasks spread over the job" if more else "")
         + " (scratch output, deleted)",
         f"  measured: {m.fixed * 1e3:,.1f} ms per task + {m.per_unit * 1e3:,.3f} ms per "
         f"{e.unit_name}"

@@ -49,6 +49,7 @@ def probe(
     n_workers: int,
     layout: UnitLayout | None = None,
     start_rest: bool = True,
+    min_rounds: int = 2,
 ):
     """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
 
@@ -59,6 +60,8 @@ def probe(
     rounds give each worker a large task. The scheduling cost per task is measured
     by a burst of no-op tasks (:func:`_task_overhead`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
+    ``min_rounds``: measured rounds before the probes may stop (an estimate, whose
+    probes' work is not kept, takes one when it measured enough).
     Returns the probes' receipts, and with ``start_rest`` the rest's tasks started,
     their receipts as they come (None when the caller is to start them: a small
     job's, or all without ``start_rest``).
@@ -125,7 +128,7 @@ def probe(
                 if not counted:  # the round counts from its first measured probe
                     rounds, counted = rounds + 1, True
                 if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
-                             options):  # fmt: skip
+                             options, min_rounds):  # fmt: skip
                     _cut(run, plan, model, layout, n_workers, options)
                     cut = True
                     rest = _start(run, plan, layout) if start_rest else None
@@ -155,7 +158,9 @@ def probe(
         samples += [_sample(layout, ranges, r) for r in timed]
         model = fit_costs(samples, overhead)
         rounds += 1
-        if _measured(samples, model, large, limit, rounds, layout, plan, n_workers, options):
+        if _measured(
+            samples, model, large, limit, rounds, layout, plan, n_workers, options, min_rounds
+        ):
             break
         large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
     _cut(run, plan, model, layout, n_workers, options)
@@ -170,17 +175,21 @@ def _fixed(model: CostModel) -> float:
     return model.fixed - model.read_fixed
 
 
-def _measured(samples, model, large, limit, rounds, layout, plan, n_workers, options) -> bool:
+def _measured(
+    samples, model, large, limit, rounds, layout, plan, n_workers, options, min_rounds=2
+) -> bool:
     """Whether the probes have measured enough to cut the rest.
 
     Measured, not modelled: the largest probe's time beyond reading lasts
     PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
-    outweighs that; and two rounds at least, since two points fit any line. (The
+    outweighs that; and ``min_rounds`` rounds at least (two for a run, since two
+    points fit any line; an estimate, whose probes' work is thrown away, may stop
+    after one). (The
     reads are measured apart, their fixed part with them.) Or the rest is cut into
     as many tasks whatever a closer slope would be."""
     if large >= limit:
         return True
-    if rounds < 2:
+    if rounds < min_rounds:
         return False
     biggest = max(samples, key=lambda p: p.units)
     work = biggest.seconds - biggest.read_seconds

@@ -166,7 +166,7 @@ def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, 
         client,
         [],
     )
-    assert est.sampled == est.sample.units  # no round of full-size tasks
+    assert est.sampled == est.sample.units  # no full-size tasks
     assert 0.0003 < est.sample.model.per_unit < 0.008, est.sample.model
 
 
@@ -178,7 +178,7 @@ class _LaterUnitsCostMore(SquaresWorkload):
 
 
 def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, client):
-    # The probes run the job's first units; the round of full-size tasks is spread
+    # The probes run the job's first units; the full-size tasks are spread
     # over the job, so a job whose later units cost more (a grid's larger sizes) is
     # not projected at the cost of the units right after the probes (it was: 1x
     # unit_seconds, against 2.5x on average).
@@ -188,7 +188,7 @@ def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, cl
         client,
         [],
     )
-    assert est.sampled > est.sample.units  # a round of full-size tasks ran
+    assert est.sampled > est.sample.units  # full-size tasks ran
     assert 1.9 * 0.004 < est.sample.model.per_unit < 3.5 * 0.004, est.sample.model
 
 
