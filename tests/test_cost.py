@@ -192,6 +192,20 @@ def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, cl
     assert 1.9 * 0.004 < est.sample.model.per_unit < 3.5 * 0.004, est.sample.model
 
 
+def test_an_estimate_stops_probing_once_a_round_measured_enough(tmp_path, client):
+    # 50 ms a unit: the first round's 16-unit probes last 0.8 s, enough to measure. A
+    # run probes a second round (its probes' work is kept); an estimate, whose work
+    # is thrown away, stops: the warm-ups, a 16-unit probe a worker, one small one.
+    est = estimate(
+        lambda opts: SquaresWorkload("sq", 400, unit_seconds=0.05),
+        options(tmp_path / "out"),
+        client,
+        [],
+    )
+    assert est.sample.units == 1 + 1 + 16 + 16 + 1, est.sample
+    assert 0.045 < est.sample.model.per_unit < 0.07, est.sample.model
+
+
 def test_spread_takes_the_middles_of_equal_stretches():
     from pipeline.estimate import _spread
     from pipeline.workload import Task
