@@ -4,7 +4,7 @@ plug-in (installed as a third party's package) and the tests' tiny workload.
 Each gets the guarantees the runner gives any workload: the same job gives the same
 bytes; a run interrupted part way and run again completes with a clean run's bytes;
 a unit that fails is recorded and the run finishes; ``pipeline verify`` finds a
-missing, a corrupt and an extra object.
+missing, a corrupt and an extra object, and with ``--repair`` a rerun mends them.
 """
 
 from __future__ import annotations
