@@ -98,9 +98,9 @@ def estimate(
                 run, plan, set(), opts, workers, layout, start_rest=False, min_rounds=1
             )
         seconds = time.perf_counter() - t0
-        # Two rounds of tasks of the size the run will use, two per worker: the
-        # probes' largest last about PROBE_SECONDS, and a rate taken over full-size
-        # tasks carries what small ones miss (a cache filling up, a slower steady
+        # Tasks of the size the run will use, two per worker: the probes' largest
+        # last about PROBE_SECONDS, and a rate taken over full-size tasks carries
+        # what small ones miss (a cache filling up, a slower steady
         # state). Spread over the job: units often cost more further on (a grid's
         # later sizes, a dataset's later years), and the probes ran its first ones;
         # two samples of the rest missed a costlier last quarter.
