@@ -297,6 +297,10 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},
          InputError, "no .parquet files"),
         ({"function": "power", "grid": {"x": [1]}}, ConfigError, "expected 'module:callable'"),
+        ({"function": f"{FN}:power", "grid": {"x": [1], "unit": [2]}}, ConfigError,
+         "grid key 'unit' has the name of the results' first column .* rename the key"),
+        ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_by": "g,unit"},
+         ConfigError, "chunk_by column 'unit' has the name of the results' first column"),
     ],
 )  # fmt: skip
 def test_bad_jobs_fail_before_any_task(tmp_path, client, settings, error, match):

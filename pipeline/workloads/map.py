@@ -158,6 +158,15 @@ class MapWorkload(Workload):
             raise ConfigError(f"map: {self.fn!r} is not callable")
         from .regressions.spec import split_list
 
+        for what, keys in (("chunk_by column", split_list(job.chunk_by) if job.data else ()),
+                           ("grid key", tuple(job.grid or ()))):  # fmt: skip
+            if "unit" in keys:
+                # The results begin with the unit's number, named `unit`: the key would
+                # take its place and the numbers would be lost.
+                raise ConfigError(
+                    f"{what} 'unit' has the name of the results' first column (each "
+                    f"unit's number); rename the {what.split()[-1]}"
+                )
         if job.data is not None:
             self.input = DataInput(
                 job.data, split_list(job.chunk_by), job.chunk_rows, split_list(job.columns)
