@@ -496,6 +496,11 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ({"cov_type": "HC9"}, ConfigError, r"cov_type='HC9'\): 'HC9' is not one of nonrobust"),
         ({"cov_type": "HAC"}, ConfigError, "needs maxlags"),
         ({"chunk_by": "ticker"}, InputError, "no column 'ticker'"),
+        (
+            {"chunk_by": "chunk,term"},
+            ConfigError,
+            "chunk_by column 'term' has the name of a column of the results' tables",
+        ),
         ({"chunk_by": None}, ConfigError, "no chunks"),
         ({"model": "wls"}, ConfigError, "needs weights"),
         ({"endog": "y", "exog": "sector", "formula": None}, InputError, "not numeric"),

@@ -43,6 +43,11 @@ __all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema",
 
 #: The tables each task writes, one part per task.
 PART_TABLES = ("coefficients", "models", "timings")
+#: The tables' own columns (besides the chunk's keys), which no chunk_by column may be.
+_TABLE_COLUMNS = frozenset(
+    ("chunk_id", "row_start", "row_stop", "term", *COEF_COLUMNS,
+     *(name for name, _ in models_schema()))
+)  # fmt: skip
 
 
 class RegressionWorkload(Workload):
@@ -97,6 +102,14 @@ class RegressionWorkload(Workload):
             raise ConfigError("give chunk_by or chunk_rows, not both")
         if not by and not job.chunk_rows:
             raise ConfigError("no chunks: give chunk_by (a column) or chunk_rows (a row count)")
+        clash = [b for b in by if b in _TABLE_COLUMNS]
+        if clash:
+            # The tables begin with the chunk's keys: one named like a column of theirs
+            # would be overwritten by it (chunk_by = "term": every key lost).
+            raise ConfigError(
+                f"chunk_by column {clash[0]!r} has the name of a column of the results' "
+                "tables; rename it in the data"
+            )
         ds = discover(job.data, tuple(by))
         needed: dict[str, str] = {}
         info = None
