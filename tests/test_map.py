@@ -70,6 +70,15 @@ def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
     assert f"\nincomplete: {note}; run the job again to finish it\n" in summarize(str(tmp_path))
 
 
+def test_a_grid_of_seeds_passes_its_own(tmp_path, client):
+    # The derived seed is for functions that want randomness; a sweep over seeds
+    # asked for these ones.
+    run(client, tmp_path, function=f"{FN}:power", grid={"x": [2], "seed": [5, 6]})
+    table = results_table(str(tmp_path)).to_pandas()
+    assert table["seed"].tolist() == [5, 6]
+    assert table["noise"].tolist() == [float(np.random.default_rng(s).random()) for s in (5, 6)]
+
+
 def test_same_bytes_whatever_the_task_sizes(tmp_path, client):
     grid = {"x": list(range(7))}
     for size in (1, 3):

@@ -181,7 +181,9 @@ class MapWorkload(Workload):
             self.input = FilesInput(job.files)
             check_signature(self.fn, positional=1, what="a file's path")
             self.unit_name = "file"
-        self._seeded = accepts_seed(self.fn)
+        # A grid of seeds (grid = {seed = [0, 1, 2]}) passes its own: a derived seed
+        # would silently replace the values the grid asked for.
+        self._seeded = accepts_seed(self.fn) and "seed" not in (job.grid or {})
         self.rows = UnitRows(self.input)
         self.n_units = self.input.n_units
 
