@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pyarrow as pa
@@ -87,28 +88,52 @@ def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
 
 def results_table(output: str, table: str | None = None, job: str | None = None) -> pa.Table:
     """One table of every completed task's rows of ``table``, in unit order."""
-    output, job = job_folder(output, job)
-    store = open_store(output)
-    job_id, record = find_job(output, job)
-    workload = registry.load(record["workload"])
-    tables = job_tables(store, job_id)
-    table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
-    if not tables:
-        raise InputError(
-            f"{store.describe(job_id)}: no tables"
-            + (" yet (no completed tasks)" if record["workload"] != "cubes" else
-               f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}")
-        )  # fmt: skip
-    if table not in tables:
-        raise InputError(
-            f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
-        )
-    parts = [(first, read_parquet_object(store, key)) for first, key in tables[table]]
-    result = concat_parts(store, parts)
-    note = incomplete_note(store, job_id, record)
-    if note:
-        warnings.warn(f"{store.describe(job_id)}: {note}", IncompleteJob, stacklevel=2)
-    return workload.assemble_table(store, job_id, table, result, tables)
+    found = _JobTable.read(output, table, job)
+    if found.note:
+        warnings.warn(f"{found.where}: {found.note}", IncompleteJob, stacklevel=2)
+    return found.result
+
+
+@dataclass
+class _JobTable:
+    """A job's table as read once: the rows, the job's tables' parts, and what is
+    missing when its run has not finished (``results_table`` and ``summarize`` both
+    need them; reading them twice listed and read every manifest entry twice)."""
+
+    store: Store
+    job_id: str
+    record: dict
+    name: str
+    result: pa.Table
+    tables: dict[str, list[tuple[int, str]]]
+    note: str | None
+
+    @property
+    def where(self) -> str:
+        return self.store.describe(self.job_id)
+
+    @classmethod
+    def read(cls, output: str, table: str | None, job: str | None) -> _JobTable:
+        output, job = job_folder(output, job)
+        store = open_store(output)
+        job_id, record = find_job(output, job)
+        workload = registry.load(record["workload"])
+        tables = job_tables(store, job_id)
+        table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
+        if not tables:
+            raise InputError(
+                f"{store.describe(job_id)}: no tables"
+                + (" yet (no completed tasks)" if record["workload"] != "cubes" else
+                   f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}")
+            )  # fmt: skip
+        if table not in tables:
+            raise InputError(
+                f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
+            )
+        parts = [(first, read_parquet_object(store, key)) for first, key in tables[table]]
+        result = workload.assemble_table(store, job_id, table, concat_parts(store, parts), tables)
+        note = incomplete_note(store, job_id, record)
+        return cls(store, job_id, record, table, result, tables, note)
 
 
 class IncompleteJob(UserWarning):
@@ -181,30 +206,19 @@ def write_results(output: str, table: str | None, out: str, job: str | None = No
 
 def summarize(output: str, table: str | None = None, job: str | None = None) -> str:
     """A few lines about a job's table, for the terminal."""
-    output, job = job_folder(output, job)
-    store = open_store(output)
-    job_id, record = find_job(output, job)
-    workload = registry.load(record["workload"])
-    table = table or getattr(workload, "default_table", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", IncompleteJob)  # said below, in the summary
-        result = results_table(output, table, job_id)
-    note = incomplete_note(store, job_id, record)
-    custom = workload.summarize_table(table, result)
+    found = _JobTable.read(output, table, job)
+    workload = registry.load(found.record["workload"])
+    note, result = found.note, found.result
+    custom = workload.summarize_table(found.name, result)
     if custom:
         return custom + (f"\nincomplete: {note}" if note else "")
-    lines = [f"{store.describe(job_id)}: table {table!r}, {result.num_rows:,} rows"]
+    lines = [f"{found.where}: table {found.name!r}, {result.num_rows:,} rows"]
     if note:
         lines.append(f"incomplete: {note}")
-    failed = _failed_units(store, job_id) if table != "failures" else 0
+    failures = found.tables.get("failures", []) if found.name != "failures" else []
+    failed = sum(read_parquet_object(found.store, key).num_rows for _, key in failures)
     if failed:
         units = "unit" if failed == 1 else "units"
         lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
     lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
     return "\n".join(lines)
-
-
-def _failed_units(store: Store, job_id: str) -> int:
-    """Rows of the job's ``failures`` table (a ``map`` job's units that raised)."""
-    parts = job_tables(store, job_id).get("failures", [])
-    return sum(read_parquet_object(store, key).num_rows for _, key in parts)
