@@ -45,12 +45,15 @@ def setting(
     choices: tuple | None = None,
     minimum: float | None = None,
     sequence: bool = False,
+    rows: bool = False,
 ):
     """A dataclass field that is also a CLI flag, a job-file key and an env var.
 
     A ``sequence`` setting is a comma-separated string on the command line and in
     the environment; a job file may give it as a TOML list (or, for ``k=v``
-    options, a table), which becomes that same string.
+    options, a table), which becomes that same string. A table setting with
+    ``rows`` may also be a list of tables (rows): TOML's ``[[name]]``, a JSON list,
+    or a .csv or .parquet file of them.
     """
     meta = {
         "kind": kind,
@@ -58,6 +61,7 @@ def setting(
         "choices": choices,
         "minimum": minimum,
         "sequence": sequence,
+        "rows": rows,
     }
     return field(default=default, metadata=meta)
 
@@ -266,16 +270,21 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         str: "a string",
         dict: "a table (in a job file) or a JSON object",
     }[kind]
+    rows = f.metadata.get("rows", False)
+    if rows:
+        expected = "a table or a list of tables (in a job file), or JSON of either"
     if kind is dict and isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError as exc:
             if not Path(value).is_file():
+                files = ".toml, .json, .csv or .parquet file" if rows else ".toml or .json file"
                 raise ConfigError(
-                    f"{origin}: {value!r} is not {expected} (or a .toml or .json file of "
-                    f"one): {exc}"
+                    f"{origin}: {value!r} is not {expected} (or a {files} of one): {exc}"
                 ) from None
-            value = _table_file(Path(value), f.name, origin)
+            value = _table_file(Path(value), f.name, origin, rows)
+    if rows and isinstance(value, list | tuple):
+        return _table_rows(value, origin)
     elif from_text and kind is not str:
         text = value.strip().lower()
         try:
@@ -308,21 +317,55 @@ def _text(path: Path) -> str:
     return path.read_bytes().decode("utf-8-sig")
 
 
-def _table_file(path: Path, name: str, origin: str) -> dict:
+def _table_file(path: Path, name: str, origin: str, rows: bool = False) -> dict | list:
     """A table setting given as a file: JSON, or TOML whose table ``[name]`` (a job
-    file's own) or else whole document is the value."""
+    file's own) or else whole document is the value; with ``rows``, also a list of
+    tables (``[[name]]`` in TOML, a JSON list) or the rows of a .csv or .parquet file."""
+    suffix = path.suffix.lower()
     try:
-        if path.suffix.lower() == ".json":
+        if rows and suffix in (".csv", ".parquet"):
+            return _table_rows(_file_rows(path), f"{origin}: file {path}")
+        if suffix == ".json":
             value = json.loads(_text(path))
         else:
             value = tomllib.loads(_text(path))
-            if isinstance(value.get(name), dict):
+            if isinstance(value.get(name), dict) or (rows and isinstance(value.get(name), list)):
                 value = value[name]
     except (ValueError, OSError) as exc:  # TOMLDecodeError and JSONDecodeError too
         raise ConfigError(f"{origin}: file {path} is not a table: {exc}") from None
+    if rows and isinstance(value, list):
+        return _table_rows(value, f"{origin}: file {path}")
     if not isinstance(value, dict):
         raise ConfigError(f"{origin}: file {path} holds {type(value).__name__}, not a table")
     return value
+
+
+def _file_rows(path: Path) -> list[dict]:
+    import pyarrow as pa
+
+    try:
+        if path.suffix.lower() == ".csv":
+            from pyarrow import csv
+
+            return csv.read_csv(path).to_pylist()
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    except pa.ArrowException as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _table_rows(value: list | tuple, origin: str) -> list[dict]:
+    """A list of tables (rows), each checked to be a table."""
+    if not value:
+        raise ConfigError(f"{origin}: an empty list; expected at least one table")
+    for i, row in enumerate(value):
+        if not isinstance(row, Mapping):
+            raise ConfigError(
+                f"{origin}: item {i} is {row!r} ({type(row).__name__}); expected a list "
+                "of tables, one per call"
+            )
+    return [dict(row) for row in value]
 
 
 def _sequence_text(value: list | dict) -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import ConfigError, load_jobs
@@ -78,10 +82,40 @@ def test_a_table_setting_is_json_text_or_a_file_of_one(tmp_path):
     with pytest.raises(ConfigError, match=r"--grid: file .*bad.toml is not a table"):
         load_jobs([], {"grid": str(tmp_path / "bad.toml")}, workload="map", environ={})
     (tmp_path / "list.json").write_text("[1, 2]")
-    with pytest.raises(ConfigError, match=r"list.json holds list, not a table"):
+    with pytest.raises(ConfigError, match=r"list.json: item 0 is 1 \(int\); expected a list of"):
         load_jobs([], {"grid": str(tmp_path / "list.json")}, workload="map", environ={})
-    with pytest.raises(ConfigError, match=r"'nothere.toml' is not a table .*or a .toml or .json"):
+    (tmp_path / "text.json").write_text('"alpha"')
+    with pytest.raises(ConfigError, match=r"text.json holds str, not a table"):
+        load_jobs([], {"grid": str(tmp_path / "text.json")}, workload="map", environ={})
+    with pytest.raises(ConfigError, match=r"'nothere.toml' is not a table .*or a .toml, .json, "):
         load_jobs([], {"grid": "nothere.toml"}, workload="map", environ={})
+
+
+def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
+    points = [{"alpha": 0.5, "n": 10}, {"alpha": 2.5, "n": 30}]
+    (tmp_path / "job.toml").write_text(
+        'workload = "map"\nfunction = "m:f"\n[[grid]]\nalpha = 0.5\nn = 10\n'
+        "[[grid]]\nalpha = 2.5\nn = 30\n"
+    )
+    (tmp_path / "p.toml").write_text(
+        "[[grid]]\nalpha = 0.5\nn = 10\n[[grid]]\nalpha = 2.5\nn = 30\n"
+    )
+    (tmp_path / "p.json").write_text(json.dumps(points))
+    (tmp_path / "p.csv").write_text("alpha,n\n0.5,10\n2.5,30\n")
+    pq.write_table(pa.Table.from_pylist(points), tmp_path / "p.parquet")
+    (job,) = load_jobs([str(tmp_path / "job.toml")], {}, environ={})
+    assert job.settings.grid == points
+    for given in ("p.toml", "p.json", "p.csv", "p.parquet"):
+        (job,) = load_jobs([], {"grid": str(tmp_path / given)}, workload="map", environ={})
+        assert job.settings.grid == points, given
+    (job,) = load_jobs([], {}, workload="map", environ={"PIPELINE_GRID": json.dumps(points)})
+    assert job.settings.grid == points
+    (tmp_path / "mixed.json").write_text('[{"alpha": 1}, [2]]')
+    with pytest.raises(ConfigError, match=r"mixed.json: item 1 is \[2\] \(list\)"):
+        load_jobs([], {"grid": str(tmp_path / "mixed.json")}, workload="map", environ={})
+    (tmp_path / "empty.csv").write_text("alpha,n\n")
+    with pytest.raises(ConfigError, match=r"empty.csv: an empty list; expected at least one"):
+        load_jobs([], {"grid": str(tmp_path / "empty.csv")}, workload="map", environ={})
 
 
 def test_several_job_files_share_flags(tmp_path):

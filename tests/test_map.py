@@ -13,7 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mapfns import userfns
 
+import pipeline
 from pipeline import (
     ConfigError,
     InputError,
@@ -51,6 +53,29 @@ def test_grid_in_product_order_with_keys_first_and_seeds(tmp_path, client):
     assert table["noise"].tolist() == expected
     (check,) = verify_output(str(tmp_path))
     assert check.ok and check.units_ok == 6, check
+
+
+def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
+    # A sweep from a table of chosen points (not every combination): `[[grid]]`
+    # tables, a JSON list, a CSV file, or a DataFrame from Python.
+    points = [{"x": 3, "p": 2}, {"x": 1, "p": 3}, {"x": 2, "p": 1}]
+    s = run(client, tmp_path / "a", function=f"{FN}:power", grid=points)
+    assert s.complete and s.units == 3
+    table = results_table(str(tmp_path / "a")).to_pandas()
+    assert table.columns.tolist() == ["unit", "x", "p", "value", "noise"]
+    assert table[["x", "p", "value"]].values.tolist() == [[3, 2, 9], [1, 3, 1], [2, 1, 2]]
+    expected = [float(np.random.default_rng(unit_seed(0, u)).random()) for u in range(3)]
+    assert table["noise"].tolist() == expected
+    # One task or three: the same bytes; a DataFrame of the points, the same job.
+    s = pipeline.map(userfns.power, grid=pd.DataFrame(points), output=str(tmp_path / "b"), name="m",
+                client=client, units_per_task=3, progress=False)  # fmt: skip
+    assert s.complete and s.tasks == 1
+    for out in ("a", "b"):
+        write_results(str(tmp_path / out), None, str(tmp_path / f"{out}.parquet"))
+    a, b = (pq.read_table(tmp_path / f"{out}.parquet") for out in ("a", "b"))
+    assert a.equals(b)
+    (check,) = verify_output(str(tmp_path / "a"))
+    assert check.ok and check.units_ok == 3, check
 
 
 def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
@@ -301,6 +326,12 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:power", "grid": {"x": [1]}, "files": "."}, ConfigError,
          "got grid and files"),
         ({"function": f"{FN}:power", "grid": {"x": 1}}, ConfigError, "non-empty list"),
+        ({"function": f"{FN}:power", "grid": [{"x": 1, "p": 2}, {"x": 2}]}, ConfigError,
+         r"point 1 has keys \(x\) where point 0 has \(p, x\); every point"),
+        ({"function": f"{FN}:power", "grid": [{"x": 1, "q": 2}]}, ConfigError,
+         "does not accept the grid key\\(s\\) 'q'"),
+        ({"function": f"{FN}:power", "grid": [{"x": 1, "unit": 2}]}, ConfigError,
+         "grid key 'unit' has the name"),
         ({"function": f"{FN}:file_size", "files": "/no/such/folder"}, InputError,
          "no such folder"),
         ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},

@@ -21,7 +21,7 @@ import hashlib
 import inspect
 import io
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -73,11 +73,12 @@ class MapJob:
         None, int, "With data: chunks of this many consecutive rows.", minimum=1
     )
     columns: str | None = _listing(None, "With data: only these columns reach the function.")
-    grid: dict | None = setting(  # noqa: RUF009 - a TOML table, never mutated
+    grid: dict | list | None = setting(  # noqa: RUF009 - a TOML table, never mutated
         None,
         dict,
-        "Input: a table of lists (JSON, or a .toml or .json file of one); the function is "
-        "called with each combination.",
+        "Input: a table of lists, called with each combination; or a list of points "
+        "(tables), called with each. JSON, or a .toml, .json, .csv or .parquet file.",
+        rows=True,
     )
     files: str | None = setting(
         None, str, "Input: a folder, a glob or an s3:// prefix; called with each file's path."
@@ -158,8 +159,9 @@ class MapWorkload(Workload):
             raise ConfigError(f"map: {self.fn!r} is not callable")
         from .regressions.spec import split_list
 
+        grid = GridInput(job.grid) if job.grid is not None else None
         for what, keys in (("chunk_by column", split_list(job.chunk_by) if job.data else ()),
-                           ("grid key", tuple(job.grid or ()))):  # fmt: skip
+                           ("grid key", grid.keys if grid else ())):  # fmt: skip
             if "unit" in keys:
                 # The results begin with the unit's number, named `unit`: the key would
                 # take its place and the numbers would be lost.
@@ -173,8 +175,8 @@ class MapWorkload(Workload):
             )
             check_signature(self.fn, positional=1, what="a chunk (a pandas DataFrame)")
             self.unit_name = "chunk"
-        elif job.grid is not None:
-            self.input = GridInput(job.grid)
+        elif grid is not None:
+            self.input = grid
             check_signature(self.fn, keywords=self.input.keys, what="the grid's keys")
             self.unit_name = "point"
         else:
@@ -183,7 +185,7 @@ class MapWorkload(Workload):
             self.unit_name = "file"
         # A grid of seeds (grid = {seed = [0, 1, 2]}) passes its own: a derived seed
         # would silently replace the values the grid asked for.
-        self._seeded = accepts_seed(self.fn) and "seed" not in (job.grid or {})
+        self._seeded = accepts_seed(self.fn) and "seed" not in (grid.keys if grid else ())
         self.rows = UnitRows(self.input)
         self.n_units = self.input.n_units
 
@@ -347,7 +349,7 @@ def run_map(
     fn: Callable,
     *,
     data: str | None = None,
-    grid: Mapping[str, list] | None = None,
+    grid: Mapping[str, list] | Sequence[Mapping] | None = None,
     files: str | None = None,
     output: str = "results",
     name: str | None = None,
@@ -357,7 +359,9 @@ def run_map(
     """Call ``fn`` per unit of one input, on the embedded cluster (or ``client``'s),
     writing the rows it returns under ``output``; return the run's summary.
 
-    ``fn`` may be defined in the calling script (it travels by value). ``settings``
+    ``grid`` is a mapping of lists (each combination) or a sequence of mappings or a
+    pandas DataFrame (each point, in order). ``fn`` may be defined in the calling
+    script (it travels by value). ``settings``
     are the map job's (``chunk_by``, ``chunk_rows``, ``columns``, ``seed``,
     ``retries``) and the run's (``workers``, ``overwrite``, ``max_failures``, ...).
     A second call resumes: only units not yet done, or that raised, run.
@@ -374,13 +378,23 @@ def run_map(
         name=name,
         function=describe_function(fn),
         data=data,
-        grid=dict(grid) if grid is not None else None,
+        grid=_grid_value(grid),
         files=files,
         **{k: v for k, v in settings.items() if k in map_keys},
     )
     options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
     workload = MapWorkload(job, name or getattr(fn, "__name__", "map"), fn=fn)
     return run_workload(workload, options, client=client)
+
+
+def _grid_value(grid) -> dict | list | None:
+    if grid is None:
+        return None
+    if isinstance(grid, Mapping):
+        return dict(grid)
+    if hasattr(grid, "to_dict") and hasattr(grid, "columns"):  # a DataFrame of points
+        return grid.to_dict("records")
+    return [dict(point) if isinstance(point, Mapping) else point for point in grid]
 
 
 def _recorded(row: dict) -> UnitFailure:

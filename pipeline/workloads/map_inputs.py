@@ -24,27 +24,45 @@ Call = tuple[int, tuple, dict]
 
 
 class GridInput:
-    """The cartesian product of the grid's lists, keys in the order written."""
+    """A parameter grid: the cartesian product of a table of lists, keys in the order
+    written, or a list of points (tables of one value per key), in the order listed."""
 
     kind = "grid"
 
-    def __init__(self, grid: dict[str, Any]):
+    def __init__(self, grid: dict[str, Any] | list[dict[str, Any]]):
         if not grid:
             raise ConfigError("grid: empty; expected a table of lists, e.g. {alpha = [0.1, 1]}")
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise ConfigError(
-                    f"grid: key {key!r} is {values!r}; expected a non-empty list of values"
-                )
+        if isinstance(grid, list):
+            self.points: list[dict] | None = grid
+            keys = tuple(grid[0])
+            for i, point in enumerate(grid):
+                if set(point) != set(keys):
+                    raise ConfigError(
+                        f"grid: point {i} has keys {_names(point)} where point 0 has "
+                        f"{_names(keys)}; every point of a list of points needs the same keys"
+                    )
+            self.grid: dict[str, list] = {k: [p[k] for p in grid] for k in keys}
+            self.n_units = len(grid)
+        else:
+            self.points = None
+            for key, values in grid.items():
+                if not isinstance(values, list) or not values:
+                    raise ConfigError(
+                        f"grid: key {key!r} is {values!r}; expected a non-empty list of values "
+                        "(or give a list of points: [[grid]] tables in a job file)"
+                    )
+            self.grid = dict(grid)
+            self.n_units = 1
+            for values in grid.values():
+                self.n_units *= len(values)
+        for key in self.grid:
             if not key.isidentifier():
                 raise ConfigError(f"grid: key {key!r} is not a valid parameter name")
-        self.grid = dict(grid)
-        self.keys = self.key_names = tuple(grid)
-        self.n_units = 1
-        for values in grid.values():
-            self.n_units *= len(values)
+        self.keys = self.key_names = tuple(self.grid)
 
     def unit(self, i: int) -> dict[str, Any]:
+        if self.points is not None:
+            return {k: self.grid[k][i] for k in self.keys}
         out = {}
         for key in reversed(self.keys):
             values = self.grid[key]
@@ -53,7 +71,10 @@ class GridInput:
         return {k: out[k] for k in self.keys}
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
-        combos = itertools.islice(itertools.product(*self.grid.values()), start, stop)
+        if self.points is not None:
+            combos = zip(*(self.grid[k][start:stop] for k in self.keys), strict=True)
+        else:
+            combos = itertools.islice(itertools.product(*self.grid.values()), start, stop)
         for unit, values in enumerate(combos, start):
             yield unit, (), dict(zip(self.keys, values, strict=True))
 
@@ -68,10 +89,16 @@ class GridInput:
         return out
 
     def fingerprint(self) -> dict:
-        return {"grid": self.grid}
+        return {"grid": self.points if self.points is not None else self.grid}
 
     def describe(self) -> str:
+        if self.points is not None:
+            return f"{self.n_units} grid points (listed: {', '.join(self.keys)})"
         return f"{self.n_units} grid points ({' x '.join(self.keys)})"
+
+
+def _names(keys) -> str:
+    return "(" + ", ".join(sorted(map(str, keys))) + ")"
 
 
 class FilesInput:
