@@ -78,6 +78,14 @@ def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
     assert check.ok and check.units_ok == 3, check
 
 
+def test_a_lambdas_job_folder_is_a_plain_name(tmp_path, client):
+    s = pipeline.map(lambda x: 2 * x, grid={"x": [1, 2]}, output=str(tmp_path), client=client,
+                     progress=False)  # fmt: skip
+    assert s.complete and s.job_id == "lambda"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_locks", "lambda"]
+    assert results_table(str(tmp_path)).column("result").to_pylist() == [2, 4]
+
+
 def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
     from pipeline.layout import consolidated_manifest_key, manifest_key
     from pipeline.results import IncompleteJob, summarize

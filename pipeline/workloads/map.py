@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import inspect
 import io
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -383,8 +384,15 @@ def run_map(
         **{k: v for k, v in settings.items() if k in map_keys},
     )
     options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
-    workload = MapWorkload(job, name or getattr(fn, "__name__", "map"), fn=fn)
+    workload = MapWorkload(job, name or _default_name(fn), fn=fn)
     return run_workload(workload, options, client=client)
+
+
+def _default_name(fn: Callable) -> str:
+    """The job's folder when no name is given: the function's name, as a folder name
+    (a lambda's '<lambda>' would make a folder named with angle brackets)."""
+    name = re.sub(r"[^\w.-]", "", getattr(fn, "__name__", "")).lstrip("._")
+    return name or "map"
 
 
 def _grid_value(grid) -> dict | list | None:
