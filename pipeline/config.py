@@ -384,15 +384,31 @@ def resolve(
     environ = os.environ if environ is None else environ
     values = {}
     for f in settings_of(cls):
-        if cli.get(f.name) is not None:
-            values[f.name] = _coerce(f, cli[f.name], f"--{flag_name(f)}")
-        elif job is not None and f.name in job.values:
-            values[f.name] = _coerce(f, job.values[f.name], f"job file {job.path}: key {f.name!r}")
-        elif environ.get(env_name(f), "") != "":
-            values[f.name] = _coerce(
-                f, environ[env_name(f)], f"environment {env_name(f)}", from_text=True
-            )
+        given = None
+        try:
+            if cli.get(f.name) is not None:
+                values[f.name] = _coerce(f, given := cli[f.name], f"--{flag_name(f)}")
+            elif job is not None and f.name in job.values:
+                given = job.values[f.name]
+                values[f.name] = _coerce(f, given, f"job file {job.path}: key {f.name!r}")
+            elif environ.get(env_name(f), "") != "":
+                given = environ[env_name(f)]
+                values[f.name] = _coerce(f, given, f"environment {env_name(f)}", from_text=True)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{_choice_of_another(cls, f, given)}") from None
     return cls(**values)
+
+
+def _choice_of_another(cls, f: dataclasses.Field, value: Any) -> str:
+    """A hint when a value refused is a choice of another setting: family = "logit"
+    (a model, or a link)."""
+    if f.metadata["choices"] is None or not isinstance(value, str):
+        return ""
+    others = [g.name for g in settings_of(cls) if g is not f and g.metadata["choices"]
+              and value.lower() in (str(c).lower() for c in g.metadata["choices"])]  # fmt: skip
+    if not others:
+        return ""
+    return f" ({value!r} is a value of {' or '.join(others)}: {others[0]} = {value.lower()!r})"
 
 
 def check_unknown_keys(job: JobFile, *classes) -> None:

@@ -118,6 +118,15 @@ def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
         load_jobs([], {"grid": str(tmp_path / "empty.csv")}, workload="map", environ={})
 
 
+def test_a_value_of_another_setting_says_so(tmp_path):
+    job = write(tmp_path, 'workload = "regressions"\nfamily = "logit"\n')
+    hint = r"'logit' is not one of .*\('logit' is a value of model or link: model = 'logit'\)"
+    with pytest.raises(ConfigError, match=hint):
+        load_jobs([job], {}, environ={})
+    with pytest.raises(ConfigError, match=r"PIPELINE_MODEL: 'bogus' is not one of [^(]*$"):
+        load_jobs([], {}, workload="regressions", environ={"PIPELINE_MODEL": "bogus"})
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"

@@ -443,6 +443,7 @@ def test_bad_chunks_are_recorded_and_the_others_fitted(tmp_path, engine):
     }  # fmt: skip
     msg = dict(zip(models.chunk_id, models.error_message, strict=True))
     assert "x1" in msg[1] and "x2" in msg[1] and "x3" in msg[1] and "rank" in msg[1]
+    assert "the response is constant (4.0 in all 60 rows)" in msg[2]
     assert "x2: 0 NaN, 1 inf" in msg[3]
     assert "5 rows for 7 parameters" in msg[4]
     assert "np.log(w): 0 NaN, 60 inf" in msg[5]

@@ -131,7 +131,7 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
         )
     if spec.model != "quantreg" and np.all(p.y == p.y[0]):
         raise ChunkError(
-            "ConstantResponse", f"the response is constant ({p.y[0]!r} in all {n} rows)"
+            "ConstantResponse", f"the response is constant ({p.y[0].item()!r} in all {n} rows)"
         )
     _check_response_domain(spec, p.y)
     if p.weights is not None and (p.weights <= 0).any():
