@@ -39,7 +39,8 @@ def task_timings(receipts: Iterable, t_epoch: float) -> list[dict]:
             "start": round(r.started - t_epoch, 4),
             "seconds": round(r.seconds, 4),
             "units": r.units,
-            "failed": len(r.failures),
+            # failures as data (a map unit that raised, a chunk that did not fit) too
+            "failed": len(r.failures) + len(r.recorded or ()),
         })  # fmt: skip
     return rows
 
@@ -171,8 +172,11 @@ def _duration_plot(s: RunSummary) -> bytes:
     probe_s = [t["seconds"] for t in s.task_timings if t["index"] < probes]
     rest = [t["seconds"] for t in s.task_timings if t["index"] >= probes]
     bins = max(5, min(50, len(seconds)))
-    ax.hist([rest, probe_s], bins=bins, stacked=True, label=["tasks", "probe tasks"],
-            color=["tab:blue", "tab:orange"])  # fmt: skip
+    if probe_s:
+        ax.hist([rest, probe_s], bins=bins, stacked=True, label=["tasks", "probe tasks"],
+                color=["tab:blue", "tab:orange"])  # fmt: skip
+    else:
+        ax.hist(rest, bins=bins, label="tasks", color="tab:blue")
     ax.set_xlabel("task duration (s)")
     ax.set_ylabel("tasks")
     ax.legend()

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 #: matplotlib's default colours: the throughput and duration plots (blue) and the
 #: workers' timeline (green, red for a task with failed units). Only the plots
 #: draw them, so finding them in a screenshot says the embedded images rendered.
-BLUE, GREEN = (31, 119, 180), (44, 160, 44)
+BLUE, GREEN, RED = (31, 119, 180), (44, 160, 44), (214, 39, 40)
 
 
 def chromium_binary() -> str:
@@ -91,6 +91,7 @@ def test_the_report_page_is_self_contained_and_its_plots_render(tmp_path):
     assert "cost: $" in proc.stdout and "c5.4xlarge at $0.68/h" in proc.stdout, proc.stdout
     summary = json.loads((report / "grid-summary.json").read_text())
     assert summary["cost_usd"] > 0 and summary["task_timings"]
+    assert sum(t["failed"] for t in summary["task_timings"]) == 2
     assert (report / "grid-dask-report.html").exists()
     page = report / "grid-report.html"
     text = page.read_text()
@@ -112,12 +113,14 @@ def test_the_report_page_is_self_contained_and_its_plots_render(tmp_path):
     assert not blank(shot)
     assert colour_pixels(shot, BLUE) > 2000  # throughput and durations
     assert colour_pixels(shot, GREEN) > 500  # the workers' timeline
+    assert colour_pixels(shot, RED) > 50  # its tasks with a failed unit
 
     # The checks can fail: the same page without its images, and with a console error.
     bare = tmp_path / "bare.html"
     bare.write_text(re.sub(r'src="data:[^"]*"', 'src=""', text))
     bare_shot, _ = render(bare, tmp_path)
-    assert colour_pixels(bare_shot, BLUE) < 100 and colour_pixels(bare_shot, GREEN) < 100
+    for colour in (BLUE, GREEN, RED):
+        assert colour_pixels(bare_shot, colour) < 50
     noisy = tmp_path / "noisy.html"
     noisy.write_text(text.replace("</body>", "<script>console.error('broken')</script></body>"))
     assert any("broken" in line for line in render(noisy, tmp_path)[1])
