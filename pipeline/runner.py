@@ -108,6 +108,15 @@ def _held(workload: Workload, options: RunOptions):
         yield
 
 
+def _check_space(workload: Workload, store: Store | None, units: int) -> None:
+    """A job that would fill its disk fails now, not after an hour's tasks."""
+    nbytes = workload.output_bytes(units) if store is not None and units else None
+    if nbytes:
+        store.check_space(
+            nbytes, f"{nbytes / 1e9:,.1f} GB of {units:,} {workload.unit_name}s still"
+        )
+
+
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
     store = open_output(workload, options, echo)
     t_start, t_epoch = time.perf_counter(), time.time()
@@ -128,6 +137,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             f"resuming: {_units_in(known, done):,} of {workload.n_units:,} "
             f"{workload.unit_name}s already complete"
         )
+    _check_space(workload, store, workload.n_units - _units_in(known, done))
     workload.prepare_cluster(client)
     try:
         with _progress(workload, options, _units_in(known, done)) as bar:

@@ -193,6 +193,12 @@ class Workload(ABC):
         """Input bytes a task of units ``start..stop-1`` would read (0: not known)."""
         return 0
 
+    def output_bytes(self, units: int) -> int | None:
+        """Bytes ``units`` of its units write, when known before they run (cubes know
+        exactly): a local output is checked for that much free space before any task.
+        None: not known."""
+        return None
+
     def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
         """Driver: once every task is complete, consolidate; return facts for the summary.
 

@@ -193,6 +193,18 @@ def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, c
         run(cube_job(out, frames_dir, dim=8), client)
 
 
+def test_a_job_larger_than_its_disks_free_space_fails_before_any_task(tmp_path, frames_dir, client):
+    from pipeline import StorageError
+
+    out = tmp_path / "out"
+    # 10^11 cubes of 10^3 float64: 800 TB, more than any disk this runs on has free.
+    with pytest.raises(StorageError, match=rf"output {out}: 800,000.0 GB of 100,000,000,000 "
+                       r"cubes still to write, [\d,.]+ GB free on its disk"):  # fmt: skip
+        run(cube_job(out, frames_dir, cubes=10**11), client)
+    assert not (out / "cubes").exists()
+    assert run(cube_job(out, frames_dir), client).complete  # 320 kB fit
+
+
 def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, client):
     out = tmp_path / "out"
     a = run(cube_job(out, frames_dir, sink="none", cubes=50), client)

@@ -92,6 +92,11 @@ class Store(ABC):
         """Get ready for a task's first request (a worker's, while the driver validates)."""
         return None
 
+    def check_space(self, nbytes: int, what: str) -> None:
+        """Raise ``StorageError`` when ``nbytes`` (``what``: the bytes' description)
+        cannot fit; an object store always has room."""
+        return None
+
     def preflight(self) -> None:
         """Check that the store can be written, read and deleted; raise ``StorageError``."""
         from ..errors import StorageError

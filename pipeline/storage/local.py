@@ -84,6 +84,17 @@ class LocalStore(Store):
             raise StorageError(f"output {self.root}: {at} is a file, expected a folder")
         super().preflight()
 
+    def check_space(self, nbytes: int, what: str) -> None:
+        at = self.root
+        while not at.exists() and at != at.parent:
+            at = at.parent
+        free = shutil.disk_usage(at).free
+        if nbytes > free:
+            raise StorageError(
+                f"output {self.root}: {what} to write, {_gb(free)} free on its disk; free "
+                "some space or write elsewhere (--output)"
+            )
+
     def path(self, key: str) -> Path:
         if ".." in key.replace("\\", "/").split("/"):
             raise StorageError(f"key {key!r} must not contain '..'")
@@ -206,3 +217,7 @@ class LocalStore(Store):
             except OSError:
                 break
         return count
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:,.1f} MB"

@@ -141,6 +141,9 @@ class CubeWorkload(Workload):
         if self.frames is None:
             self.frames = inspect_frames(self._frames_url, self.job.dim)
 
+    def output_bytes(self, units: int) -> int | None:
+        return units * self.job.dim**3 * np.dtype(self.job.dtype).itemsize
+
     def fingerprint(self) -> dict:
         j = self.job
         return {
