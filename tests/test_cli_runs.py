@@ -137,7 +137,8 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
         "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
     ), again.stdout
     assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
-    verbose = pipeline("-v", *args, "--overwrite", "--dashboard")
+    # -v after the command, as users type it, counts as before it
+    verbose = pipeline(*args, "--overwrite", "--dashboard", "-v")
     assert "  plan: " in verbose.stdout and "tasks of" in verbose.stdout, verbose.stdout
     assert "dashboard: http://127.0.0.1:" in verbose.stderr
     assert "plan:" not in first.stdout and "probe" not in first.stdout

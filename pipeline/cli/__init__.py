@@ -109,13 +109,39 @@ def main(verbose: int) -> None:
     single-threaded worker processes. Settings resolve in the order: flag, job
     file key, PIPELINE_* environment variable, default.
     """
+    _set_verbosity(verbose)
+
+
+def _set_verbosity(verbose: int) -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
     # Dask logs every connection at INFO; a user asking for -v wants ours. Importing
     # distributed applies its logging config, so set the level after that.
     import distributed  # noqa: F401
 
     logging.getLogger("distributed").setLevel(logging.DEBUG if verbose > 1 else logging.ERROR)
+
+
+def _command_verbosity(ctx: click.Context, param, count: int) -> None:
+    """`pipeline run job.toml -v` as `pipeline -v run job.toml`: the counts add up."""
+    if count:
+        root = ctx.find_root()
+        root.params["verbose"] = root.params.get("verbose", 0) + count
+        _set_verbosity(root.params["verbose"])
+
+
+def _add_verbose_option(command: click.Command) -> None:
+    command.params.append(
+        click.Option(
+            ["-v", "--verbose", "command_verbose"],
+            count=True,
+            expose_value=False,
+            callback=_command_verbosity,
+            help="More log output (-vv for debug), as before the command.",
+        )
+    )
+    for sub in getattr(command, "commands", {}).values():
+        _add_verbose_option(sub)
 
 
 @main.command("run", cls=_RunCommand, context_settings={"show_default": False})
@@ -233,6 +259,8 @@ def _interrupt(signum, frame) -> None:
 
 for _command in (workloads_command, data_group, results_command, certs_command, verify_command):
     main.add_command(_command)
+for _command in main.commands.values():
+    _add_verbose_option(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover
