@@ -56,6 +56,12 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
         address = options.scheduler
         _require_tls_beyond_loopback(address)
         security = _security(options)
+        if security is None and address.startswith("tls://") and not _dask_tls_configured():
+            raise ClusterError(
+                f"--scheduler {address}: TLS needs --tls-ca-file, --tls-cert and --tls-key "
+                "(or PIPELINE_TLS_CA_FILE, PIPELINE_TLS_CERT, PIPELINE_TLS_KEY); `pipeline "
+                "certs` makes a set"
+            )
         try:
             client = Client(
                 address,
@@ -361,6 +367,16 @@ def _close_embedded(cluster) -> None:
             error = exc
             time.sleep(0.5)
     log.warning("the embedded cluster did not close cleanly: %s: %s", type(error).__name__, error)
+
+
+def _dask_tls_configured() -> bool:
+    """Whether Dask's own configuration (``distributed.comm.tls.*``) gives the client
+    TLS material, as a deployment may set it instead of our settings."""
+    import dask
+
+    tls = dask.config.get("distributed.comm.tls", {}) or {}
+    client = tls.get("client") or {}
+    return bool(tls.get("ca-file") or client.get("cert"))
 
 
 def _security(options: RunOptions):

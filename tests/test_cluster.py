@@ -72,6 +72,12 @@ def test_partial_tls_settings_name_what_is_missing(tmp_path):
 
     from pipeline import ClusterError
 
+    none = RunOptions(scheduler="tls://127.0.0.1:1")
+    with (
+        pytest.raises(ClusterError, match=r"tls://127.0.0.1:1: TLS needs --tls-ca-file, --tls-"),
+        connect(none),
+    ):
+        pass
     partial = RunOptions(scheduler="tls://127.0.0.1:1", tls_ca_file="ca.pem")
     needs = r"TLS needs --tls-cert, --tls-key too"
     with pytest.raises(ClusterError, match=needs), connect(partial):
