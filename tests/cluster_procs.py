@@ -157,7 +157,13 @@ class Proc:
             self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.kill()
-        for child in self._children:  # psutil guards against pid reuse
+        # Children exit on their own once their leader has; multiprocessing's resource
+        # tracker unlinks the semaphores it was told of as it does. Killed at once, it
+        # left them in /dev/shm (a dozen per test module).
+        _, alive = psutil.wait_procs(
+            self._children, timeout=max(0.0, deadline - time.monotonic()) + 2
+        )
+        for child in alive:  # psutil guards against pid reuse
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
         if self._log_file is not None:
@@ -216,11 +222,18 @@ class ProcessManager:
         worker), so the grace period is short.
         """
         procs, self.procs = self.procs, []
-        for proc in procs:
-            proc.terminate()
-        deadline = time.monotonic() + grace
-        for proc in procs:
-            proc.finish(deadline)
+        # Kinds stop in the reverse order they started (workers, then the load
+        # balancer, then the scheduler): workers told to stop while the way to the
+        # scheduler is up are gone in a moment; without it they retried it until
+        # SIGKILLed, which left their nannies' semaphores in /dev/shm.
+        kinds = list(dict.fromkeys(p.name.split("-")[0] for p in procs))
+        for kind in reversed(kinds):
+            group = [p for p in procs if p.name.split("-")[0] == kind]
+            for proc in group:
+                proc.terminate()
+            deadline = time.monotonic() + grace
+            for proc in group:
+                proc.finish(deadline)
         atexit.unregister(self.close)
 
     def __enter__(self) -> ProcessManager:
