@@ -348,9 +348,9 @@ def _file_rows(path: Path) -> list[dict]:
             from pyarrow import csv
 
             return csv.read_csv(path).to_pylist()
-        import pyarrow.parquet as pq
+        from .storage import read_parquet
 
-        return pq.read_table(path).to_pylist()
+        return read_parquet(path.read_bytes()).to_pylist()
     except pa.ArrowException as exc:
         raise ValueError(str(exc)) from None
 
