@@ -283,8 +283,6 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
                     f"{origin}: {value!r} is not {expected} (or a {files} of one): {exc}"
                 ) from None
             value = _table_file(Path(value), f.name, origin, rows)
-    if rows and isinstance(value, list | tuple):
-        return _table_rows(value, origin)
     elif from_text and kind is not str:
         text = value.strip().lower()
         try:
@@ -296,6 +294,8 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
                 value = kind(text)
         except ValueError:
             raise ConfigError(f"{origin}: {value!r} is not {expected}") from None
+    if rows and isinstance(value, list | tuple):
+        return _table_rows(value, origin)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -108,8 +108,9 @@ def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
     for given in ("p.toml", "p.json", "p.csv", "p.parquet"):
         (job,) = load_jobs([], {"grid": str(tmp_path / given)}, workload="map", environ={})
         assert job.settings.grid == points, given
-    (job,) = load_jobs([], {}, workload="map", environ={"PIPELINE_GRID": json.dumps(points)})
-    assert job.settings.grid == points
+    for given in (points, {"alpha": [0.5, 2.5]}):  # a variable holds either as JSON
+        (job,) = load_jobs([], {}, workload="map", environ={"PIPELINE_GRID": json.dumps(given)})
+        assert job.settings.grid == given
     (tmp_path / "mixed.json").write_text('[{"alpha": 1}, [2]]')
     with pytest.raises(ConfigError, match=r"mixed.json: item 1 is \[2\] \(list\)"):
         load_jobs([], {"grid": str(tmp_path / "mixed.json")}, workload="map", environ={})
