@@ -125,7 +125,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             f"{where}/job.json has plan format {fmt!r}, newer than this version reads "
             f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
         )
-    recorded, current = record.get("fingerprint", {}), workload.fingerprint()
+    recorded, current = record.get("fingerprint", {}), _as_recorded(workload.fingerprint())
     if recorded != current:
         changed = sorted(k for k in recorded.keys() | current if recorded.get(k) != current.get(k))
         raise ConfigError(
@@ -157,6 +157,25 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     return plan
 
 
+def _as_recorded(fingerprint: dict) -> dict:
+    """The fingerprint as its JSON record reads back: settings may hold dates and
+    times (a TOML grid of days), written as ISO text, and objects (from Python),
+    written as their repr."""
+    return json.loads(json.dumps(fingerprint, sort_keys=True, default=_json_value))
+
+
+def _json_value(value):
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, bytes):
+        return value.hex()
+    # Objects (an estimator in a grid from Python): their repr, which for most says
+    # their parameters
+    return repr(value)
+
+
 def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
     """Record ``plan`` before any task it adds runs."""
     if store is None:
@@ -165,7 +184,7 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
         "plan_format": PLAN_FORMAT,
         "workload": workload.kind,
         "job_id": workload.job_id,
-        "fingerprint": workload.fingerprint(),
+        "fingerprint": _as_recorded(workload.fingerprint()),
         "head": plan.head,
         "units_per_task": plan.units_per_task,
         "stops": plan.stops,

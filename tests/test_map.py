@@ -78,6 +78,27 @@ def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
     assert check.ok and check.units_ok == 3, check
 
 
+def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
+    # Their job record (JSON) failed to write: "Object of type date is not JSON
+    # serializable", for a TOML grid of days as for an estimator passed from Python.
+    import datetime
+
+    days = {"day": [datetime.date(2024, 1, 1), datetime.date(2024, 3, 5)]}
+    for _ in range(2):
+        s = run(client, tmp_path / "days", function=f"{FN}:weekday", grid=days)
+        assert s.complete
+    assert s.units_run == 0  # the second run found the first complete
+    assert results_table(str(tmp_path / "days")).column("weekday").to_pylist() == [0, 1]
+    grid = {"model": [userfns.Scale(2), userfns.Scale(3)], "x": [1, 2]}
+    for _ in range(2):
+        s = pipeline.map(userfns.scaled, grid=grid, output=str(tmp_path / "objects"),
+                         client=client, progress=False)  # fmt: skip
+    assert s.complete and s.units_run == 0
+    table = results_table(str(tmp_path / "objects")).to_pandas()
+    assert table["model"].tolist() == ["Scale(k=2)"] * 2 + ["Scale(k=3)"] * 2
+    assert table["y"].tolist() == [2, 4, 3, 6]
+
+
 def test_a_lambdas_job_folder_is_a_plain_name(tmp_path, client):
     s = pipeline.map(lambda x: 2 * x, grid={"x": [1, 2]}, output=str(tmp_path), client=client,
                      progress=False)  # fmt: skip

@@ -29,11 +29,11 @@ class GridInput:
 
     kind = "grid"
 
-    def __init__(self, grid: dict[str, Any] | list[dict[str, Any]]):
+    def __init__(self, grid: dict[str, Any] | list[dict[str, Any]] | tuple):
         if not grid:
             raise ConfigError("grid: empty; expected a table of lists, e.g. {alpha = [0.1, 1]}")
-        if isinstance(grid, list):
-            self.points: list[dict] | None = grid
+        if isinstance(grid, list | tuple):
+            self.points: list[dict] | None = list(grid)
             keys = tuple(grid[0])
             for i, point in enumerate(grid):
                 if set(point) != set(keys):

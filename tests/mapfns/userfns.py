@@ -156,3 +156,21 @@ def waits(x, i=0, seconds=0.05):
 def list_param(dims):
     """A grid whose values are lists, returning a mapping value."""
     return {"n": len(dims), "first": {"k": dims[0]}}
+
+
+class Scale:
+    """A grid value that is an object (an estimator, say), with a repr of its settings."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"Scale(k={self.k})"
+
+
+def scaled(model, x):
+    return {"y": model.k * x}
+
+
+def weekday(day, k=1):
+    return {"weekday": day.weekday(), "k": k}
