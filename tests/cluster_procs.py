@@ -46,6 +46,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -135,10 +136,16 @@ class Proc:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (a nanny *and* its worker) and reap it."""
+        semaphores = _semaphores(self.pids()) if self.alive() else set()
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
+        # A lost machine takes its semaphores along; one simulated here leaves them in
+        # /dev/shm, its resource tracker killed with it: remove them as the machine would.
+        for name in semaphores:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}")
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL (whole group) after ``timeout``; kill leftover children."""
@@ -169,6 +176,18 @@ class Proc:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+
+def _semaphores(pids: list[int]) -> set[str]:
+    """The POSIX semaphores (``/dev/shm/sem.*``) that processes ``pids`` have mapped."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        names.update(re.findall(r"/dev/shm/(sem\.\S+)", maps))
+    return names
 
 
 class ProcessManager:
