@@ -230,6 +230,28 @@ def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
         assert_same(coefs, c, smf.ols("y ~ center(x1) + C(sector)", df[df.chunk == c]).fit())
 
 
+def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
+    # Weight 0 masks a row: statsmodels fits such a chunk (the row still counts in
+    # nobs); it used to fail here as BadWeights.
+    df = panel(chunks=4, rows=60)
+    c = df.chunk
+    df.loc[df.index[c == 0][:5], "w"] = 0.0  # some rows weigh nothing
+    df.loc[c == 1, "w"] = 0.0  # every row
+    df.loc[df.index[c == 2][:1], "w"] = -1.0
+    data = write(df, tmp_path / "d")
+    coefs, models = fit_all(workload(data, model="wls", weights="w"))
+    chunk = df[c == 0]
+    res = smf.wls(FORMULA, chunk, weights=chunk["w"]).fit()
+    assert_same(coefs, 0, res)
+    assert models.nobs[0] == res.nobs == 60 and models.df_resid[0] == res.df_resid
+    assert models.error_type[1] == "TooFewRows"
+    assert "0 rows of positive weight for 7 parameters" in models.error_message[1]
+    assert (
+        models.error_type[2] == "BadWeights" and "1 weights are negative" in models.error_message[2]
+    )
+    assert pd.isna(models.error_type[3])
+
+
 def test_explicit_contrasts_are_designed_once_per_task_and_match_each_chunk_alone(tmp_path):
     df = panel(chunks=5, rows=80)
     # chunk 1 lacks C (Treatment('C')'s reference: the chunk alone cannot be designed),

@@ -134,25 +134,41 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
             "ConstantResponse", f"the response is constant ({p.y[0].item()!r} in all {n} rows)"
         )
     _check_response_domain(spec, p.y)
-    if p.weights is not None and (p.weights <= 0).any():
-        raise ChunkError("BadWeights", f"{int((p.weights <= 0).sum())} weights are not positive")
+    X = p.X
+    if p.weights is not None:
+        negative = int((p.weights < 0).sum())
+        if negative:
+            raise ChunkError("BadWeights", f"{negative} weights are negative")
+        # Rows of weight 0 are kept, and counted in nobs, as statsmodels does; the
+        # fit itself rests on the others.
+        kept = p.weights > 0
+        if kept.sum() <= k:
+            raise ChunkError(
+                "TooFewRows",
+                f"{int(kept.sum())} rows of positive weight for {k} parameters: need at "
+                f"least {k + 1} ({n - int(kept.sum())} weights are 0)",
+            )
+        X = X if kept.all() else X[kept]
     if not svd:
         return None
-    sv = np.linalg.svd(p.X, compute_uv=False)
+    sv = np.linalg.svd(X, compute_uv=False)
     tol = sv.max(initial=0.0) * max(n, k) * np.finfo(float).eps
     rank = int((sv > tol).sum())
     if rank < k:
-        singular(p, rank)
+        singular(p, rank, X)
     return sv
 
 
-def singular(p: Prepared, rank: int) -> None:
-    """Raise SingularDesign naming the collinear columns."""
-    k = p.X.shape[1]
-    _, _, vt = np.linalg.svd(p.X, full_matrices=False)
+def singular(p: Prepared, rank: int, X: np.ndarray | None = None) -> None:
+    """Raise SingularDesign naming the collinear columns (of ``X``: the rows that
+    count, when some weigh nothing)."""
+    if X is None:
+        X = p.X if p.weights is None else p.X[p.weights > 0]
+    k = X.shape[1]
+    _, _, vt = np.linalg.svd(X, full_matrices=False)
     null = np.abs(vt[rank:]).max(axis=0)
     involved = [p.names[j] for j in np.flatnonzero(null > 1e-8)]
-    zero = [p.names[j] for j in range(k) if not p.X[:, j].any()]
+    zero = [p.names[j] for j in range(k) if not X[:, j].any()]
     why = f"; all-zero columns: {', '.join(zero)}" if zero else ""
     raise ChunkError(
         "SingularDesign",
