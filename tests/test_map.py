@@ -301,6 +301,8 @@ def test_key_columns_returned_as_they_came_are_left_out_others_fail(tmp_path, cl
     assert [f["error_type"] for f in s.failures] == ["ValueError"] * 2
     assert "returned a column 'x' holding 2, but 'x' is a key column" in s.failures[0]["message"]
     assert "this unit's x is 1" in s.failures[0]["message"]
+    s = run(client, tmp_path / "c2", function=f"{FN}:changes_its_key_in_numpy", grid={"x": [1]})
+    assert "holding 2.0, but" in s.failures[0]["message"]  # not np.float64(2.0)
     run(client, tmp_path / "d", function=f"{FN}:rows_generated", grid={"x": [0, 2]})
     assert results_table(str(tmp_path / "d")).to_pandas().values.tolist() == [[1, 2, 0], [1, 2, 1]]
 

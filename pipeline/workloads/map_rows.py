@@ -98,7 +98,7 @@ class UnitRows:
             other = [v for v in values_of(name) if not _same(v, keys[name])]
             if other:
                 raise ValueError(
-                    f"the function returned a column {name!r} holding {other[0]!r}, but "
+                    f"the function returned a column {name!r} holding {_plain(other[0])!r}, but "
                     f"{name!r} is a key column the results begin with, and this unit's "
                     f"{name} is {keys[name]!r}; rename the column"
                 )
@@ -203,6 +203,12 @@ def _named_row(labelled, what: str) -> dict:
             "labels name the columns and must differ"
         )
     return row
+
+
+def _plain(value):
+    """A numpy scalar as the Python value it holds, for messages (numpy 2 shows
+    ``np.float64(2.0)``)."""
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", None) == 0 else value
 
 
 def _one_row(row: dict) -> pa.Table:

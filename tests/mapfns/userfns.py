@@ -80,6 +80,10 @@ def changes_its_key(x):
     return {"x": x + 1}
 
 
+def changes_its_key_in_numpy(x):
+    return {"x": np.float64(x) + 1}
+
+
 def rows_generated(x):
     for i in range(x):
         yield {"i": i}
