@@ -35,7 +35,7 @@ from .prices import (
     WorkerPrice,
 )
 from .sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
-from .summary import RunSummary, usd
+from .summary import RunSummary, seconds, usd
 
 __all__ = [
     "Fleet",
@@ -230,10 +230,12 @@ def project(
 def projection_lines(p: Projection) -> list[str]:
     per_day = f"{p.runs_per_day:,.0f} runs/day" if p.runs_per_day else "no runs/day figure"
     floors = ", ".join(
-        f"{LIMIT_NAMES[k].split(' (')[0]} {v:,.3g} s" for k, v in p.limits.items() if v is not None
+        f"{LIMIT_NAMES[k].split(' (')[0]} {seconds(v)}"
+        for k, v in p.limits.items()
+        if v is not None
     )
     lines = [
-        f"  {p.fleet.label}: {p.wall_seconds:,.1f} s, {usd(p.cost_usd)}, {per_day} "
+        f"  {p.fleet.label}: {seconds(p.wall_seconds)}, {usd(p.cost_usd)}, {per_day} "
         f"({p.tasks:,} tasks); bound by {LIMIT_NAMES[p.binding]}",
         f"    floors: {floors}",
     ]

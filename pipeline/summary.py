@@ -155,7 +155,12 @@ def time_split(s: RunSummary) -> str:
 
 
 def seconds(value: float) -> str:
-    """A duration as a person reads it: 1.2 s, 85 ms, 3.4 ms (not 0.0 s)."""
+    """A duration as a person reads it: 2.5 h, 12.5 min, 1.2 s, 85 ms, 3.4 ms (not
+    0.0 s, nor 9,000.0 s)."""
+    if value >= 7200:
+        return f"{value / 3600:,.1f} h"
+    if value >= 600:
+        return f"{value / 60:.1f} min"
     if value >= 0.095:
         return f"{value:,.1f} s"
     return f"{value * 1e3:.0f} ms" if value >= 0.0095 else f"{value * 1e3:.1f} ms"

@@ -291,7 +291,9 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
 def test_the_summary_names_what_bound_the_run_and_reads_short_times():
     from pipeline.summary import RunSummary, bottleneck, seconds
 
-    assert [seconds(x) for x in (12.34, 0.1, 0.04, 0.0042)] == [
+    assert [seconds(x) for x in (9000, 750, 12.34, 0.1, 0.04, 0.0042)] == [
+        "2.5 h",
+        "12.5 min",
         "12.3 s",
         "0.1 s",
         "40 ms",
