@@ -100,12 +100,24 @@ def env_name(f: dataclasses.Field) -> str:
     return ENV_PREFIX + f.name.upper()
 
 
+#: Run settings naming files the driver writes or reads on its own disk.
+_LOCAL_FILES = ("report", "profile", "profile_tasks", "price_file")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How a job runs: where, with what parallelism, writing where."""
 
     def __post_init__(self) -> None:
         check_settings(self)
+        for name in _LOCAL_FILES:
+            value = getattr(self, name)
+            if isinstance(value, str) and "://" in value:
+                # Written with open(): an s3:// URL became a local folder named "s3:".
+                raise ConfigError(
+                    f"{name} = {value!r} (--{name.replace('_', '-')}): a local path is "
+                    "expected, on the driver's disk (the job's output may be on S3)"
+                )
 
     scheduler: str | None = setting(
         None,

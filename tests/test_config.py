@@ -128,6 +128,15 @@ def test_a_value_of_another_setting_says_so(tmp_path):
         load_jobs([], {}, workload="regressions", environ={"PIPELINE_MODEL": "bogus"})
 
 
+def test_files_the_driver_writes_must_be_local_paths(tmp_path):
+    # --report s3://bucket/x made a local folder named "s3:" and wrote there.
+    for key in ("report", "profile", "profile_tasks"):
+        with pytest.raises(ConfigError, match=rf"{key} = 's3://b/x' .*a local path is expected"):
+            load_jobs([], {key: "s3://b/x"}, workload="cubes", environ={})
+    (job,) = load_jobs([], {"report": str(tmp_path / "r")}, workload="cubes", environ={})
+    assert job.options.report == str(tmp_path / "r")
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"
