@@ -124,6 +124,19 @@ def test_delete_prefix_counts(store):
     assert store.list() == ["p10/4"]
 
 
+def test_a_url_missing_a_slash_is_refused_not_made_a_local_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'s3:/b/x' reads as a URL missing a '/' \(did you "
+                       r"mean 's3://b/x'\?\)"):  # fmt: skip
+        open_store("s3:/b/x")
+    with pytest.raises(ConfigError, match="unsupported scheme 'gs'"):
+        open_store("gs://b/x")
+    assert not list(tmp_path.iterdir())
+    open_store("./s3:/b/x").write_bytes("k", b"1")  # a local folder so named, said so
+    assert (tmp_path / "s3:" / "b" / "x" / "k").read_bytes() == b"1"
+    assert open_store("C:/data").root.name == "data"  # a drive letter is no URL
+
+
 def test_local_write_killed_midway_is_invisible_and_discarded(tmp_path):
     # A real process killed with SIGKILL in the middle of a write, as a lost worker is.
     root = tmp_path / "store"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 
 from ..errors import ConfigError
 from .base import (
@@ -54,6 +55,13 @@ def _open_store(url: str) -> Store:
         raise ConfigError(
             f"output/input URL {url!r}: unsupported scheme {scheme!r}, "
             "expected a local path, file:// or s3://"
+        )
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", url):
+        # s3:/bucket/x: a URL missing a slash would be a local folder named "s3:"
+        fixed = re.sub(r":/", "://", url, count=1)
+        raise ConfigError(
+            f"output/input {url!r} reads as a URL missing a '/' (did you mean {fixed!r}?); "
+            "a local folder whose name ends in ':' can be given as ./" + url
         )
     return LocalStore(url.removeprefix("file://"))
 
