@@ -105,6 +105,11 @@ def test_a_lambdas_job_folder_is_a_plain_name(tmp_path, client):
     assert s.complete and s.job_id == "lambda"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_locks", "lambda"]
     assert results_table(str(tmp_path)).column("result").to_pylist() == [2, 4]
+    import functools
+
+    s = pipeline.map(functools.partial(userfns.power, p=3), grid={"x": [2]},
+                     output=str(tmp_path), client=client, progress=False)  # fmt: skip
+    assert s.job_id == "power"
 
 
 def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):

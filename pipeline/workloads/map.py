@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import inspect
 import io
@@ -391,6 +392,8 @@ def run_map(
 def _default_name(fn: Callable) -> str:
     """The job's folder when no name is given: the function's name, as a folder name
     (a lambda's '<lambda>' would make a folder named with angle brackets)."""
+    while isinstance(fn, functools.partial):  # partial(fit, alpha=2): 'fit'
+        fn = fn.func
     name = re.sub(r"[^\w.-]", "", getattr(fn, "__name__", "")).lstrip("._")
     return name or "map"
 
