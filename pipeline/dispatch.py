@@ -16,7 +16,7 @@ from typing import Any
 from .errors import ClusterError
 from .layout import manifest_key
 from .storage import Store, open_store, write_parquet
-from .workload import Task, TaskOutput, TaskReceipt, UnitFailure, Workload
+from .workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 
 __all__ = ["DASK_LEVEL_RETRIES", "INLINE_BYTES", "TaskRunner", "count_workers", "execute_task"]
 
@@ -44,7 +44,7 @@ def execute_task(
                 store, manifest_key(workload.job_id, task.index), out.manifest
             )
             out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
-    except Exception as exc:
+    except USER_ERRORS as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
     return TaskReceipt(

@@ -50,6 +50,13 @@ def load_function(spec: str, setting: str = "function") -> Callable:
         raise ConfigError(f"{setting} = {spec!r}: expected 'module:callable' (e.g. 'fits:fit_one')")
     try:
         module = importlib.import_module(module_name)
+    except SystemExit:
+        # A script whose top level runs and exits (sys.exit(main())): imported here it
+        # would end the driver, silently and with that exit status
+        raise ConfigError(
+            f"{setting} = {spec!r}: module {module_name!r} exits when imported (sys.exit "
+            'at its top level); put its script code under `if __name__ == "__main__":`'
+        ) from None
     except Exception as exc:
         raise ConfigError(
             f"{setting} = {spec!r}: module {module_name!r} does not import: "

@@ -71,6 +71,13 @@ class UnitFailure:
         return cls(unit, type(exc).__name__, str(exc) or repr(exc))
 
 
+#: What a unit's code may raise, to be recorded as that unit's failure: its errors,
+#: and also ``sys.exit()`` and ``KeyboardInterrupt`` raised by the code itself (in a
+#: worker's task thread no signal raises them). Let through, they ended the driver
+#: as if it had been told to exit, with exit status 0 and no summary, or as a Ctrl-C.
+USER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
+
+
 @dataclass
 class TaskOutput:
     """What ``Workload.run_task`` returns on the worker.

@@ -99,6 +99,27 @@ def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
     assert table["y"].tolist() == [2, 4, 3, 6]
 
 
+def test_code_that_exits_or_interrupts_fails_its_unit_not_the_run(tmp_path, client):
+    # sys.exit() in a unit ended `pipeline run` with exit status 0 and no summary; a
+    # KeyboardInterrupt raised by the code was taken for the user's Ctrl-C.
+    s = run(client, tmp_path, function=f"{FN}:exits_or_interrupts", grid={"x": [1, 2, 3, 4]})
+    assert s.units_failed == 2 and s.units_run == 4
+    assert [(f["unit"], f["error_type"]) for f in s.failures] == [
+        (1, "SystemExit"), (2, "KeyboardInterrupt")
+    ]  # fmt: skip
+    assert results_table(str(tmp_path)).column("y").to_pylist() == [1, 4]
+
+
+def test_a_module_that_exits_when_imported_is_named(tmp_path, monkeypatch):
+    (tmp_path / "script_like.py").write_text(
+        "import sys\n\ndef f(x):\n    return x\n\nsys.exit(0)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    w = MapWorkload(MapJob(function="script_like:f", grid={"x": [1]}), "m")
+    with pytest.raises(ConfigError, match="module 'script_like' exits when imported"):
+        w.preflight()
+
+
 def test_a_lambdas_job_folder_is_a_plain_name(tmp_path, client):
     s = pipeline.map(lambda x: 2 * x, grid={"x": [1, 2]}, output=str(tmp_path), client=client,
                      progress=False)  # fmt: skip

@@ -43,7 +43,14 @@ from ..usercode import (
     load_function,
     unit_seed,
 )
-from ..workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
+from ..workload import (
+    USER_ERRORS,
+    Task,
+    TaskOutput,
+    UnitFailure,
+    Workload,
+    consolidate_manifest,
+)
 from .map_inputs import DataInput, FilesInput, GridInput
 from .map_rows import UnitRows
 
@@ -270,13 +277,13 @@ class MapWorkload(Workload):
 
     def _call(self, unit: int, args: tuple, kwargs: dict):
         """The unit's rows (key columns first) or its failure record."""
-        error: Exception | None = None
+        error: BaseException | None = None
         attempt = 0
         for attempt in range(self.job.retries + 1):  # noqa: B007 - reported below
             try:
                 returned = self._function()(*args, **kwargs)
                 return self.rows.from_return(unit, returned), None
-            except Exception as exc:
+            except USER_ERRORS as exc:
                 error = exc
         return None, self.rows.failure(unit, error, attempt + 1)
 

@@ -4,6 +4,7 @@ arguments: the embedded cluster's workers do not see the tests' environment."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,12 @@ def scaled(model, x):
 
 def weekday(day, k=1):
     return {"weekday": day.weekday(), "k": k}
+
+
+def exits_or_interrupts(x):
+    """Code that ends itself: recorded as the unit's failure, not the driver's end."""
+    if x == 2:
+        sys.exit(3)
+    if x == 3:
+        raise KeyboardInterrupt
+    return {"y": x}
