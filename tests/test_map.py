@@ -260,14 +260,17 @@ def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"
     assert (
-        "returned a builtins.list; expected a value (number, text, date), a mapping or a "
-        in (s.failures[0]["message"])
+        "returned a builtins.set; expected a value (number, text, date, array or list), a "
+        "mapping or a " in (s.failures[0]["message"])
     )
 
 
 def test_a_single_value_is_a_row_of_one_column(tmp_path, client):
     # As joblib's Parallel collects one value per call; numpy's scalars are values too.
-    for kind, want in [("int", 7), ("float", 0.5), ("text", "abc")]:
+    # An array or a list of values (`return loss, acc`) is one value: a list cell.
+    values = [("int", 7), ("float", 0.5), ("text", "abc"), ("array", [1.5, 2.5]),
+              ("matrix", [[1.0, 0.0], [0.0, 1.0]]), ("pair", [0.25, 3.0])]  # fmt: skip
+    for kind, want in values:
         run(client, tmp_path / kind, function=f"{FN}:one_value", grid={"x": [kind]})
         table = results_table(str(tmp_path / kind))
         assert table.column_names == ["unit", "x", "result"]

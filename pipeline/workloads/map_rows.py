@@ -51,6 +51,16 @@ class UnitRows:
         if isinstance(returned, _SCALARS):
             # One value per unit, as joblib's Parallel collects them: a row of one column.
             returned = {SCALAR_COLUMN: returned}
+        elif isinstance(returned, np.ndarray):
+            # An array (an embedding, predictions) is one value too: a list cell.
+            returned = {SCALAR_COLUMN: returned if returned.ndim == 1 else returned.tolist()}
+        elif (
+            isinstance(returned, list | tuple)
+            and not any(isinstance(r, Mapping) for r in returned)
+            and returned
+        ):
+            # Values, not rows (rows are mappings): one list cell, as `return loss, acc`.
+            returned = {SCALAR_COLUMN: list(returned)}
         if type(returned).__name__ == "Series" and hasattr(returned, "index"):
             # One row, its labels naming the columns (as chunk.mean() gives).
             returned = _named_row(returned, "a pandas Series")
@@ -78,8 +88,9 @@ class UnitRows:
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "
-                "expected a value (number, text, date), a mapping or a pandas Series (one row), "
-                "a pandas DataFrame, a pyarrow Table or a list of mappings (rows), or None"
+                "expected a value (number, text, date, array or list), a mapping or a pandas "
+                "Series (one row), a pandas DataFrame, a pyarrow Table or a list of mappings "
+                "(rows), or None"
             )
         echoed = self._echoed_keys(unit, table.column_names,
                                    lambda c: table.column(c).unique().to_pylist())  # fmt: skip

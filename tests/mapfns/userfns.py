@@ -91,7 +91,7 @@ def rows_generated(x):
 
 
 def wrong_type(x):
-    return [x]
+    return {x}  # a set: neither a value nor rows
 
 
 def one_value(x):
@@ -101,7 +101,8 @@ def one_value(x):
     import numpy as np
 
     return {"int": 7, "float": np.float64(0.5), "text": "abc",
-            "day": datetime.date(2024, 1, 2)}[x]  # fmt: skip
+            "day": datetime.date(2024, 1, 2), "array": np.array([1.5, 2.5]),
+            "matrix": np.eye(2), "pair": (0.25, 3)}[x]  # fmt: skip
 
 
 def mixed_types(x):
