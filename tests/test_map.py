@@ -304,6 +304,10 @@ def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, 
     # A Series is one row, its labels naming the columns.
     t = table("summary_series")
     assert t[["g", "min", "max"]].values.tolist() == [["a", 0.0, 3.0], ["b", 4.0, 7.0]]
+    # Columns of two levels (agg with a list) are named level by level: y_mean.
+    t = table("several_statistics")
+    assert list(t.columns) == ["unit", "g", "h", "y_mean", "y_max"]
+    assert t[["h", "y_mean", "y_max"]].values.tolist()[:2] == [["p", 1.0, 2.0], ["q", 2.0, 3.0]]
     # A list of mappings is rows.
     t = table("rows_as_dicts")
     assert t[["unit", "i", "y"]].values.tolist()[:5] == [[0, 0, 0.0], [0, 1, 1.0], [0, 2, 2.0],

@@ -80,6 +80,12 @@ class UnitRows:
             # An unnamed one is row labels (a filtered chunk's), left out.
             if any(name is not None for name in returned.index.names):
                 returned = returned.reset_index()
+            if returned.columns.nlevels > 1:
+                # agg({"x": ["mean", "std"]}): x_mean, x_std (pyarrow would name them
+                # "('x', 'mean')"); a level left empty by reset_index drops out
+                returned = returned.set_axis(
+                    ["_".join(str(p) for p in c if str(p)) for c in returned.columns], axis=1
+                )
             table = pa.Table.from_pandas(returned, preserve_index=False)
         elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
             if not returned:

@@ -77,6 +77,11 @@ def group_means_by_key(chunk: pd.DataFrame):
     return chunk.groupby(["g", "h"])[["y"]].mean()
 
 
+def several_statistics(chunk: pd.DataFrame):
+    """agg with a list of functions: columns of two levels, ("y", "mean")."""
+    return chunk.groupby("h").agg({"y": ["mean", "max"]})
+
+
 def changes_its_key(x):
     return {"x": x + 1}
 
