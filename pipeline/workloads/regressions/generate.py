@@ -55,6 +55,10 @@ def _draw(seed: int, chunk: int, rows: int, features: int):
 def true_coefficients(seed: int, chunk: int, features: int, rows: int = 1) -> dict[str, float]:
     """The coefficients chunk ``chunk`` was drawn with, by formula term name."""
     intercept, beta, effects, *_ = _draw(seed, chunk, rows, features)
+    return _terms(intercept, beta, effects)
+
+
+def _terms(intercept, beta, effects) -> dict[str, float]:
     out = {"Intercept": float(intercept)}
     out.update({f"x{j + 1}": float(b) for j, b in enumerate(beta)})
     out.update(
@@ -64,17 +68,23 @@ def true_coefficients(seed: int, chunk: int, features: int, rows: int = 1) -> di
 
 
 def chunk_frame(seed: int, chunk: int, rows: int, features: int) -> pa.Table:
-    _i, _b, _e, X, sector, y, y_bin, y_count = _draw(seed, chunk, rows, features)
+    return _frame([chunk], [_draw(seed, chunk, rows, features)], rows, features)
+
+
+def _frame(chunks, draws, rows: int, features: int) -> pa.Table:
+    """The rows of ``chunks`` (one draw each) as one table, built column by column."""
+    X = np.concatenate([d[3] for d in draws])
+    sector = np.concatenate([d[4] for d in draws])
     cols = {
-        "chunk": pa.array(np.full(rows, chunk, dtype=np.int64)),
-        "t": pa.array(np.arange(rows, dtype=np.int32)),
+        "chunk": pa.array(np.repeat(np.asarray(chunks, dtype=np.int64), rows)),
+        "t": pa.array(np.tile(np.arange(rows, dtype=np.int32), len(chunks))),
         "sector": pa.array(np.asarray(SECTORS, dtype=object)[sector], pa.string()),
     }
     for j in range(features):
         cols[f"x{j + 1}"] = pa.array(X[:, j])
-    cols["y"] = pa.array(y)
-    cols["y_bin"] = pa.array(y_bin)
-    cols["y_count"] = pa.array(y_count)
+    cols["y"] = pa.array(np.concatenate([d[5] for d in draws]))
+    cols["y_bin"] = pa.array(np.concatenate([d[6] for d in draws]))
+    cols["y_count"] = pa.array(np.concatenate([d[7] for d in draws]))
     return pa.table(cols)
 
 
@@ -101,15 +111,16 @@ def write_regression_data(
         writer = None
         for g0 in range(first, min(chunks, first + per_file), per_group):
             ids = range(g0, min(chunks, first + per_file, g0 + per_group))
-            table = pa.concat_tables([chunk_frame(seed, c, rows, features) for c in ids])
+            draws = [_draw(seed, c, rows, features) for c in ids]  # each chunk drawn once
+            table = _frame(ids, draws, rows, features)
             if writer is None:
                 writer = pq.ParquetWriter(
                     sink, table.schema, use_dictionary=dictionary_columns(table)
                 )
             writer.write_table(table, row_group_size=table.num_rows)
-            for c in ids:
+            for c, (intercept, beta, effects, *_) in zip(ids, draws, strict=True):
                 truth["chunk"].append(c)
-                for term, value in true_coefficients(seed, c, features, rows).items():
+                for term, value in _terms(intercept, beta, effects).items():
                     truth.setdefault(term, []).append(value)
         writer.close()
         key = join(prefix, f"part-{f:05d}.parquet")
