@@ -35,18 +35,24 @@ def write_frames(
         if value < 1:
             raise InputError(f"--{name} must be at least 1, got {value}")
     names = [str(c) for c in range(cols)]
-    keys = []
-    for i in range(count):
+
+    def write(i: int) -> str:
         data = np.random.default_rng([seed, i]).random((rows, cols)).round(10)
-        table = pa.table({n: data[:, c] for c, n in enumerate(names)})
+        # Columns from the transpose: contiguous, where data[:, c] made pyarrow gather
+        # a strided column (0.2 s of a 0.3 s frame of 1000x1000)
+        columns = np.ascontiguousarray(data.T)
+        table = pa.table({n: columns[c] for c, n in enumerate(names)})
         sink = io.BytesIO()
         pq.write_table(
             table, sink, row_group_size=ROW_GROUP_ROWS, compression="none", write_statistics=False
         )
         key = join(prefix, f"frame-{i:05d}.parquet")
         store.write_bytes(key, sink.getbuffer())
-        keys.append(key)
-    return keys
+        return key
+
+    # numpy and parquet let go of the GIL: frames are made a core each
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(write, range(count)))
 
 
 @dataclass(frozen=True)
