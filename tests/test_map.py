@@ -392,6 +392,7 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:power", "grid": {"x": 1}}, ConfigError, "non-empty list"),
         ({"function": f"{FN}:power", "grid": [{"x": 1, "p": 2}, {"x": 2}]}, ConfigError,
          r"point 1 has keys \(x\) where point 0 has \(p, x\); every point"),
+        ({"function": f"{FN}:power", "grid": [{}, {}]}, ConfigError, "point 0 has no keys"),
         ({"function": f"{FN}:power", "grid": [{"x": 1, "q": 2}]}, ConfigError,
          "does not accept the grid key\\(s\\) 'q'"),
         ({"function": f"{FN}:power", "grid": [{"x": 1, "unit": 2}]}, ConfigError,

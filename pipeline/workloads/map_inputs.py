@@ -35,6 +35,8 @@ class GridInput:
         if isinstance(grid, list | tuple):
             self.points: list[dict] | None = list(grid)
             keys = tuple(grid[0])
+            if not keys:
+                raise ConfigError("grid: point 0 has no keys; a point gives the call's arguments")
             for i, point in enumerate(grid):
                 if set(point) != set(keys):
                     raise ConfigError(
