@@ -167,8 +167,8 @@ def _as_recorded(fingerprint: dict) -> dict:
 def _json_value(value):
     if hasattr(value, "isoformat"):
         return value.isoformat()
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
     if isinstance(value, bytes):
         return value.hex()
     # Objects (an estimator in a grid from Python): their repr, which for most says
