@@ -506,6 +506,8 @@ def test_non_convergence_and_perfect_separation(tmp_path):
     [
         ({"formula": "y ~ x1 + nope"}, InputError, "no column 'nope'"),
         ({"formula": "y ~ x1 +"}, ConfigError, "does not parse"),
+        ({"formula": "y ~ x-2"}, ConfigError, r"does not parse(.|\n)*is written Q\(\"x-2\"\)"),
+        ({"formula": "y ~ my x"}, ConfigError, r"'my x' is not valid.*written Q\('my x'\)"),
         ({"formula": "y ~ np.lgo(x1)"}, ConfigError, "cannot be evaluated"),
         ({"formula": "y ~ lgo(x1)"}, ConfigError, r"lgo\(\) is not a function a formula knows"),
         (  # patsy makes a True/False response two columns

@@ -291,7 +291,10 @@ def model_desc(formula: str):
     try:
         return patsy.ModelDesc.from_formula(formula)
     except patsy.PatsyError as exc:
-        raise ConfigError(f"formula {formula!r} does not parse: {exc}") from None
+        raise ConfigError(
+            f"formula {formula!r} does not parse: {exc}\n(a column whose name has spaces or "
+            'symbols, such as x-2, is written Q("x-2"))'
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,10 @@ def analyze_formula(formula: str) -> FormulaInfo:
             try:
                 tree = ast.parse(code, mode="eval")
             except SyntaxError as exc:
-                raise ConfigError(f"formula {formula!r}: {code!r} is not valid: {exc}") from None
+                raise ConfigError(
+                    f"formula {formula!r}: {code!r} is not valid: {exc} (a column whose name "
+                    f"has spaces or symbols is written Q({code.strip()!r}))"
+                ) from None
             for node in ast.walk(tree):
                 if (
                     isinstance(node, ast.Call)
