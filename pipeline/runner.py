@@ -22,7 +22,7 @@ from .probing import probe
 from .report import task_timings
 from .sizing import longest_first
 from .storage import Store, open_store
-from .summary import RunSummary
+from .summary import RunSummary, size
 from .workload import Task, TaskReceipt, UnitFailure, Workload
 
 __all__ = ["completed_job", "open_output", "run_job"]
@@ -112,9 +112,7 @@ def _check_space(workload: Workload, store: Store | None, units: int) -> None:
     """A job that would fill its disk fails now, not after an hour's tasks."""
     nbytes = workload.output_bytes(units) if store is not None and units else None
     if nbytes:
-        store.check_space(
-            nbytes, f"{nbytes / 1e9:,.1f} GB of {units:,} {workload.unit_name}s still"
-        )
+        store.check_space(nbytes, f"{size(nbytes)} of {units:,} {workload.unit_name}s still")
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:

@@ -166,6 +166,14 @@ def seconds(value: float) -> str:
     return f"{value * 1e3:.0f} ms" if value >= 0.0095 else f"{value * 1e3:.1f} ms"
 
 
+def size(nbytes: float) -> str:
+    """Bytes as a person reads them: 1.9 kB, 12.3 MB, 8.0 GB, 800.0 TB (not 0.0 GB)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= 0.95 * scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:,.0f} bytes"
+
+
 def usd(amount: float) -> str:
     """Dollars as a person reads them: cents from $1 up, three figures below."""
     return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"

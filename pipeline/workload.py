@@ -254,7 +254,11 @@ class Workload(ABC):
         return check_listed_objects(store, manifest, check)
 
     def describe(self) -> str:
-        return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
+        from .summary import size
+
+        text = f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
+        nbytes = self.output_bytes(self.n_units) if self.writes_output else None
+        return text + (f" ({size(nbytes)} to write)" if nbytes else "")
 
 
 def manifest_entries(store: Store, job_id: str, tasks: list[Task]):

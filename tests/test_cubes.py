@@ -198,8 +198,8 @@ def test_a_job_larger_than_its_disks_free_space_fails_before_any_task(tmp_path, 
 
     out = tmp_path / "out"
     # 10^11 cubes of 10^3 float64: 800 TB, more than any disk this runs on has free.
-    with pytest.raises(StorageError, match=rf"output {out}: 800,000.0 GB of 100,000,000,000 "
-                       r"cubes still to write, [\d,.]+ GB free on its disk"):  # fmt: skip
+    with pytest.raises(StorageError, match=rf"output {out}: 800.0 TB of 100,000,000,000 "
+                       r"cubes still to write, [\d,.]+ [kMGT]B free on its disk"):  # fmt: skip
         run(cube_job(out, frames_dir, cubes=10**11), client)
     assert not (out / "cubes").exists()
     assert run(cube_job(out, frames_dir), client).complete  # 320 kB fit

@@ -85,13 +85,15 @@ class LocalStore(Store):
         super().preflight()
 
     def check_space(self, nbytes: int, what: str) -> None:
+        from ..summary import size
+
         at = self.root
         while not at.exists() and at != at.parent:
             at = at.parent
         free = shutil.disk_usage(at).free
         if nbytes > free:
             raise StorageError(
-                f"output {self.root}: {what} to write, {_gb(free)} free on its disk; free "
+                f"output {self.root}: {what} to write, {size(free)} free on its disk; free "
                 "some space or write elsewhere (--output)"
             )
 
@@ -217,7 +219,3 @@ class LocalStore(Store):
             except OSError:
                 break
         return count
-
-
-def _gb(nbytes: int) -> str:
-    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:,.1f} MB"
