@@ -14,7 +14,7 @@ from dataclasses import asdict
 from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
-from .errors import Interrupted, JobRunning
+from .errors import Interrupted, JobRunning, StorageError
 from .layout import check_job_id, completed_tasks, consolidated_manifest_key, lock_key
 from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
@@ -111,8 +111,12 @@ def _held(workload: Workload, options: RunOptions):
 def _check_space(workload: Workload, store: Store | None, units: int) -> None:
     """A job that would fill its disk fails now, not after an hour's tasks."""
     nbytes = workload.output_bytes(units) if store is not None and units else None
-    if nbytes:
-        store.check_space(nbytes, f"{size(nbytes)} of {units:,} {workload.unit_name}s still")
+    free = store.free_bytes() if nbytes else None
+    if free is not None and nbytes > free:
+        raise StorageError(
+            f"output {store.url}: {size(nbytes)} of {units:,} {workload.unit_name}s still to "
+            f"write, {size(free)} free on its disk; free some space or write elsewhere (--output)"
+        )
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:

@@ -92,9 +92,8 @@ class Store(ABC):
         """Get ready for a task's first request (a worker's, while the driver validates)."""
         return None
 
-    def check_space(self, nbytes: int, what: str) -> None:
-        """Raise ``StorageError`` when ``nbytes`` (``what``: the bytes' description)
-        cannot fit; an object store always has room."""
+    def free_bytes(self) -> int | None:
+        """Bytes free where the objects go; None: no limit (an object store)."""
         return None
 
     def preflight(self) -> None:

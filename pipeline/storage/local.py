@@ -73,29 +73,22 @@ class LocalStore(Store):
         self.url = str(self.root)
 
     def preflight(self) -> None:
-        from ..errors import StorageError
-
-        # The nearest existing ancestor: a file there (an output given as a file's
-        # name, or under one) fails every write with a bare "Not a directory".
-        at = self.root
-        while not at.exists() and at != at.parent:
-            at = at.parent
+        # A file at the nearest existing ancestor (an output given as a file's name,
+        # or under one) fails every write with a bare "Not a directory".
+        at = self._existing_ancestor()
         if at.exists() and not at.is_dir():
             raise StorageError(f"output {self.root}: {at} is a file, expected a folder")
         super().preflight()
 
-    def check_space(self, nbytes: int, what: str) -> None:
-        from ..summary import size
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self._existing_ancestor()).free
 
+    def _existing_ancestor(self) -> Path:
+        """The root, or its nearest ancestor that exists (the root is made on write)."""
         at = self.root
         while not at.exists() and at != at.parent:
             at = at.parent
-        free = shutil.disk_usage(at).free
-        if nbytes > free:
-            raise StorageError(
-                f"output {self.root}: {what} to write, {size(free)} free on its disk; free "
-                "some space or write elsewhere (--output)"
-            )
+        return at
 
     def path(self, key: str) -> Path:
         if ".." in key.replace("\\", "/").split("/"):

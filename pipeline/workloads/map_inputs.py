@@ -33,7 +33,7 @@ class GridInput:
         if not grid:
             raise ConfigError("grid: empty; expected a table of lists, e.g. {alpha = [0.1, 1]}")
         if isinstance(grid, list | tuple):
-            self.points: list[dict] | None = list(grid)
+            self.listed = True  # points, in order; else every combination
             keys = tuple(grid[0])
             if not keys:
                 raise ConfigError("grid: point 0 has no keys; a point gives the call's arguments")
@@ -46,7 +46,7 @@ class GridInput:
             self.grid: dict[str, list] = {k: [p[k] for p in grid] for k in keys}
             self.n_units = len(grid)
         else:
-            self.points = None
+            self.listed = False
             for key, values in grid.items():
                 if not isinstance(values, list) or not values:
                     raise ConfigError(
@@ -63,7 +63,7 @@ class GridInput:
         self.keys = self.key_names = tuple(self.grid)
 
     def unit(self, i: int) -> dict[str, Any]:
-        if self.points is not None:
+        if self.listed:
             return {k: self.grid[k][i] for k in self.keys}
         out = {}
         for key in reversed(self.keys):
@@ -73,7 +73,7 @@ class GridInput:
         return {k: out[k] for k in self.keys}
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
-        if self.points is not None:
+        if self.listed:
             combos = zip(*(self.grid[k][start:stop] for k in self.keys), strict=True)
         else:
             combos = itertools.islice(itertools.product(*self.grid.values()), start, stop)
@@ -91,10 +91,12 @@ class GridInput:
         return out
 
     def fingerprint(self) -> dict:
-        return {"grid": self.points if self.points is not None else self.grid}
+        if self.listed:
+            return {"grid": [self.unit(i) for i in range(self.n_units)]}
+        return {"grid": self.grid}
 
     def describe(self) -> str:
-        if self.points is not None:
+        if self.listed:
             return f"{self.n_units} grid points (listed: {', '.join(self.keys)})"
         return f"{self.n_units} grid points ({' x '.join(self.keys)})"
 
