@@ -263,7 +263,7 @@ def _footers(store: Store, keys: list[str], chunk_by: tuple[str, ...]) -> list:
             version = store.version(key)
             if chunk_by and _version_size(version) <= WHOLE_FILE_BYTES:
                 pf = read_whole_file(store, key)
-                names = pf.schema_arrow.names
+                names = pf.metadata.schema.names  # not schema_arrow: it converts the schema
                 columns = [c for c in chunk_by if c in names]
                 table = pf.read(columns=columns, use_threads=False) if columns else None
                 PREFETCHED[(store.url, key, version)] = (pf.metadata, table)

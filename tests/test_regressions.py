@@ -848,3 +848,33 @@ def test_dictionary_strings_code_like_patsy_on_the_rows_read():
     coded = coded_columns(table)["s"]
     assert list(coded.categories) == ["a", "b", "c", "é"]
     assert list(coded) == ["b", "a", "b", "c", "é", "c"]
+
+
+def test_bytes_read_by_a_range_of_chunks_count_each_row_group_once(tmp_path):
+    """The planner's byte counter (prefix sums where row groups come in order, the
+    row groups themselves otherwise) against the row groups a task reads, on chunks
+    by key in file order, out of file order, and by row count."""
+    import pickle
+
+    rng = np.random.default_rng(3)
+    in_order = np.repeat(np.arange(40), rng.integers(1, 30, 40))
+    shuffled = rng.permutation(40)[in_order]  # the same runs, keys out of order
+    for name, keys in (("ordered", in_order), ("unordered", shuffled)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for f, part in enumerate(np.array_split(keys, 3)):
+            table = pa.table({"g": part, "x": rng.normal(size=len(part))})
+            pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=7)
+        ds = discover(str(folder), ("g",))
+        rg_bytes = rng.integers(1, 1000, len(ds.rg_rows))
+        for by, chunk_rows in ((("g",), None), ((), 11)):
+            index = plan_chunks(ds, by, chunk_rows)
+            read = index.bytes_reader(ds, rg_bytes)
+            n = index.n_chunks
+            for start in range(n):
+                for stop in range(start + 1, n + 1):
+                    expected = int(rg_bytes[index.row_groups(start, stop, ds)].sum())
+                    assert read(start, stop) == expected, (name, by, start, stop)
+    w = workload(str(tmp_path / "ordered"), formula="x ~ 1", chunk_by="g")
+    assert w.read_bytes(0, 3) > 0
+    assert "_read_bytes" not in pickle.loads(pickle.dumps(w)).__dict__  # driver-only

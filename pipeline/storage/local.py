@@ -91,9 +91,14 @@ class LocalStore(Store):
         return at
 
     def path(self, key: str) -> Path:
+        return Path(self._path_text(key))
+
+    def _path_text(self, key: str) -> str:
+        # Text, not Path, where a dataset of 25,000 small files stats and reads each:
+        # pathlib's parsing was a fifth of the time discovering such a dataset took.
         if ".." in key.replace("\\", "/").split("/"):
             raise StorageError(f"key {key!r} must not contain '..'")
-        return self.root / key
+        return os.path.join(self.url, key) if key else self.url
 
     def write(self, key: str, chunks: Iterable[Buffer]) -> int:
         target = self.path(key)
@@ -126,7 +131,8 @@ class LocalStore(Store):
                 retries -= 1
 
     def read_bytes(self, key: str) -> bytes:
-        return self.path(key).read_bytes()
+        with open(self._path_text(key), "rb") as f:
+            return f.read()
 
     def open_input(self, key: str) -> BinaryIO:
         import pyarrow as pa
@@ -168,7 +174,7 @@ class LocalStore(Store):
         return self.path(key).stat().st_size
 
     def version(self, key: str) -> str:
-        st = self.path(key).stat()
+        st = os.stat(self._path_text(key))
         return f"{st.st_size}-{st.st_mtime_ns}"
 
     def list(self, prefix: str = "") -> list[str]:
@@ -179,9 +185,9 @@ class LocalStore(Store):
             return []
         keys = []
         for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if not _is_temporary(name):
-                    keys.append(Path(dirpath, name).relative_to(self.root).as_posix())
+            folder = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            folder = "" if folder == "." else folder + "/"
+            keys += [folder + name for name in files if not _is_temporary(name)]
         return sorted(keys)
 
     def discard_incomplete(self, prefix: str) -> int:

@@ -81,6 +81,10 @@ class RegressionWorkload(Workload):
     def from_settings(cls, settings: RegressionJob, job_id: str, options=None):
         return cls(settings, job_id)
 
+    def __getstate__(self) -> dict:
+        # The planner's byte counter stays on the driver: tasks never weigh ranges.
+        return {k: v for k, v in self.__dict__.items() if k != "_read_bytes"}
+
     def __sizeof__(self) -> int:
         # joblib's Dask backend scatters arguments larger than 1 kB once instead of
         # shipping them with every task: report the chunk index so that it does.
@@ -227,9 +231,10 @@ class RegressionWorkload(Workload):
         return self.index.rows
 
     def read_bytes(self, start: int, stop: int) -> int:
-        if getattr(self, "_rg_bytes", None) is None:
-            self._rg_bytes = self.dataset.rg_bytes([*self.columns, *self.index.by])
-        return int(self._rg_bytes[self.index.row_groups(start, stop, self.dataset)].sum())
+        if getattr(self, "_read_bytes", None) is None:
+            rg_bytes = self.dataset.rg_bytes([*self.columns, *self.index.by])
+            self._read_bytes = self.index.bytes_reader(self.dataset, rg_bytes)
+        return self._read_bytes(start, stop)
 
     # -- worker ---------------------------------------------------------------------------
 
