@@ -99,6 +99,7 @@ class CubeStream(IterableDataset):
             dataclasses.replace(job, frames=self.workload.frames.url),
             client=client,
             cubes_per_task=self.batch_size,
+            delivery="auto" if client else "shared-memory",  # cluster=True: an embedded one
         )
         for ids, batch in batches:
             cubes = torch.from_numpy(batch).permute(3, 0, 1, 2)  # (cube, frame, row, column)

@@ -19,6 +19,9 @@ on the same frames and machine.
       checks the frames' footers) to the last cube; next to (a+), the reference with
       the same consumer, and the ceiling: the cores copying each cube once into a
       reused buffer and reading it once, at the one-thread rates measured with (c);
+  (h') `iter_cubes(job)` with no client: threads of the consumer's process build the
+      cubes (one per core but the consumer's), no cluster; timed as (h), frames
+      loaded in each round;
   (h0) (h)'s design alone: forked producer processes building into memfd buffers
       named over a queue, the same consumer; no Dask, none of the delivery code;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
@@ -188,6 +191,20 @@ def delivered(frames_dir: Path, d: int, n: int, workers: int, rounds: int) -> di
     return {"cubes_per_s": max(rates), "rounds": rates, "from_first_cube": steady}
 
 
+def delivered_by_threads(frames_dir: Path, d: int, n: int, rounds: int) -> dict:
+    """(h'): iter_cubes with no client, the consumer of (h); the best of ``rounds``."""
+    from pipeline import CubeJob, iter_cubes
+
+    rates = []
+    for r in range(rounds):
+        job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=10 + r)
+        t0, total = time.perf_counter(), 0.0
+        for _cube_id, cube in iter_cubes(job):
+            total += float(cube.sum())
+        rates.append(n / (time.perf_counter() - t0))
+    return {"cubes_per_s": max(rates), "rounds": rates}
+
+
 def _ring_producer(frames_dir: str, d: int, fds: list[int], requests, built) -> None:
     frames = inspect_frames(frames_dir, d)
     layout = load_layout(frames, d, "float64")
@@ -311,6 +328,13 @@ def print_delivery(
         f"{h['cubes_per_s'] / h['ring']:.2f})",
         flush=True,
     )
+    t = h["threads"]
+    print(
+        f"(h') iter_cubes(job), no cluster      {t['cubes_per_s']:10,.0f} cubes/s "
+        f"(threads of this process; best of rounds "
+        f"{', '.join(f'{x:,.0f}' for x in t['rounds'])})",
+        flush=True,
+    )
     if i is None:
         print("(i) DataLoader(CubeStream)            n/a (torch not installed)")
     else:
@@ -328,6 +352,9 @@ def print_delivery(
         "h/a_read": h["cubes_per_s"] / a_read,
         "h/ceiling": h["cubes_per_s"] / ceiling,
         "h/h0": h["cubes_per_s"] / h["ring"],
+        "threads/d": t["cubes_per_s"] / dd["cubes_per_s"],
+        "threads/a_read": t["cubes_per_s"] / a_read,
+        "threads/ceiling": t["cubes_per_s"] / ceiling,
     }
     print(
         f"    ceiling for (h): {cores} cores / (8 MB copy into a reused buffer, "
@@ -337,7 +364,10 @@ def print_delivery(
     print(
         f"ratios: (h)/(d) = {ratios['h/d']:.2f} (target >= 0.5), "
         f"(h)/(a) = {ratios['h/a']:.1f}, (h)/(a+) = {ratios['h/a_read']:.1f} (target >= 8), "
-        f"(h)/ceiling = {ratios['h/ceiling']:.2f}"
+        f"(h)/ceiling = {ratios['h/ceiling']:.2f}\n"
+        f"        (h')/(d) = {ratios['threads/d']:.2f} (target >= 0.5), (h')/(a+) = "
+        f"{ratios['threads/a_read']:.1f} (target >= 8), "
+        f"(h')/ceiling = {ratios['threads/ceiling']:.2f}"
     )
     return {"a_read": a_read, "h": h, "i": i, "ceiling": ceiling, "ratios": ratios}
 
@@ -451,6 +481,7 @@ def main() -> None:
             flush=True,
         )
         h = delivered(frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds)
+        h["threads"] = delivered_by_threads(frames_dir, d, args.deliver_cubes, 3)
         h["ring"] = ring_delivery(
             frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds
         )

@@ -189,11 +189,23 @@ def test_recorded_chunk_failures_are_not_offered_a_rerun(tmp_path):
 
 
 def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, frames_dir):
+    # Cubes from threads start no cluster: such a script just runs.
+    plain = tmp_path / "plain.py"
+    plain.write_text(
+        "from pipeline import CubeJob, iter_cubes\n"
+        f"job = CubeJob(frames={str(frames_dir)!r}, cubes=4, dim=5)\n"
+        "print([cube_id for cube_id, cube in iter_cubes(job)])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(plain)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1, 2, 3]"
     script = tmp_path / "train.py"
     script.write_text(
         "from pipeline import CubeJob, iter_cubes\n"
         f"job = CubeJob(frames={str(frames_dir)!r}, cubes=4, dim=5)\n"
-        "for cube_id, cube in iter_cubes(job):\n"
+        "for cube_id, cube in iter_cubes(job, delivery='shared-memory'):\n"
         "    print(cube_id)\n"
     )
     proc = subprocess.run(
@@ -208,7 +220,7 @@ def test_a_script_without_the_main_guard_gets_one_clear_error(tmp_path, frames_d
         "from pipeline import CubeJob, iter_cubes\n\n"
         "def main():\n"
         f"    job = CubeJob(frames={str(frames_dir)!r}, cubes=4, dim=5)\n"
-        "    print(sorted(i for i, _ in iter_cubes(job)))\n\n"
+        "    print(sorted(i for i, _ in iter_cubes(job, delivery='shared-memory')))\n\n"
         'if __name__ == "__main__":\n'
         "    main()\n"
     )

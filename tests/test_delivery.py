@@ -76,6 +76,29 @@ def digest(cube: np.ndarray) -> str:
     return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cube))
 
 
+def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(frames_dir):
+    import threading
+
+    from pipeline.delivery import threads
+
+    job = CubeJob(frames=str(frames_dir), cubes=61, dim=10, seed=4)
+    want = expected_digests(job)
+    got, buffers = {}, set()
+    for cube_id, cube in iter_cubes(job):
+        got[cube_id] = digest(cube)
+        buffers.add(cube.__array_interface__["data"][0])
+        assert memfd_mappings() == 0  # no worker, no shared memory
+    assert list(got) == list(range(61)) and got == want
+    # Reused: those being built, the one being read, and one on its way back.
+    assert len(buffers) <= threads.BUFFERS_PER_THREAD * threads.builder_threads() + 1
+    kept = list(iter_cubes(job))  # holding every cube: new buffers, not a deadlock
+    assert {k: digest(c) for k, c in kept} == want
+    cubes = iter_cubes(job)
+    next(cubes)
+    cubes.close()  # left early: its threads end
+    assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-cubes")]
+
+
 def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames_dir, client):
     job = CubeJob(frames=str(frames_dir), cubes=203, dim=10, seed=4)
     want = expected_digests(job)

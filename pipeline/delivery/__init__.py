@@ -2,6 +2,8 @@
 
 :func:`iter_cubes` picks the path:
 
+- **threads** (``delivery="threads"``), when no client is given: threads of the
+  consumer's own process build the cubes, no cluster at all (:mod:`.threads`);
 - **shared memory** (``delivery="shared-memory"``), when every worker runs on this
   host (the embedded cluster, or workers started on this machine): workers build
   batches in place in shared-memory buffers and the consumer gets numpy views of
@@ -23,10 +25,11 @@ from . import channel
 from .local import LocalDelivery
 from .producer import reachable
 from .remote import RelayedThroughSchedulerWarning, remote_batches
+from .threads import thread_batches
 
 __all__ = ["RelayedThroughSchedulerWarning", "batch_cubes_for", "iter_cube_batches", "iter_cubes"]
 
-DELIVERIES = ("auto", "shared-memory", "dask")
+DELIVERIES = ("auto", "threads", "shared-memory", "dask")
 #: Target bytes of one batch: large enough that per-batch messages cost nothing
 #: next to building it, small enough that a few per worker fit in memory.
 BATCH_BYTES = 32 << 20
@@ -45,17 +48,19 @@ def iter_cubes(
     output: str = "results",
     delivery: str = "auto",
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(cube_id, cube)`` pairs as the cluster builds them, in completion order.
+    """Yield ``(cube_id, cube)`` pairs as they are built: in completion order from a
+    cluster, in id order from threads.
 
     For feeding a training loop: each cube is a (d, d, d) array with axes (frame,
-    row, column), never written anywhere. With workers on this host the cubes are
-    views of shared memory the workers built them in; a batch's memory goes back
-    to its worker when the consumer drops the last view of it, so keep a cube past
-    the next iteration only if you mean to hold its memory (``cube.copy()`` holds
-    only its own). A bounded number of batches (``cubes_per_task`` cubes each,
-    default about 32 MB) is in flight, so memory stays bounded however many cubes
-    the job has. With no ``client``, an embedded cluster runs for the duration of
-    the iteration.
+    row, column), never written anywhere. With no ``client`` (or
+    ``delivery="threads"``), threads of this process build them, one per core but
+    the consumer's, and no cluster starts. With a client whose workers are on this
+    host, the cubes are views of shared memory the workers built them in. Either
+    way a batch's memory is reused once the consumer drops the last view of it, so
+    keep a cube past the next iteration only if you mean to hold its memory
+    (``cube.copy()`` holds only its own). A bounded number of batches
+    (``cubes_per_task`` cubes each; default one cube from threads, about 32 MB from
+    a cluster) is in flight, so memory stays bounded however many cubes the job has.
     """
     batches = iter_cube_batches(
         job, client=client, cubes_per_task=cubes_per_task, output=output, delivery=delivery
@@ -87,6 +92,10 @@ def iter_cube_batches(
     workload = CubeWorkload(job, job.name or "cubes", frames)
     workload.writes_output = False
     workload.preflight()
+    if delivery == "threads" or (delivery == "auto" and client is None):
+        # One cube a batch: it is read while still in the cache it was built in.
+        yield from thread_batches(workload, cubes_per_task or 1)
+        return
     batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype)
     with contextlib.ExitStack() as stack:
         if client is None:
