@@ -87,11 +87,16 @@ class _Builders:
                 if self.stopped or self.next_batch >= self.n_batches:
                     return
                 batch, self.next_batch = self.next_batch, self.next_batch + 1
-                self.waiting.add(batch)
-                self.cond.notify_all()
-            array = self.free.get()
-            with self.cond:
-                self.waiting.discard(batch)
+                try:  # taken under the lock: take() never sees a builder about to get one
+                    array = self.free.get_nowait()
+                except queue.Empty:
+                    array = False
+                    self.waiting.add(batch)
+                    self.cond.notify_all()
+            if array is False:
+                array = self.free.get()
+                with self.cond:
+                    self.waiting.discard(batch)
             if array is None:  # stopped
                 return
             try:
