@@ -138,6 +138,7 @@ def thread_batches(
 ) -> Iterator[tuple[range, np.ndarray]]:
     """Yield ``(cube ids, batch)`` in id order; ``batch`` is (d, d, d, n) Fortran-ordered,
     ``batch[..., i]`` cube ``ids[i]``, as the other deliveries give them."""
+    batch_cubes = max(1, min(batch_cubes, workload.n_units))  # buffers no larger than the job
     builders = _Builders(workload, batch_cubes, threads or builder_threads())
     try:
         for batch in range(builders.n_batches):
