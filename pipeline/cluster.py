@@ -357,16 +357,21 @@ def _close_embedded(cluster) -> None:
     process a unit's code ended just before is being restarted by its nanny, and a
     close then can fail in Dask ("can only join a started process", about 1 run in
     20 of the test of such a unit): the run is over and its results stored, so a
-    second try, then a warning."""
+    second try, then a warning. The same failure can also leave Dask's close waiting
+    for good (its error raised in a callback, once in a CI run): each try is bounded."""
     error = None
     for _attempt in range(2):
         try:
-            cluster.close()
+            cluster.close(timeout=CLOSE_SECONDS)
             return
         except Exception as exc:
             error = exc
             time.sleep(0.5)
     log.warning("the embedded cluster did not close cleanly: %s: %s", type(error).__name__, error)
+
+
+#: Seconds one try at closing the embedded cluster may take (it takes about 2).
+CLOSE_SECONDS = 20
 
 
 def _dask_tls_configured() -> bool:
