@@ -65,25 +65,17 @@ class ChunkIndex:
         chunks ``start..stop-1``, each counted once. The planner asks this of every
         task it weighs (a thousand times on 50,000 chunks), so where chunks' row groups
         come in file order it is two lookups in prefix sums, not a ``np.unique``."""
-        if self.keys is None:
-            bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
-            cum = np.concatenate([[0], np.cumsum(rg_bytes)])
 
-            def by_rows(start: int, stop: int) -> int:
-                if stop <= start:
-                    return 0
-                first_row = start * self.chunk_rows
-                last_row = min(stop * self.chunk_rows, self.total_rows) - 1
-                lo = np.searchsorted(bounds, first_row, side="right") - 1
-                hi = np.searchsorted(bounds, last_row, side="right") - 1
-                return int(cum[hi + 1] - cum[lo])
+        def by_row_groups(start: int, stop: int) -> int:
+            return int(rg_bytes[self.row_groups(start, stop, ds)].sum())
 
-            return by_rows
+        if self.keys is None:  # chunks by row count: a range of row groups already
+            return by_row_groups
         offsets = self.rg_offsets
         owner = np.repeat(np.arange(self.n_chunks), np.diff(offsets))
         ids = self.rg_ids[np.lexsort((self.rg_ids, owner))]  # each chunk's, ascending
         if len(ids) > 1 and bool((ids[1:] < ids[:-1]).any()):
-            return lambda start, stop: int(rg_bytes[self.row_groups(start, stop, ds)].sum())
+            return by_row_groups
         # Sorted: a row group's bytes count where it first appears; a range's first
         # entry counts too, whichever chunk before it shared its row group.
         first = np.concatenate([[True], ids[1:] != ids[:-1]])

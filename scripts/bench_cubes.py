@@ -171,38 +171,37 @@ def reference_read(arr: np.ndarray, d: int, n: int, threads: int) -> float:
 def delivered(frames_dir: Path, d: int, n: int, workers: int, rounds: int) -> dict:
     """(h): iter_cubes on an embedded cluster, the consumer reading every cube; the
     best of ``rounds`` rounds on one cluster (the first also starts the producers)."""
-    from pipeline import CubeJob, RunOptions, connect, iter_cubes
+    from pipeline import RunOptions, connect
 
-    rates, steady = [], []
     with connect(RunOptions(workers=workers)) as client:
-        for r in range(rounds):
-            job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=10 + r)
-            t0 = time.perf_counter()
-            t_first, count, total = None, 0, 0.0
-            for _cube_id, cube in iter_cubes(job, client=client):
-                total += float(cube.sum())
-                count += 1
-                if t_first is None:
-                    t_first = time.perf_counter()
-            t_end = time.perf_counter()
-            assert count == n
-            rates.append(n / (t_end - t0))
-            steady.append((n - 1) / (t_end - t_first) if n > 1 else 0.0)
-    return {"cubes_per_s": max(rates), "rounds": rates, "from_first_cube": steady}
+        return _consumed(frames_dir, d, n, rounds, client)
 
 
 def delivered_by_threads(frames_dir: Path, d: int, n: int, rounds: int) -> dict:
     """(h'): iter_cubes with no client, the consumer of (h); the best of ``rounds``."""
+    return _consumed(frames_dir, d, n, rounds, None)
+
+
+def _consumed(frames_dir: Path, d: int, n: int, rounds: int, client) -> dict:
+    """``rounds`` rounds of iter_cubes, the consumer reading every cube: the rates
+    from the call and from the first cube."""
     from pipeline import CubeJob, iter_cubes
 
-    rates = []
+    rates, steady = [], []
     for r in range(rounds):
         job = CubeJob(frames=str(frames_dir), cubes=n, dim=d, seed=10 + r)
-        t0, total = time.perf_counter(), 0.0
-        for _cube_id, cube in iter_cubes(job):
+        t0 = time.perf_counter()
+        t_first, count, total = None, 0, 0.0
+        for _cube_id, cube in iter_cubes(job, client=client):
             total += float(cube.sum())
-        rates.append(n / (time.perf_counter() - t0))
-    return {"cubes_per_s": max(rates), "rounds": rates}
+            count += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+        t_end = time.perf_counter()
+        assert count == n
+        rates.append(n / (t_end - t0))
+        steady.append((n - 1) / (t_end - t_first) if n > 1 else 0.0)
+    return {"cubes_per_s": max(rates), "rounds": rates, "from_first_cube": steady}
 
 
 def _ring_producer(frames_dir: str, d: int, fds: list[int], requests, built) -> None:

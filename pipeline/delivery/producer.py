@@ -18,7 +18,7 @@ import traceback
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload
 from . import channel
 
 __all__ = ["produce", "reachable"]
@@ -66,7 +66,7 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int) -> int:
                 view = np.frombuffer(region, dtype=dtype).reshape(shape, order="F")
                 buffers[slot] = (region, view)
             try:
-                _build(workload, ids, buffers[slot][1])
+                workload.build_batch(ids, buffers[slot][1])
                 reply = {"op": "built", "batch": message["batch"], "buffer": slot}
             except Exception as exc:
                 reply = {"op": "failed", "batch": message["batch"], "buffer": slot}
@@ -87,11 +87,3 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int) -> int:
         for region in regions:
             with contextlib.suppress(BufferError):
                 region.close()
-
-
-def _build(workload: CubeWorkload, ids: range, batch: np.ndarray) -> None:
-    layout = workload._layout()
-    for i, cube_id in enumerate(ids):
-        # batch[..., i] has axes (frame, row, column); its transpose is the
-        # C-ordered (column, row, frame) block build_cube fills.
-        build_cube(layout, workload.columns(cube_id), batch[..., i].T)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload
 
 __all__ = ["RelayedThroughSchedulerWarning", "remote_batches"]
 
@@ -52,11 +52,9 @@ def _warn_relayed(cube_bytes: int) -> None:
 def build_batch(workload: CubeWorkload, start: int, stop: int) -> tuple[range, np.ndarray]:
     """Worker: cubes ``start..stop-1`` as one (d, d, d, n) Fortran-ordered array."""
     d = workload.job.dim
-    layout = workload._layout()
     ids = range(start, stop)
     batch = np.empty((d, d, d, len(ids)), dtype=workload.job.dtype, order="F")
-    for i, cube_id in enumerate(ids):
-        build_cube(layout, workload.columns(cube_id), batch[..., i].T)
+    workload.build_batch(ids, batch)
     return ids, batch
 
 

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload
+from .local import _BatchMemory
 
 __all__ = ["builder_threads", "thread_batches"]
 
@@ -40,14 +41,6 @@ MAX_THREADS = 16
 
 def builder_threads() -> int:
     return max(1, min(MAX_THREADS, (os.cpu_count() or 2) - 1))
-
-
-class _Buffer:
-    """Owns one batch buffer for numpy while views of it are alive."""
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-        self.__array_interface__ = array.__array_interface__
 
 
 class _Builders:
@@ -66,7 +59,7 @@ class _Builders:
         self.done: dict[int, np.ndarray | BaseException] = {}
         self.waiting: set[int] = set()  # batches whose builder waits for a buffer
         self.stopped = False
-        self.layout = workload._layout()
+        workload._layout()  # loaded (and cached) once here, not by each thread at once
         self.threads = [
             threading.Thread(target=self._run, name=f"pipeline-cubes-{i}", daemon=True)
             for i in range(threads)
@@ -100,9 +93,7 @@ class _Builders:
             if array is None:  # stopped
                 return
             try:
-                for i, cube_id in enumerate(self.ids(batch)):
-                    columns = self.workload.columns(cube_id)
-                    build_cube(self.layout, columns, array[..., i].T)
+                self.workload.build_batch(self.ids(batch), array)
                 result = array
             except BaseException as exc:
                 result = exc
@@ -142,12 +133,13 @@ def thread_batches(
     builders = _Builders(workload, batch_cubes, threads or builder_threads())
     try:
         for batch in range(builders.n_batches):
-            owner = _Buffer(builders.take(batch))
+            array = builders.take(batch)
+            owner = _BatchMemory(array, array.shape, array.dtype)
             # Back to the builders when the consumer drops the last view of it: a
             # builder waiting for a buffer starts at once, while the consumer reads.
-            weakref.finalize(owner, builders.free.put, owner.array)
+            weakref.finalize(owner, builders.free.put, array)
             view = np.asarray(owner)
-            del owner
+            del owner, array
             ids = builders.ids(batch)
             yield ids, view[..., : len(ids)]
             del view

@@ -162,6 +162,14 @@ class CubeWorkload(Workload):
             self.job.seed, cube_id, self.job.dim, self.frames.n_cols, self.job.per_layer_columns
         )
 
+    def build_batch(self, ids: range, batch: np.ndarray) -> None:
+        """Fill ``batch``, (d, d, d, n) Fortran-ordered, with cubes ``ids``: ``batch[..., i]``
+        is cube ``ids[i]``, axes (frame, row, column)."""
+        layout = self._layout()
+        for i, cube_id in enumerate(ids):
+            # batch[..., i].T is the C-ordered (column, row, frame) block build_cube fills
+            build_cube(layout, self.columns(cube_id), batch[..., i].T)
+
     def cube(self, cube_id: int) -> np.ndarray:
         """Regenerate one cube alone, axes (frame, row, column)."""
         d = self.job.dim
