@@ -20,12 +20,13 @@ on the same frames and machine.
       the same consumer, and the ceiling: the cores copying each cube once into a
       reused buffer and reading it once, at the one-thread rates measured with (c);
   (h') `iter_cubes(job)` with no client: threads of the consumer's process build the
-      cubes (one per core but the consumer's), no cluster; timed as (h), frames
-      loaded in each round;
+      cubes (one per core but the consumer's, and the consumer itself while it
+      waits, in parts of 1 MB), no cluster; timed as (h), frames loaded in each round;
   (h0) (h)'s design alone: forked producer processes building into memfd buffers
       named over a queue, the same consumer; no Dask, none of the delivery code;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
-      embedded cluster and handed over in shared memory; (i') built in place in one
+      embedded cluster and handed over in shared memory; (i0) built by threads of
+      this process (num_workers=0, no cluster); (i') built in place in one
       loader worker per core; (i'') cubes stacked by the default collate; the same
       consumer reading each batch (when torch is installed).
   (g) the task planner's regret: (d) with default settings over (d) with the best
@@ -287,6 +288,8 @@ def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
         for name, stream, batch_size, loaders in (
             # batches built by the cluster's workers, handed over in shared memory
             ("cluster", CubeStream(job, batch_size=8, cluster=client), None, 0),
+            # batches built by threads of this process (num_workers=0, no cluster)
+            ("threads", CubeStream(job, batch_size=8), None, 0),
             # batches built in place in the loader workers' shared memory
             ("in_place", CubeStream(job, batch_size=8), None, workers),
             # cubes built in the loader workers, stacked by the default collate
@@ -340,6 +343,8 @@ def print_delivery(
         print(
             f"(i) DataLoader(CubeStream), read      {i['cluster']:10,.0f} cubes/s "
             "(CubeStream(batch_size=8, cluster=client): built by the cluster, shared memory)\n"
+            f"(i0) built by threads, num_workers=0  {i['threads']:10,.0f} cubes/s "
+            "(CubeStream(batch_size=8), no cluster: threads of this process)\n"
             f"(i') built in the loader workers      {i['in_place']:10,.0f} cubes/s "
             "(CubeStream(batch_size=8), num_workers = cores)\n"
             f"(i'') same, cubes collated by DataLoader {i['collated']:8,.0f} cubes/s",

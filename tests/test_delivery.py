@@ -99,6 +99,52 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
     assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-cubes")]
 
 
+@pytest.mark.parametrize(
+    "dtype, per_layer, batch_cubes, threads",
+    [("float64", False, 1, 1), ("float32", True, 1, 3), ("float64", False, 4, 2)],
+)
+def test_threads_and_the_waiting_consumer_share_each_cube_part_by_part(
+    frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads
+):
+    from pipeline.delivery import threads as builders
+
+    # A few columns a part: every cube is built by whichever threads are free, the
+    # consumer among them, in parts that must land in the right columns.
+    monkeypatch.setattr(builders, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
+    job = CubeJob(
+        frames=str(frames_dir), cubes=45, dim=10, seed=6, dtype=dtype, per_layer_columns=per_layer
+    )
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    got = {}
+    for ids, batch in builders.thread_batches(workload, batch_cubes, threads):
+        got.update({k: digest(batch[..., i]) for i, k in enumerate(ids)})
+    assert list(got) == list(range(45)) and got == expected_digests(job)
+
+
+class _FailsAtCube(CubeWorkload):
+    def columns(self, cube_id):
+        if cube_id == 7:
+            raise ValueError("column draw failed for cube 7")
+        return super().columns(cube_id)
+
+
+def test_a_cube_that_fails_to_build_raises_in_the_consumer_and_ends_the_threads(frames_dir):
+    import threading
+
+    from pipeline.delivery import threads as builders
+
+    job = CubeJob(frames=str(frames_dir), cubes=30, dim=10, seed=6)
+    workload = _FailsAtCube(job, "cubes", job.frames)
+    workload.preflight()
+    delivered = []
+    with pytest.raises(ValueError, match="cube 7"):
+        for ids, _batch in builders.thread_batches(workload, 1, 2):
+            delivered.extend(ids)
+    assert delivered == list(range(7))
+    assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-cubes")]
+
+
 def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames_dir, client):
     job = CubeJob(frames=str(frames_dir), cubes=203, dim=10, seed=4)
     want = expected_digests(job)

@@ -101,13 +101,16 @@ def _cube_rng(seed: int, cube_id: int) -> np.random.Generator:
     return rng
 
 
-def build_cube(layout: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
-    """Fill ``out`` (C-ordered, axes column, row, frame) from the layout."""
+def build_cube(
+    layout: np.ndarray, cols: np.ndarray, out: np.ndarray, part: slice = slice(None)
+) -> None:
+    """Fill ``out`` (C-ordered, axes column, row, frame) from the layout; with ``part``,
+    only those of its columns (``out[part]``), so that threads can share one cube."""
     if cols.ndim == 1:
-        np.take(layout, cols - 1, axis=0, out=out, mode="clip")
+        np.take(layout, cols[part] - 1, axis=0, out=out[part], mode="clip")
     else:
         for f in range(cols.shape[0]):
-            out[:, :, f] = layout[cols[f] - 1, :, f]
+            out[part, :, f] = layout[cols[f, part] - 1, :, f]
 
 
 class CubeWorkload(Workload):
