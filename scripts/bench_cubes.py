@@ -25,8 +25,8 @@ on the same frames and machine.
   (h0) (h)'s design alone: forked producer processes building into memfd buffers
       named over a queue, the same consumer; no Dask, none of the delivery code;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
-      embedded cluster and handed over in shared memory; (i0) built by threads of
-      this process (num_workers=0, no cluster); (i') built in place in one
+      embedded cluster and handed over in shared memory; (i0) cubes one at a time
+      built by threads of this process (num_workers=0, no cluster); (i') built in place in one
       loader worker per core; (i'') cubes stacked by the default collate; the same
       consumer reading each batch (when torch is installed).
   (g) the task planner's regret: (d) with default settings over (d) with the best
@@ -288,8 +288,9 @@ def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
         for name, stream, batch_size, loaders in (
             # batches built by the cluster's workers, handed over in shared memory
             ("cluster", CubeStream(job, batch_size=8, cluster=client), None, 0),
-            # batches built by threads of this process (num_workers=0, no cluster)
-            ("threads", CubeStream(job, batch_size=8), None, 0),
+            # cubes built by threads of this process (num_workers=0, no cluster), one
+            # at a time: two 8 MB buffers stay in the cache, 64 MB batches would not
+            ("threads", CubeStream(job), None, 0),
             # batches built in place in the loader workers' shared memory
             ("in_place", CubeStream(job, batch_size=8), None, workers),
             # cubes built in the loader workers, stacked by the default collate
@@ -299,7 +300,7 @@ def loader_rate(frames_dir: Path, d: int, n: int, workers: int) -> dict | None:
             count, total = 0, 0.0
             for batch in DataLoader(stream, batch_size=batch_size, num_workers=loaders):
                 total += float(batch.sum())
-                count += len(batch)
+                count += 1 if batch.dim() == 3 else len(batch)  # a cube, or a batch of them
             assert count == n
             rates[name] = n / (time.perf_counter() - t0)
     return rates
@@ -344,7 +345,7 @@ def print_delivery(
             f"(i) DataLoader(CubeStream), read      {i['cluster']:10,.0f} cubes/s "
             "(CubeStream(batch_size=8, cluster=client): built by the cluster, shared memory)\n"
             f"(i0) built by threads, num_workers=0  {i['threads']:10,.0f} cubes/s "
-            "(CubeStream(batch_size=8), no cluster: threads of this process)\n"
+            "(CubeStream(job), a cube at a time, no cluster: threads of this process)\n"
             f"(i') built in the loader workers      {i['in_place']:10,.0f} cubes/s "
             "(CubeStream(batch_size=8), num_workers = cores)\n"
             f"(i'') same, cubes collated by DataLoader {i['collated']:8,.0f} cubes/s",
