@@ -148,7 +148,7 @@ class ClusterStart:
         self, options: RunOptions, modules: tuple[str, ...] = (), urls: tuple[str, ...] = ()
     ):
         if not options.scheduler:
-            _check_main_guard()  # it inspects the caller's frames: this thread's
+            _spawn_without_rerunning_main()  # it inspects the caller's frames: this thread's
         self._stack = contextlib.ExitStack()
         self._client = None
         self._error: BaseException | None = None
@@ -228,16 +228,20 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _check_main_guard() -> None:
-    """Refuse to start worker processes from a script's top level.
+def _spawn_without_rerunning_main() -> None:
+    """Let a script start worker processes from its top level.
 
     Worker processes are spawned, and a spawned process imports the main script
     again: a script that starts the cluster outside ``if __name__ == "__main__":``
     would start it again in every worker, which then fails with some 60 lines of
     multiprocessing tracebacks. Found here, before any process starts, from the
-    script's source and the line of its top level that led to this call.
+    script's source and the line of its top level that led to this call; the main
+    module is then named ``__main__`` for spawn, which does not import a main of
+    that name again (as with ``python -m pkg``): the workers get the script's
+    functions by value, as from ``python -c`` or a notebook.
     """
     import ast
+    import importlib.machinery
     import sys
 
     main = sys.modules.get("__main__")
@@ -263,12 +267,24 @@ def _check_main_guard() -> None:
         and "__name__" in ast.unparse(node.test)
     ]  # fmt: skip
     if not any(frame.f_lineno in lines for lines in guarded):
-        raise ClusterError(
-            f"{path}, line {frame.f_lineno}: this starts the embedded Dask cluster from the "
-            "script's top level. Its worker processes import the script again, so put the "
-            'script\'s entry point under `if __name__ == "__main__":` (then call your '
-            "function from there)"
-        )
+        main.__spec__ = importlib.machinery.ModuleSpec("__main__", None, origin=path)
+
+
+def _refuse_inside_a_worker() -> None:
+    """A task that runs a job (``pipeline.map`` inside a map function) or imports a
+    script whose top level does would start a cluster in every worker it runs on."""
+    from distributed import get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:
+        return
+    raise ClusterError(
+        f"a task on Dask worker {worker.address} would start an embedded cluster inside "
+        "the worker (a job run by the task, or by the top level of a module it imports): "
+        "give that run client= a cluster, or put a module's script code under "
+        '`if __name__ == "__main__":`'
+    )
 
 
 def _forget_main_without_a_file() -> None:
@@ -315,7 +331,8 @@ def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, prof
     GIL from the task: regressions on 2 workers ran about 4% slower with it on."""
     from distributed import LocalCluster
 
-    _check_main_guard()
+    _refuse_inside_a_worker()
+    _spawn_without_rerunning_main()
     _forget_main_without_a_file()
     _quiet_resource_tracker()
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker

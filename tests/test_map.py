@@ -528,3 +528,9 @@ def test_nested_columns_reach_a_csv_as_json_text(tmp_path, client):
     rows = pd.read_csv(tmp_path / "r.csv")
     assert rows["dims"].tolist() == ["[1, 2]", "[3, 4, 5]"]
     assert rows["first"].tolist() == ['{"k": 1}', '{"k": 3}'] and rows["n"].tolist() == [2, 3]
+
+
+def test_a_unit_that_would_start_a_cluster_inside_its_worker_fails_naming_it(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:nested_map", grid={"x": [1]})
+    assert s.units_failed == 1 and s.failures[0]["error_type"] == "ClusterError"
+    assert "would start an embedded cluster" in s.failures[0]["message"]

@@ -194,3 +194,16 @@ def exits_or_interrupts(x):
     if x == 3:
         raise KeyboardInterrupt
     return {"y": x}
+
+
+def nested_map(x):
+    """A map inside a map: it would start a cluster inside the worker."""
+    import tempfile
+
+    import pipeline
+
+    return pipeline.map(double, grid={"x": [x]}, output=tempfile.mkdtemp()).units_run
+
+
+def double(x):
+    return {"y": 2 * x}
