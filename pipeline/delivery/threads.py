@@ -69,6 +69,8 @@ class _Builders:
         self.workload, self.batch_cubes = workload, batch_cubes
         self.shape, self.dtype = (d, d, d, batch_cubes), dtype
         parts = max(1, min(d, d**3 * dtype.itemsize // PART_BYTES))
+        if workload.job.per_layer_columns:
+            parts = 1  # its draw and a copy per layer hold the GIL: parts would queue for it
         self.bounds = np.linspace(0, d, parts + 1).astype(int).tolist()
         self.n_batches = -(-workload.n_units // batch_cubes)
         self.layout = workload._layout()  # loaded (and cached) once, not by each thread
