@@ -55,6 +55,22 @@ def test_grid_in_product_order_with_keys_first_and_seeds(tmp_path, client):
     assert check.ok and check.units_ok == 6, check
 
 
+def test_grid_values_from_python_may_be_ranges_tuples_and_arrays(tmp_path, client):
+    lists = run(
+        client, tmp_path / "lists", function=f"{FN}:power", grid={"x": [0, 1, 2], "p": [2.0, 3.0]}
+    )
+    grid = {"x": range(3), "p": np.array([2.0, 3.0])}
+    other = run(client, tmp_path / "other", function=f"{FN}:power", grid=grid)
+    series = {"x": (0, 1, 2), "p": pd.Series([2.0, 3.0])}
+    third = run(client, tmp_path / "third", function=f"{FN}:power", grid=series)
+    tables = [results_table(str(tmp_path / d)) for d in ("lists", "other", "third")]
+    assert lists.complete and other.complete and third.complete
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+    assert tables[1].column("p").type == pa.float64()  # Python scalars, not numpy objects
+    with pytest.raises(ConfigError, match=r"grid: key 'x' is \{1, 2\}; expected a non-empty list"):
+        run(client, tmp_path / "set", function=f"{FN}:power", grid={"x": {1, 2}})
+
+
 def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
     # A sweep from a table of chosen points (not every combination): `[[grid]]`
     # tables, a JSON list, a CSV file, or a DataFrame from Python.

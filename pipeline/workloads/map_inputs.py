@@ -47,15 +47,9 @@ class GridInput:
             self.n_units = len(grid)
         else:
             self.listed = False
-            for key, values in grid.items():
-                if not isinstance(values, list) or not values:
-                    raise ConfigError(
-                        f"grid: key {key!r} is {values!r}; expected a non-empty list of values "
-                        "(or give a list of points: [[grid]] tables in a job file)"
-                    )
-            self.grid = dict(grid)
+            self.grid = {key: _grid_values(key, values) for key, values in grid.items()}
             self.n_units = 1
-            for values in grid.values():
+            for values in self.grid.values():
                 self.n_units *= len(values)
         for key in self.grid:
             if not key.isidentifier():
@@ -99,6 +93,23 @@ class GridInput:
         if self.listed:
             return f"{self.n_units} grid points (listed: {', '.join(self.keys)})"
         return f"{self.n_units} grid points ({' x '.join(self.keys)})"
+
+
+def _grid_values(key: str, values: Any) -> list:
+    """A key's values as a list: from Python a tuple, a range or a 1-D array (numpy,
+    pandas) will do too, its elements as Python scalars; a set has no order to keep."""
+    if isinstance(values, list | tuple | range):
+        listed = list(values)
+    elif getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):
+        listed = values.tolist()
+    else:
+        listed = []
+    if not listed:
+        raise ConfigError(
+            f"grid: key {key!r} is {values!r}; expected a non-empty list of values (a list, "
+            "tuple, range or 1-D array; or give a list of points: [[grid]] tables in a job file)"
+        )
+    return listed
 
 
 def _names(keys) -> str:
