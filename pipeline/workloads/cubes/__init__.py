@@ -105,12 +105,29 @@ def build_cube(
     layout: np.ndarray, cols: np.ndarray, out: np.ndarray, part: slice = slice(None)
 ) -> None:
     """Fill ``out`` (C-ordered, axes column, row, frame) from the layout; with ``part``,
-    only those of its columns (``out[part]``), so that threads can share one cube."""
+    only those of its columns (``out[part]``), so that threads can share one cube.
+    Columns per layer (``cols`` (d, d)) take the layout by frame
+    (``load_layout(..., by_frame=True)``)."""
     if cols.ndim == 1:
         np.take(layout, cols[part] - 1, axis=0, out=out[part], mode="clip")
-    else:
-        for f in range(cols.shape[0]):
-            out[part, :, f] = layout[cols[f, part] - 1, :, f]
+        return
+    target = out[part]
+    layers = _scratch((cols.shape[0], target.shape[0], target.shape[1]), out.dtype)
+    for f in range(cols.shape[0]):  # a layer's columns: contiguous rows of its frame
+        np.take(layout[f], cols[f, part] - 1, axis=0, out=layers[f], mode="clip")
+    np.copyto(target, layers.transpose(1, 2, 0))  # one pass of transposition
+
+
+_scratches = threading.local()
+
+
+def _scratch(shape: tuple, dtype) -> np.ndarray:
+    """A buffer per thread, reused from cube to cube (a new 8 MB array each time
+    costs its page faults)."""
+    buf = getattr(_scratches, "buf", None)
+    if buf is None or buf.shape != shape or buf.dtype != dtype:
+        buf = _scratches.buf = np.empty(shape, dtype=dtype)
+    return buf
 
 
 class CubeWorkload(Workload):
@@ -181,7 +198,9 @@ class CubeWorkload(Workload):
         return out.T
 
     def _layout(self) -> np.ndarray:
-        return load_layout(self.frames, self.job.dim, self.job.dtype)
+        return load_layout(
+            self.frames, self.job.dim, self.job.dtype, by_frame=self.job.per_layer_columns
+        )
 
     @property
     def granularity(self) -> int:

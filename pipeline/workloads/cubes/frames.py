@@ -139,11 +139,14 @@ _INSPECTED: dict[tuple, FrameSet] = {}
 
 
 @functools.lru_cache(maxsize=2)
-def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
+def load_layout(frames: FrameSet, dim: int, dtype: str, by_frame: bool = False) -> np.ndarray:
     """Worker: ``T[c - 1, r, f] = frame_f[r, c]`` for columns 1.., the first ``dim`` rows.
 
     Column-major over (row, frame) means the d x d block of one column is
     contiguous, so a cube with columns ``cols`` is ``T[cols - 1]``: d block copies.
+    ``by_frame``: ``F[f, c - 1, r]`` instead, for cubes whose every layer has columns
+    of its own: a layer's columns are then d contiguous runs of d values, where in
+    ``T`` each value of them is in a cache line of its own.
 
     Each worker process holds it once (this cache). Across the processes of a
     host it is built once and memory-mapped from a cache file, so a host of 96
@@ -151,16 +154,17 @@ def load_layout(frames: FrameSet, dim: int, dtype: str) -> np.ndarray:
     """
     cache_dir = layout_cache_dir()
     if cache_dir is None:
-        return _read_layout(frames, dim, dtype)
+        return _read_layout(frames, dim, dtype, by_frame=by_frame)
     ident = repr((frames.url, frames.keys, frames.versions, frames.n_cols, dim, dtype))
-    path = cache_dir / f"layout-{xxhash.xxh3_64_hexdigest(ident.encode())}.npy"
+    order = "-by-frame" if by_frame else ""
+    path = cache_dir / f"layout-{xxhash.xxh3_64_hexdigest(ident.encode())}{order}.npy"
     if not path.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
             if not path.exists():
                 # The host's other workers wait on the lock: their cores read frames too.
-                layout = _read_layout(frames, dim, dtype, threads=_reader_threads())
+                layout = _read_layout(frames, dim, dtype, _reader_threads(), by_frame)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 with open(tmp, "wb") as f:
                     np.save(f, layout)
@@ -187,11 +191,13 @@ def _reader_threads() -> int:
     return max(1, min(MAX_READER_THREADS, len(os.sched_getaffinity(0))))
 
 
-def _read_layout(frames: FrameSet, dim: int, dtype: str, threads: int = 1) -> np.ndarray:
+def _read_layout(
+    frames: FrameSet, dim: int, dtype: str, threads: int = 1, by_frame: bool = False
+) -> np.ndarray:
     store = open_store(frames.url)
     # Read frame by frame into (frame, column, row), then transpose once: writing
     # each frame straight into the final layout is a cache-hostile strided scatter.
-    by_frame = np.empty((dim, frames.n_cols - 1, dim), dtype=dtype)
+    layers = np.empty((dim, frames.n_cols - 1, dim), dtype=dtype)
 
     def read(f: int) -> None:
         with store.open_input(frames.keys[f]) as fh:
@@ -202,9 +208,9 @@ def _read_layout(frames: FrameSet, dim: int, dtype: str, threads: int = 1) -> np
                 rows += pf.metadata.row_group(groups[-1]).num_rows
             names = pf.schema_arrow.names[1:]
             table = pf.read_row_groups(groups, columns=names, use_threads=False).slice(0, dim)
-        by_frame[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
+        layers[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
 
     read(0)  # creates the store's client before threads share it
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(read, range(1, len(frames.keys))))
-    return np.ascontiguousarray(by_frame.transpose(1, 2, 0))
+    return layers if by_frame else np.ascontiguousarray(layers.transpose(1, 2, 0))
