@@ -53,7 +53,7 @@ class ChunkIndex:
         if self.keys is not None:
             ids = self.rg_ids[self.rg_offsets[start] : self.rg_offsets[stop]]
             return np.unique(ids)
-        bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
+        bounds = ds.rg_row_bounds
         first_row = start * self.chunk_rows
         last_row = min(stop * self.chunk_rows, self.total_rows) - 1
         lo = np.searchsorted(bounds, first_row, side="right") - 1
@@ -246,7 +246,7 @@ def chunk_boundaries(ds: Dataset, index: ChunkIndex) -> np.ndarray:
     before it: row-group (and file) starts, for chunks in row-group order."""
     n = index.n_chunks
     if not index.by:
-        row_starts = np.concatenate([[0], np.cumsum(ds.rg_rows)[:-1]])
+        row_starts = ds.rg_row_bounds[:-1]
         aligned = row_starts[row_starts % index.chunk_rows == 0] // index.chunk_rows
         return np.unique(np.concatenate([aligned[aligned < n], [0, n]]))
     off, ids = index.rg_offsets, index.rg_ids

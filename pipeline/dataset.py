@@ -59,6 +59,14 @@ class Dataset:
     def num_rows(self) -> int:
         return int(self.rg_rows.sum())
 
+    @functools.cached_property
+    def rg_row_bounds(self) -> np.ndarray:
+        """Row group ``g`` holds the dataset's rows ``bounds[g]`` to ``bounds[g + 1] - 1``
+        (computed once: the planner asks for a task's row groups a thousand times)."""
+        bounds = np.concatenate([[0], np.cumsum(self.rg_rows)])
+        bounds.flags.writeable = False  # shared by every caller
+        return bounds
+
     def file_size(self, f: int) -> int:
         return _version_size(self.versions[f])
 

@@ -99,7 +99,7 @@ def read_task_rows(
     n = stop - start
     rg_bytes = ds.rg_bytes(wanted)[rgs]
     if not index.by:
-        bounds = np.concatenate([[0], np.cumsum(ds.rg_rows)])
+        bounds = ds.rg_row_bounds
         first = start * index.chunk_rows - bounds[rgs[0]]
         last = min(stop * index.chunk_rows, index.total_rows) - bounds[rgs[0]]
         kept = np.arange(first, last)
