@@ -106,11 +106,12 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
 def test_threads_and_the_waiting_consumer_share_each_cube_part_by_part(
     frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads
 ):
+    from pipeline.delivery import parts
     from pipeline.delivery import threads as builders
 
     # A few columns a part: every cube is built by whichever threads are free, the
     # consumer among them, in parts that must land in the right columns.
-    monkeypatch.setattr(builders, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
+    monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
     job = CubeJob(
         frames=str(frames_dir), cubes=45, dim=10, seed=6, dtype=dtype, per_layer_columns=per_layer
     )
@@ -163,6 +164,35 @@ def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames
     gc.collect()
     assert memfd_mappings() == 0
     assert wait_until_released(worker_pids(client)) == dict.fromkeys(worker_pids(client), 0)
+
+
+@pytest.mark.parametrize(
+    "dtype, per_layer, batch_cubes",
+    [("float64", False, 1), ("float32", True, 3), ("float64", False, 4)],
+)
+def test_the_waiting_consumer_builds_the_last_parts_of_the_workers_batches(
+    frames_dir, client, monkeypatch, dtype, per_layer, batch_cubes
+):
+    from pipeline.delivery import channel, parts
+
+    # A few columns a part; the workers get the consumer's bounds with their task.
+    monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
+    job = CubeJob(
+        frames=str(frames_dir), cubes=120, dim=10, seed=8, dtype=dtype, per_layer_columns=per_layer
+    )
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.writes_output = False
+    workload.preflight()
+    workload._layout()  # in this host's cache, as the first producer leaves it
+    address = channel.new_address()
+    with channel.listen(address) as listener:
+        delivery = local.LocalDelivery(client, workload, batch_cubes, listener, address)
+        got = {}
+        for ids, batch in delivery.batches():
+            got.update({k: digest(batch[..., i]) for i, k in enumerate(ids)})
+            del batch
+    assert got == expected_digests(job)
+    assert delivery.parts_built_here > 0
 
 
 def test_auto_picks_shared_memory_on_this_host_and_dask_gives_the_same_cubes(frames_dir, client):
@@ -290,12 +320,16 @@ def test_sigkilled_worker_mid_iteration_loses_no_cube_and_leaves_nothing(procs_c
     want = expected_digests(job)
     shm_before = shm_files()
     with procs_cluster.client() as client:
-        victim, survivor = worker_pids(client)
+        pids = worker_pids(client)
         got: dict[int, str] = {}
         for cube_id, cube in iter_cubes(job, client=client, cubes_per_task=4):
             assert cube_id not in got
             got[cube_id] = digest(cube)
             if len(got) == 40:
+                # A worker that runs a producer: it holds buffers (on two cores
+                # only one of the two workers does).
+                victim = next(pid for pid in pids if held_by(pid))
+                (survivor,) = set(pids) - {victim}
                 os.kill(victim, signal.SIGKILL)
             time.sleep(0.002)  # slow enough that the kill lands mid-iteration
         assert got == want

@@ -1,14 +1,20 @@
 """Consumer side of local delivery: cubes built by the workers of this host arrive
 as numpy views of shared memory, without a copy and without passing through Dask.
 
-Dask starts one producer task per worker (:func:`.producer.produce`); from then
-on the consumer talks to the producers over :mod:`.channel`. Each producer has a
-few buffers (``SLOTS``); the consumer asks for a batch to be built into a buffer
-only when that buffer is free, keeps ``DEPTH`` requests queued per producer so
-none idles, and yields each cube as a view of its buffer. A buffer is free again
-when the last view of its batch is gone (a ``weakref.finalize`` on the object
-that owns the views' memory), so memory stays bounded: producers wait for the
-consumer, not the other way round.
+Dask starts one producer task per worker, on as many workers as this host has
+cores but the consumer's (:func:`.producer.produce`); from then on the consumer
+talks to the producers over :mod:`.channel`. Each producer has a few buffers
+(``SLOTS``), which the consumer makes and sends with its first request for each;
+the consumer asks for a batch to be built into a buffer only when that buffer is
+free, keeps ``DEPTH`` requests queued per producer so none idles, and yields each
+cube as a view of its buffer. While it waits, it builds the last parts of the
+oldest batch it asked for, from the layout the producers cached on this host, as
+the consumer of :mod:`.threads` does: the cores finish a batch together, and the
+consumer reads it while it is still in the CPU's cache.
+
+A buffer is free again when the last view of its batch is gone (a
+``weakref.finalize`` on the object that owns the views' memory), so memory stays
+bounded: producers wait for the consumer, not the other way round.
 
 If the consumer keeps every cube (``list(iter_cubes(...))``), buffers are never
 released; the consumer then grants producers new buffers one at a time instead
@@ -31,6 +37,7 @@ import mmap
 import os
 import selectors
 import socket
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -38,8 +45,10 @@ import numpy as np
 
 from ..errors import ClusterError, PipelineError
 from ..workloads.cubes import CubeWorkload
+from ..workloads.cubes.frames import cached_layout
 from . import channel
-from .producer import produce
+from .parts import build_part, part_bounds
+from .producer import BACK, FRONT, TRAILER_BYTES, buffer_words, produce
 
 __all__ = ["LocalDelivery"]
 
@@ -59,7 +68,8 @@ class _Producer:
         self.id = next(_ids)  # not the fileno: a new connection may reuse that
         self.conn = conn
         self.ready = False  # after its hello; probes never say hello
-        self.mappings: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        # slot -> (mapping, its bytes, the batch's (d, d, d, n) view, front and back)
+        self.mappings: dict[int, tuple[mmap.mmap, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.free = list(range(SLOTS))
         self.next_slot = SLOTS
         self.requested: dict[int, int] = {}  # batch -> buffer slot
@@ -113,11 +123,19 @@ class LocalDelivery:
         self.wake_r, self.wake_w = socket.socketpair()
         self.futures: list = []
         self.restarts_left = 0
+        self.bounds = part_bounds(workload.job)
+        self.layout: np.ndarray | None = None  # the host's cached layout, once there
+        self.layout_looked_at = -1.0
+        self.columns: tuple[tuple[int, int], np.ndarray] | None = None  # last drawn
+        self.parts_built_here = 0
 
     def batches(self) -> Iterator[tuple[range, np.ndarray]]:
         """Yield ``(cube ids, batch)``: batch is a (d, d, d, n) Fortran-ordered view
         of a producer's buffer, ``batch[..., i]`` cube ``ids[i]``."""
+        # One producer per core but the consumer's, as many as there are workers: a
+        # producer more would take turns on a core with the consumer.
         workers = list(self.client.scheduler_info()["workers"])
+        workers = workers[: max(1, (os.cpu_count() or 2) - 1)]
         self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -133,6 +151,9 @@ class LocalDelivery:
                     producer, batch, slot = self.ready.popleft()
                     delivered += 1
                     yield self._batch_range(batch), self._batch_view(producer, batch, slot)
+                elif self._help():
+                    if self._producer_done():  # else no answer is due: no system call
+                        self._wait(timeout=0)
                 else:
                     self._wait()
         finally:
@@ -156,7 +177,10 @@ class LocalDelivery:
         where = {"workers": [worker], "allow_other_workers": True} if worker else {}
         self.futures.append(
             self.client.submit(
-                produce, self.address, self.workload, self.batch_cubes, pure=False, **where
+                produce,
+                *(self.address, self.workload, self.batch_cubes, self.bounds),
+                pure=False,
+                **where,
             )
         )
 
@@ -183,17 +207,87 @@ class LocalDelivery:
                 ids = self._batch_range(batch)
                 message = {"op": "build", "batch": batch, "buffer": slot}
                 message.update(start=ids.start, stop=ids.stop)
+                fd = None
+                if slot not in producer.mappings:
+                    fd, region = channel.new_buffer(self.buffer_bytes + TRAILER_BYTES)
+                    producer.mappings[slot] = self._mapped(region)
+                words = producer.mappings[slot][3]
+                words[FRONT], words[BACK] = 0, len(ids) * (len(self.bounds) - 1)
                 try:
-                    producer.conn.send(message)
+                    producer.conn.send(message, fd=fd)
                 except OSError:
                     self.retry.appendleft(batch)
                     break  # its end of the connection shows up as closed in _wait
+                finally:
+                    if fd is not None:
+                        os.close(fd)  # the producer has its own descriptor now
                 producer.requested[batch] = slot
 
-    def _wait(self) -> None:
+    def _mapped(self, region: mmap.mmap) -> tuple:
+        d = self.workload.job.dim
+        batch = np.frombuffer(region, dtype=self.dtype, count=self.batch_cubes * d**3)
+        return (
+            region,
+            np.frombuffer(region, dtype=np.uint8, count=self.buffer_bytes),
+            batch.reshape((d, d, d, self.batch_cubes), order="F"),
+            buffer_words(region, self.buffer_bytes),
+        )
+
+    def _help(self) -> bool:
+        """While waiting: build the last part nobody has taken of the oldest batch
+        requested, and take it from its producer (:mod:`.producer` says how the two
+        meet). False when there is none, or this host's layout is not cached yet."""
+        if self.layout is None and not self._find_layout():
+            return False
+        oldest = None
+        for producer in self.producers.values():
+            for batch, slot in producer.requested.items():
+                words = producer.mappings[slot][3]
+                # Not the producer's next part: it may be building that one now.
+                if words[BACK] - 1 > words[FRONT] and (oldest is None or batch < oldest[0]):
+                    oldest = (batch, producer, slot)
+        if oldest is None:
+            return False
+        batch, producer, slot = oldest
+        _region, _bytes, array, words = producer.mappings[slot]
+        part = int(words[BACK]) - 1
+        words[BACK] = part
+        if words[FRONT] > part:
+            return True  # the producer got there first
+        cube = part // (len(self.bounds) - 1)
+        if self.columns is None or self.columns[0] != (batch, cube):
+            cube_id = self._batch_range(batch)[cube]
+            self.columns = ((batch, cube), self.workload.columns(cube_id))
+        build_part(self.layout, self.columns[1], array, self.bounds, part)
+        self.parts_built_here += 1
+        return True
+
+    def _producer_done(self) -> bool:
+        """Has a producer come to the end of its side of a batch (its answer is due)?"""
+        for producer in self.producers.values():
+            for slot in producer.requested.values():
+                words = producer.mappings[slot][3]
+                if words[FRONT] >= words[BACK]:
+                    return True
+        return False
+
+    def _find_layout(self) -> bool:
+        """The layout the producers built into this host's cache, if they have (looked
+        for at most every 0.1 s): building it here would read every frame again."""
+        now = time.monotonic()
+        if now - self.layout_looked_at < 0.1:
+            return False
+        self.layout_looked_at = now
+        job = self.workload.job
+        self.layout = cached_layout(
+            self.workload.frames, job.dim, job.dtype, by_frame=job.per_layer_columns
+        )
+        return self.layout is not None
+
+    def _wait(self, timeout: float = 1.0) -> None:
         if self._work_left() and self._stalled():
             self._grow()
-        events = self.selector.select(timeout=1.0)
+        events = self.selector.select(timeout=timeout)
         for key, _mask in events:
             if key.data == "accept":
                 with contextlib.suppress(BlockingIOError):
@@ -206,7 +300,7 @@ class LocalDelivery:
                 self.wake_r.recv(4096)
             else:
                 self._receive(key.data)
-        if not events:
+        if not events and timeout:
             self._check_producers_alive()
 
     def _stalled(self) -> bool:
@@ -235,9 +329,6 @@ class LocalDelivery:
             producer.ready = True
         elif op in ("built", "failed"):
             slot = message["buffer"]
-            if fd is not None:
-                region = channel.map_buffer(fd, self.buffer_bytes)
-                producer.mappings[slot] = (region, np.frombuffer(region, dtype=np.uint8))
             batch = message["batch"]
             del producer.requested[batch]
             if op == "failed":
@@ -247,7 +338,7 @@ class LocalDelivery:
                     f"{message['error']}\n{message['traceback']}"
                 )
             self.ready.append((producer, batch, slot))
-        elif fd is not None:
+        if fd is not None:
             os.close(fd)
 
     def _lost(self, producer: _Producer) -> None:

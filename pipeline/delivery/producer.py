@@ -1,12 +1,22 @@
 """Worker side of local delivery: build the batches a consumer asks for, in place,
-in shared-memory buffers the consumer maps once and reads without a copy.
+in shared-memory buffers both processes map.
 
-A producer runs as one long Dask task per worker. The consumer sends
-``build`` requests (cube ids and the buffer to build them in); the producer
-answers ``built`` when the batch is complete, with the buffer's descriptor the
-first time that buffer is used. A buffer is built into again only when the
-consumer has asked for it again, i.e. after the consumer released it, so a
-producer never overwrites cubes the consumer is still reading.
+A producer runs as one long Dask task per worker. The consumer sends ``build``
+requests (cube ids and the buffer to build them in, with the buffer's descriptor
+the first time it is used); the producer answers ``built`` when the batch is
+complete. A buffer is built into again only when the consumer has asked for it
+again, i.e. after the consumer released it, so a producer never overwrites cubes
+the consumer is still reading.
+
+The consumer may build some of a batch itself while it waits for it: the producer
+builds the batch's parts (:mod:`.parts`) from the first, the consumer from the
+last, and they stop where they meet. Two words after the batch in its buffer say
+where: ``front``, the parts the producer has finished, and ``back``, the first
+part the consumer has taken. Neither is ever lowered by the other side, and a part
+one side reads as not taken is at worst built by both, which writes the same
+bytes twice; a part is never skipped by both. The consumer reads the batch only
+after the ``built`` message (a system call on each side, so the producer's writes
+are visible, whatever the CPU's memory order).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import numpy as np
 
 from ..workloads.cubes import CubeWorkload
 from . import channel
+from .parts import build_part
 
 __all__ = ["produce", "reachable"]
 
@@ -36,8 +47,19 @@ def reachable(address: str) -> bool:
     return True
 
 
-def produce(address: str, workload: CubeWorkload, batch_cubes: int) -> int:
+#: Bytes after a batch in its buffer: the int64 words ``front`` and ``back``.
+TRAILER_BYTES = 64
+FRONT, BACK = 0, 1
+
+
+def buffer_words(region: mmap.mmap, batch_bytes: int) -> np.ndarray:
+    """The ``front`` and ``back`` words of a buffer holding ``batch_bytes`` of cubes."""
+    return np.frombuffer(region, dtype=np.int64, count=2, offset=batch_bytes)
+
+
+def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list[int]) -> int:
     """Worker task: serve build requests until the consumer says stop or goes away.
+    ``bounds`` are the column bounds of a cube's parts (:func:`.parts.part_bounds`).
 
     Returns the number of batches built (0 when the consumer was already gone).
     """
@@ -46,44 +68,59 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int) -> int:
     except OSError:
         return 0  # the consumer finished (or died) before this task started
     conn = channel.Channel(sock)
-    buffers: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+    buffers: dict[int, tuple[mmap.mmap, np.ndarray, np.ndarray]] = {}
     built = 0
     try:
         conn.send({"op": "hello", "pid": os.getpid()})
         d, dtype = workload.job.dim, np.dtype(workload.job.dtype)
-        nbytes = batch_cubes * d**3 * dtype.itemsize
+        batch_bytes = batch_cubes * d**3 * dtype.itemsize
         while True:
             message, fd = conn.receive()
-            if fd is not None:
-                os.close(fd)
             if message is None or message.get("op") != "build":
+                if fd is not None:
+                    os.close(fd)
                 return built
             slot, ids = message["buffer"], range(message["start"], message["stop"])
-            new_fd = None
-            if slot not in buffers:
-                new_fd, region = channel.new_buffer(nbytes)
+            if fd is not None:  # the first request for this buffer
+                region = channel.map_buffer(fd, batch_bytes + TRAILER_BYTES)
                 shape = (d, d, d, batch_cubes)
-                view = np.frombuffer(region, dtype=dtype).reshape(shape, order="F")
-                buffers[slot] = (region, view)
+                view = np.frombuffer(region, dtype=dtype, count=batch_cubes * d**3)
+                batch_view = view.reshape(shape, order="F")
+                buffers[slot] = (region, batch_view, buffer_words(region, batch_bytes))
+            _region, batch, words = buffers[slot]
             try:
-                workload.build_batch(ids, buffers[slot][1])
+                _build_front_to_back(workload, ids, batch, words, bounds)
                 reply = {"op": "built", "batch": message["batch"], "buffer": slot}
             except Exception as exc:
                 reply = {"op": "failed", "batch": message["batch"], "buffer": slot}
                 reply["error"] = f"{type(exc).__name__}: {exc}"
                 reply["traceback"] = traceback.format_exc()
             try:
-                conn.send(reply, fd=new_fd)
+                conn.send(reply)
             except OSError:
                 return built  # the consumer went away
-            finally:
-                if new_fd is not None:
-                    os.close(new_fd)  # the consumer has its own descriptor now
             built += 1
     finally:
         conn.close()
-        regions = [region for region, _view in buffers.values()]
+        regions = [region for region, _view, _words in buffers.values()]
         buffers.clear()  # the views go first: a mapping with views cannot close
         for region in regions:
             with contextlib.suppress(BufferError):
                 region.close()
+
+
+def _build_front_to_back(
+    workload: CubeWorkload, ids: range, batch: np.ndarray, words: np.ndarray, bounds: list[int]
+) -> None:
+    """Build the batch's parts in order until the consumer's ``back``."""
+    layout = workload._layout()
+    per_cube = len(bounds) - 1
+    columns, columns_of = None, -1
+    for part in range(len(ids) * per_cube):
+        if part >= words[BACK]:
+            return  # the consumer has built (or is building) the rest
+        cube = part // per_cube
+        if cube != columns_of:
+            columns, columns_of = workload.columns(ids[cube]), cube
+        build_part(layout, columns, batch, bounds, part)
+        words[FRONT] = part + 1

@@ -27,8 +27,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload, build_cube
+from ..workloads.cubes import CubeWorkload
 from .local import _BatchMemory
+from .parts import build_part, part_bounds
 
 __all__ = ["builder_threads", "thread_batches"]
 
@@ -39,10 +40,6 @@ BUFFERS_PER_THREAD = 2
 #: Builder threads at most: each cube holds the GIL for its columns' draw (tens of
 #: microseconds), so beyond this the threads would queue for it, not build.
 MAX_THREADS = 16
-#: Bytes of a cube one thread builds at a time: small enough that two threads finish
-#: a cube together, large enough that taking a part (a lock, some Python) stays a
-#: few percent of copying it.
-PART_BYTES = 1 << 20
 
 
 def builder_threads() -> int:
@@ -68,10 +65,7 @@ class _Builders:
         d, dtype = workload.job.dim, np.dtype(workload.job.dtype)
         self.workload, self.batch_cubes = workload, batch_cubes
         self.shape, self.dtype = (d, d, d, batch_cubes), dtype
-        parts = max(1, min(d, d**3 * dtype.itemsize // PART_BYTES))
-        if workload.job.per_layer_columns:
-            parts = 1  # its draw and a copy per layer hold the GIL: parts would queue for it
-        self.bounds = np.linspace(0, d, parts + 1).astype(int).tolist()
+        self.bounds = part_bounds(workload.job)
         self.n_batches = -(-workload.n_units // batch_cubes)
         self.layout = workload._layout()  # loaded (and cached) once, not by each thread
         # A Condition's default lock is re-entrant: a buffer may come back (its last view
@@ -117,13 +111,12 @@ class _Builders:
 
     def _build(self, number: int, work: _Batch, part: int) -> None:
         """Outside the lock: build one part, then hand the batch over if it was the last."""
-        cube, p = divmod(part, len(self.bounds) - 1)
+        cube = part // (len(self.bounds) - 1)
         try:
             columns = work.columns[cube]
             if columns is None:  # two threads may both draw them: the same columns
                 columns = work.columns[cube] = self.workload.columns(work.ids[cube])
-            out = work.array[..., cube].T  # the C-ordered (column, row, frame) block
-            build_cube(self.layout, columns, out, slice(*self.bounds[p : p + 2]))
+            build_part(self.layout, columns, work.array, self.bounds, part)
         except BaseException as exc:
             error = exc
         else:

@@ -152,14 +152,11 @@ def load_layout(frames: FrameSet, dim: int, dtype: str, by_frame: bool = False) 
     host it is built once and memory-mapped from a cache file, so a host of 96
     workers reads the frames once and keeps one copy in memory, not 96.
     """
-    cache_dir = layout_cache_dir()
-    if cache_dir is None:
+    path = _layout_path(frames, dim, dtype, by_frame)
+    if path is None:
         return _read_layout(frames, dim, dtype, by_frame=by_frame)
-    ident = repr((frames.url, frames.keys, frames.versions, frames.n_cols, dim, dtype))
-    order = "-by-frame" if by_frame else ""
-    path = cache_dir / f"layout-{xxhash.xxh3_64_hexdigest(ident.encode())}{order}.npy"
     if not path.exists():
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
             if not path.exists():
@@ -171,6 +168,25 @@ def load_layout(frames: FrameSet, dim: int, dtype: str, by_frame: bool = False) 
                 os.replace(tmp, path)
                 return layout
     return np.load(path, mmap_mode="r")
+
+
+def cached_layout(
+    frames: FrameSet, dim: int, dtype: str, by_frame: bool = False
+) -> np.ndarray | None:
+    """:func:`load_layout`'s result if this host's cache holds it already, else None."""
+    path = _layout_path(frames, dim, dtype, by_frame)
+    if path is None or not path.exists():
+        return None
+    return np.load(path, mmap_mode="r")
+
+
+def _layout_path(frames: FrameSet, dim: int, dtype: str, by_frame: bool) -> Path | None:
+    cache_dir = layout_cache_dir()
+    if cache_dir is None:
+        return None
+    ident = repr((frames.url, frames.keys, frames.versions, frames.n_cols, dim, dtype))
+    order = "-by-frame" if by_frame else ""
+    return cache_dir / f"layout-{xxhash.xxh3_64_hexdigest(ident.encode())}{order}.npy"
 
 
 def layout_cache_dir() -> Path | None:
