@@ -99,6 +99,21 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
     assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-cubes")]
 
 
+def small_parts_job(frames_dir, monkeypatch, cubes, seed, dtype, per_layer):
+    """A job of cubes of 10^3 built in parts of 3 columns, and its workload."""
+    from pipeline.delivery import parts
+
+    monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
+    job = CubeJob(
+        frames=str(frames_dir), cubes=cubes, dim=10, seed=seed, dtype=dtype,
+        per_layer_columns=per_layer,
+    )  # fmt: skip
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.writes_output = False
+    workload.preflight()
+    return job, workload
+
+
 @pytest.mark.parametrize(
     "dtype, per_layer, batch_cubes, threads",
     [("float64", False, 1, 1), ("float32", True, 1, 3), ("float64", False, 4, 2)],
@@ -106,17 +121,11 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
 def test_threads_and_the_waiting_consumer_share_each_cube_part_by_part(
     frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads
 ):
-    from pipeline.delivery import parts
     from pipeline.delivery import threads as builders
 
-    # A few columns a part: every cube is built by whichever threads are free, the
-    # consumer among them, in parts that must land in the right columns.
-    monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
-    job = CubeJob(
-        frames=str(frames_dir), cubes=45, dim=10, seed=6, dtype=dtype, per_layer_columns=per_layer
-    )
-    workload = CubeWorkload(job, "cubes", job.frames)
-    workload.preflight()
+    # Every cube is built by whichever threads are free, the consumer among them, in
+    # parts that must land in the right columns.
+    job, workload = small_parts_job(frames_dir, monkeypatch, 45, 6, dtype, per_layer)
     got = {}
     for ids, batch in builders.thread_batches(workload, batch_cubes, threads):
         got.update({k: digest(batch[..., i]) for i, k in enumerate(ids)})
@@ -173,16 +182,10 @@ def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames
 def test_the_waiting_consumer_builds_the_last_parts_of_the_workers_batches(
     frames_dir, client, monkeypatch, dtype, per_layer, batch_cubes
 ):
-    from pipeline.delivery import channel, parts
+    from pipeline.delivery import channel
 
-    # A few columns a part; the workers get the consumer's bounds with their task.
-    monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
-    job = CubeJob(
-        frames=str(frames_dir), cubes=120, dim=10, seed=8, dtype=dtype, per_layer_columns=per_layer
-    )
-    workload = CubeWorkload(job, "cubes", job.frames)
-    workload.writes_output = False
-    workload.preflight()
+    # The workers get the consumer's part bounds with their task.
+    job, workload = small_parts_job(frames_dir, monkeypatch, 120, 8, dtype, per_layer)
     workload._layout()  # in this host's cache, as the first producer leaves it
     address = channel.new_address()
     with channel.listen(address) as listener:
