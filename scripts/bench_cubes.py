@@ -22,8 +22,10 @@ on the same frames and machine.
   (h') `iter_cubes(job)` with no client: threads of the consumer's process build the
       cubes (one per core but the consumer's, and the consumer itself while it
       waits, in parts of 1 MB), no cluster; timed as (h), frames loaded in each round;
-  (h0) (h)'s design alone: forked producer processes building into memfd buffers
-      named over a queue, the same consumer; no Dask, none of the delivery code;
+  (h0) a bare ring: forked producer processes (one per core) building whole cubes
+      into two memfd buffers each, named over a queue, the same consumer only
+      reading; no Dask, none of the delivery code. (h) was this design until its
+      consumer built parts too: (h)/(h0) shows what that gained, net of its code;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
       embedded cluster and handed over in shared memory; (i0) cubes one at a time
       built by threads of this process (num_workers=0, no cluster); (i') built in place in one
@@ -222,10 +224,10 @@ def _map_cube(fd: int, d: int) -> np.ndarray:
 
 
 def ring_delivery(frames_dir: Path, d: int, n: int, producers: int, rounds: int) -> float:
-    """(h0): (h)'s design with nothing of Dask or of this project's delivery code:
+    """(h0): a bare ring with nothing of Dask or of this project's delivery code:
     ``producers`` forked processes build cubes into two memfd buffers each, told which
-    by a queue, and the consumer reads each as it is built. What the design itself
-    costs on this machine, next to which (h) shows the implementation's share."""
+    by a queue, and the consumer only reads each as it is built. (h)'s design until
+    its consumer built parts too."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -326,8 +328,8 @@ def print_delivery(
         flush=True,
     )
     print(
-        f"(h0) the same design without Dask     {h['ring']:10,.0f} cubes/s ({cores} forked "
-        "producers, 2 memfd buffers each, a queue; (h)/(h0) = "
+        f"(h0) bare ring, consumer only reads   {h['ring']:10,.0f} cubes/s ({cores} forked "
+        "producers, 2 memfd buffers each, a queue, no Dask; (h)/(h0) = "
         f"{h['cubes_per_s'] / h['ring']:.2f})",
         flush=True,
     )
