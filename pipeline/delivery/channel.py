@@ -78,7 +78,7 @@ def new_buffer(nbytes: int) -> tuple[int, mmap.mmap]:
 
 
 def map_buffer(fd: int, nbytes: int) -> mmap.mmap:
-    """The consumer's mapping of a received buffer, page tables filled now; the
+    """A producer's mapping of a buffer it received, page tables filled now; the
     descriptor is closed (the mapping keeps the memory)."""
     try:
         return mmap.mmap(fd, nbytes, _FLAGS, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -45,10 +45,9 @@ import numpy as np
 
 from ..errors import ClusterError, PipelineError
 from ..workloads.cubes import CubeWorkload
-from ..workloads.cubes.frames import cached_layout
 from . import channel
 from .parts import build_part, part_bounds
-from .producer import BACK, FRONT, TRAILER_BYTES, buffer_words, produce
+from .producer import BACK, FRONT, TRAILER_BYTES, buffer_views, produce
 
 __all__ = ["LocalDelivery"]
 
@@ -224,14 +223,8 @@ class LocalDelivery:
                 producer.requested[batch] = slot
 
     def _mapped(self, region: mmap.mmap) -> tuple:
-        d = self.workload.job.dim
-        batch = np.frombuffer(region, dtype=self.dtype, count=self.batch_cubes * d**3)
-        return (
-            region,
-            np.frombuffer(region, dtype=np.uint8, count=self.buffer_bytes),
-            batch.reshape((d, d, d, self.batch_cubes), order="F"),
-            buffer_words(region, self.buffer_bytes),
-        )
+        raw = np.frombuffer(region, dtype=np.uint8, count=self.buffer_bytes)
+        return (region, raw, *buffer_views(region, self.workload.job, self.batch_cubes))
 
     def _help(self) -> bool:
         """While waiting: build the last part nobody has taken of the oldest batch
@@ -278,10 +271,7 @@ class LocalDelivery:
         if now - self.layout_looked_at < 0.1:
             return False
         self.layout_looked_at = now
-        job = self.workload.job
-        self.layout = cached_layout(
-            self.workload.frames, job.dim, job.dtype, by_frame=job.per_layer_columns
-        )
+        self.layout = self.workload._layout(cached_only=True)
         return self.layout is not None
 
     def _wait(self, timeout: float = 1.0) -> None:

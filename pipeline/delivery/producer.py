@@ -28,7 +28,7 @@ import traceback
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload
+from ..workloads.cubes import CubeJob, CubeWorkload
 from . import channel
 from .parts import build_part
 
@@ -52,9 +52,15 @@ TRAILER_BYTES = 64
 FRONT, BACK = 0, 1
 
 
-def buffer_words(region: mmap.mmap, batch_bytes: int) -> np.ndarray:
-    """The ``front`` and ``back`` words of a buffer holding ``batch_bytes`` of cubes."""
-    return np.frombuffer(region, dtype=np.int64, count=2, offset=batch_bytes)
+def buffer_views(
+    region: mmap.mmap, job: CubeJob, batch_cubes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A buffer's batch, (d, d, d, n) Fortran-ordered, and its ``front`` and ``back``
+    words, as both sides see them."""
+    d, dtype = job.dim, np.dtype(job.dtype)
+    batch = np.frombuffer(region, dtype=dtype, count=batch_cubes * d**3)
+    words = np.frombuffer(region, dtype=np.int64, count=2, offset=batch.nbytes)
+    return batch.reshape((d, d, d, batch_cubes), order="F"), words
 
 
 def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list[int]) -> int:
@@ -72,8 +78,8 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list
     built = 0
     try:
         conn.send({"op": "hello", "pid": os.getpid()})
-        d, dtype = workload.job.dim, np.dtype(workload.job.dtype)
-        batch_bytes = batch_cubes * d**3 * dtype.itemsize
+        job = workload.job
+        batch_bytes = batch_cubes * job.dim**3 * np.dtype(job.dtype).itemsize
         while True:
             message, fd = conn.receive()
             if message is None or message.get("op") != "build":
@@ -83,10 +89,7 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list
             slot, ids = message["buffer"], range(message["start"], message["stop"])
             if fd is not None:  # the first request for this buffer
                 region = channel.map_buffer(fd, batch_bytes + TRAILER_BYTES)
-                shape = (d, d, d, batch_cubes)
-                view = np.frombuffer(region, dtype=dtype, count=batch_cubes * d**3)
-                batch_view = view.reshape(shape, order="F")
-                buffers[slot] = (region, batch_view, buffer_words(region, batch_bytes))
+                buffers[slot] = (region, *buffer_views(region, job, batch_cubes))
             _region, batch, words = buffers[slot]
             try:
                 _build_front_to_back(workload, ids, batch, words, bounds)

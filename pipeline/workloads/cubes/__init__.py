@@ -27,7 +27,7 @@ from ...errors import StorageError
 from ...layout import consolidated_manifest_key, shard_key
 from ...storage import Store, open_store, write_parquet
 from ...workload import Task, TaskOutput, UnitFailure, Workload, manifest_entries
-from .frames import FrameSet, inspect_frames, load_layout, write_frames
+from .frames import FrameSet, cached_layout, inspect_frames, load_layout, write_frames
 from .shards import ShardSpec, read_shard, write_shards
 
 __all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
@@ -197,10 +197,11 @@ class CubeWorkload(Workload):
         build_cube(self._layout(), self.columns(cube_id), out)
         return out.T
 
-    def _layout(self) -> np.ndarray:
-        return load_layout(
-            self.frames, self.job.dim, self.job.dtype, by_frame=self.job.per_layer_columns
-        )
+    def _layout(self, cached_only: bool = False) -> np.ndarray | None:
+        """The frames' layout for this job's cubes; with ``cached_only``, None unless a
+        process of this host has already built it (:func:`.frames.cached_layout`)."""
+        args = (self.frames, self.job.dim, self.job.dtype, self.job.per_layer_columns)
+        return cached_layout(*args) if cached_only else load_layout(*args)
 
     @property
     def granularity(self) -> int:

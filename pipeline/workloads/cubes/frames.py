@@ -173,11 +173,12 @@ def load_layout(frames: FrameSet, dim: int, dtype: str, by_frame: bool = False) 
 def cached_layout(
     frames: FrameSet, dim: int, dtype: str, by_frame: bool = False
 ) -> np.ndarray | None:
-    """:func:`load_layout`'s result if this host's cache holds it already, else None."""
+    """:func:`load_layout`'s result if this host's cache holds it already, else None
+    (never reading the frames)."""
     path = _layout_path(frames, dim, dtype, by_frame)
     if path is None or not path.exists():
         return None
-    return np.load(path, mmap_mode="r")
+    return load_layout(frames, dim, dtype, by_frame)
 
 
 def _layout_path(frames: FrameSet, dim: int, dtype: str, by_frame: bool) -> Path | None:
