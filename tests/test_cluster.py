@@ -106,3 +106,19 @@ def test_the_workers_profiler_runs_only_for_a_report_or_the_dashboard(client, tm
     assert not any(client.run(_profiler_on).values())
     with connect(RunOptions(workers=1, report=str(tmp_path))) as c:
         assert all(c.run(_profiler_on).values())
+
+
+def _background_ms(dask_worker=None, dask_scheduler=None):
+    server = dask_worker or dask_scheduler
+    return {k: server.periodic_callbacks[k].callback_time for k in ("tick", "monitor")}
+
+
+def test_the_embedded_cluster_keeps_its_background_work_low(client, tmp_path):
+    # The embedded cluster shares the driver's cores; Dask's defaults (a tick every
+    # 20 ms, a system monitor every 0.5 s, in every server) kept an idle driver at
+    # 5.8% of a core. The report's plots need the monitor at its own pace.
+    quiet = {"tick": 500, "monitor": 5000}
+    assert list(client.run(_background_ms).values()) == [quiet, quiet]
+    assert client.run_on_scheduler(_background_ms) == quiet
+    with connect(RunOptions(workers=1, report=str(tmp_path))) as c:
+        assert c.run_on_scheduler(_background_ms) == {"tick": 500, "monitor": 500}
