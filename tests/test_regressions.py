@@ -516,6 +516,12 @@ def test_non_convergence_and_perfect_separation(tmp_path):
             r"gives 2 columns: I\(y > 0\)\[False\], I\(y > 0\)\[True\]\); a True/False "
             r"response is fitted as 0/1: write I\(\(y > 0\) \* 1\)",
         ),
+        (  # a text response: its type said, a few of patsy's columns shown
+            {"formula": "sector ~ x1"},
+            ConfigError,
+            r"column 'sector' is \w*string, which patsy codes as \d+ columns: "
+            r"sector\[\w+\], sector\[\w+\], sector\[\w+\], \.\.\. \(\d+ more\)\)$",
+        ),
         # Refused when the settings are made, as flags and job files are.
         ({"model": "tobit"}, ConfigError, r"RegressionJob\(model='tobit'\): 'tobit' is not one"),
         ({"cov_type": "HC9"}, ConfigError, r"cov_type='HC9'\): 'HC9' is not one of nonrobust"),

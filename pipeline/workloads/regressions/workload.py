@@ -198,9 +198,17 @@ class RegressionWorkload(Workload):
             if len(names) == 2 and names[0].endswith("[False]") and names[1].endswith("[True]"):
                 # patsy codes a True/False response as two columns, as statsmodels sees it
                 hint = f"; a True/False response is fitted as 0/1: write I(({response}) * 1)"
+            if response in rows.table.column_names:
+                kind = rows.table.schema.field(response).type
+                what = f"column {response!r} is {kind}, which patsy codes as"
+            else:
+                what = "it gives"
+            shown = ", ".join(names[:3]) + (
+                f", ... ({len(names) - 3} more)" if len(names) > 3 else ""
+            )
             raise ConfigError(
-                f"formula {self.spec.formula!r}: the response must be numeric (it gives "
-                f"{y.shape[1]} columns: {', '.join(names)}){hint}"
+                f"formula {self.spec.formula!r}: the response must be numeric ({what} "
+                f"{y.shape[1]} columns: {shown}){hint}"
             )
 
     def fingerprint(self) -> dict:
