@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 
+import psutil
+import pytest
+
 from pipeline import RunOptions, connect
+from pipeline.cluster import ClusterStart
+from pipeline.errors import ConfigError
 
 
 def _thread_facts():
@@ -122,3 +127,13 @@ def test_the_embedded_cluster_keeps_its_background_work_low(client, tmp_path):
     assert client.run_on_scheduler(_background_ms) == quiet
     with connect(RunOptions(workers=1, report=str(tmp_path))) as c:
         assert c.run_on_scheduler(_background_ms) == {"tick": 500, "monitor": 500}
+
+
+@pytest.mark.parametrize("start", [connect, ClusterStart])
+def test_more_workers_than_this_machine_holds_are_refused_before_any_starts(start):
+    # --workers 960 meant for a fleet started 960 processes on 2 cores.
+    before = set(psutil.Process().children(recursive=True))
+    refused = r"workers = 960 \(--workers, PIPELINE_WORKERS\).*at most \d+ here.*--fleet"
+    with pytest.raises(ConfigError, match=refused), start(RunOptions(workers=960)):
+        pass
+    assert set(psutil.Process().children(recursive=True)) <= before
