@@ -67,8 +67,14 @@ def test_grid_values_from_python_may_be_ranges_tuples_and_arrays(tmp_path, clien
     assert lists.complete and other.complete and third.complete
     assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
     assert tables[1].column("p").type == pa.float64()  # Python scalars, not numpy objects
-    with pytest.raises(ConfigError, match=r"grid: key 'x' is \{1, 2\}; expected a non-empty list"):
+    with pytest.raises(ConfigError, match=r"grid: key 'x' is \{1, 2\}; expected a value or a"):
         run(client, tmp_path / "set", function=f"{FN}:power", grid={"x": {1, 2}})
+    # A single value is held fixed: the same job as a list of one.
+    one = run(client, tmp_path / "one", function=f"{FN}:power", grid={"x": [0, 1, 2], "p": [2.0]})
+    fixed = run(client, tmp_path / "one", function=f"{FN}:power", grid={"x": [0, 1, 2], "p": 2.0})
+    assert one.complete and fixed.complete and fixed.units == 3 and fixed.units_run == 0
+    table = results_table(str(tmp_path / "one")).to_pandas()
+    assert table[["x", "p"]].values.tolist() == [[0, 2.0], [1, 2.0], [2, 2.0]]
 
 
 def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
@@ -405,7 +411,8 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:power"}, ConfigError, "exactly one input.*none given"),
         ({"function": f"{FN}:power", "grid": {"x": [1]}, "files": "."}, ConfigError,
          "got grid and files"),
-        ({"function": f"{FN}:power", "grid": {"x": 1}}, ConfigError, "non-empty list"),
+        ({"function": f"{FN}:power", "grid": {"x": None}}, ConfigError,
+         "a value or a non-empty list"),
         ({"function": f"{FN}:power", "grid": [{"x": 1, "p": 2}, {"x": 2}]}, ConfigError,
          r"point 1 has keys \(x\) where point 0 has \(p, x\); every point"),
         ({"function": f"{FN}:power", "grid": [{}, {}]}, ConfigError, "point 0 has no keys"),

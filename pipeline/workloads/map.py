@@ -85,8 +85,9 @@ class MapJob:
     grid: dict | list | None = setting(  # noqa: RUF009 - a TOML table, never mutated
         None,
         dict,
-        "Input: a table of lists, called with each combination; or a list of points "
-        "(tables), called with each. JSON, or a .toml, .json, .csv or .parquet file.",
+        "Input: a table of lists (a single value is held fixed), called with each "
+        "combination; or a list of points (tables), called with each. JSON, or a .toml, "
+        ".json, .csv or .parquet file.",
         rows=True,
     )
     files: str | None = setting(

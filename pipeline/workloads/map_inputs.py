@@ -97,17 +97,23 @@ class GridInput:
 
 def _grid_values(key: str, values: Any) -> list:
     """A key's values as a list: from Python a tuple, a range or a 1-D array (numpy,
-    pandas) will do too, its elements as Python scalars; a set has no order to keep."""
+    pandas) will do too, its elements as Python scalars; a set has no order to keep.
+    A single value (``n = 1000``) is held fixed: a list of one."""
     if isinstance(values, list | tuple | range):
         listed = list(values)
     elif getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):
         listed = values.tolist()
+    elif getattr(values, "ndim", None) == 0 and hasattr(values, "item"):
+        listed = [values.item()]  # a numpy scalar
+    elif values is not None and not isinstance(values, set | frozenset | dict):
+        listed = [values]
     else:
         listed = []
     if not listed:
         raise ConfigError(
-            f"grid: key {key!r} is {values!r}; expected a non-empty list of values (a list, "
-            "tuple, range or 1-D array; or give a list of points: [[grid]] tables in a job file)"
+            f"grid: key {key!r} is {values!r}; expected a value or a non-empty list of values "
+            "(a list, tuple, range or 1-D array; or give a list of points: [[grid]] tables "
+            "in a job file)"
         )
     return listed
 
