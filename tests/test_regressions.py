@@ -522,6 +522,12 @@ def test_non_convergence_and_perfect_separation(tmp_path):
             r"column 'sector' is \w*string, which patsy codes as \d+ columns: "
             r"sector\[\w+\], sector\[\w+\], sector\[\w+\], \.\.\. \(\d+ more\)\)$",
         ),
+        (  # chunks too small for any fit: every one would fail
+            {"formula": "y ~ x1 + x2", "chunk_by": None, "chunk_rows": 3},
+            InputError,
+            r"chunk_rows = 3 gives chunks of 3 rows, and the model has 3 parameters: .*"
+            r"every chunk would fail \(TooFewRows\)",
+        ),
         # Refused when the settings are made, as flags and job files are.
         ({"model": "tobit"}, ConfigError, r"RegressionJob\(model='tobit'\): 'tobit' is not one"),
         ({"cov_type": "HC9"}, ConfigError, r"cov_type='HC9'\): 'HC9' is not one of nonrobust"),

@@ -32,7 +32,7 @@ from ...layout import part_key
 from ...storage import Store, join, read_parquet_tables
 from ...task_rows import read_task_rows
 from ...workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
-from .design import ChunkError, TaskDesign, design_slices
+from .design import ChunkError, Prepared, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
 from .fit import ChunkFit
 from .options import check_fit_options, check_trial_fit
@@ -167,8 +167,37 @@ class RegressionWorkload(Workload):
         try:
             first = design.prepare(0)
         except ChunkError:
-            return  # a bad first chunk is that chunk's failure, recorded when it runs
-        check_trial_fit(self.spec, first)
+            first = None  # a bad first chunk is that chunk's failure, recorded when it runs
+        self._check_chunk_sizes(first if not design.exact and not design.factor_codes else None)
+        if first is not None:
+            check_trial_fit(self.spec, first)
+
+    def _check_chunk_sizes(self, first: Prepared | None) -> None:
+        """Refuse chunks too small for any fit: chunk_by on a key of a row or two (a
+        timestamp) made every chunk fail, after the run, with TooFewRows. ``first``:
+        the first chunk's arrays, whose columns are every chunk's (no categorical
+        factor); else a chunk has at least one parameter."""
+        index = self.index
+        if index.rows is not None:
+            most = int(index.rows.max())
+        elif index.chunk_rows:
+            most = min(index.chunk_rows, index.total_rows)
+        else:
+            most = -(-index.total_rows // index.n_chunks)
+        k = first.X.shape[1] if first is not None else 1
+        if most > k:
+            return
+        rows = f"{most} row{'s' if most > 1 else ''}"
+        if index.chunk_rows:
+            how = f"chunk_rows = {index.chunk_rows} gives chunks of {rows}"
+        else:
+            by = ", ".join(index.by)
+            how = f"chunk_by {by!r} gives {index.n_chunks:,} chunks of at most {rows}"
+        raise InputError(
+            f"dataset {self.dataset.describe()}: {how}, and the model has {k} "
+            f"parameter{'s' if k > 1 else ''}: a fit needs more rows than parameters, so "
+            "every chunk would fail (TooFewRows); chunk by a coarser key or more rows"
+        )
 
     def _check_formula(self, rows) -> None:
         import patsy
