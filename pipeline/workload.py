@@ -276,11 +276,14 @@ def manifest_entries(store: Store, job_id: str, tasks: list[Task]):
     return manifest
 
 
-def consolidate_manifest(store: Store, job_id: str, tasks: list[Task]):
-    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table."""
+def consolidate_manifest(store: Store, job_id: str, tasks: list[Task], check=None):
+    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table.
+    ``check(manifest)`` first, if given: what it raises leaves the job unfinished."""
     from .layout import consolidated_manifest_key
     from .storage import write_parquet
 
     manifest = manifest_entries(store, job_id, tasks)
+    if check is not None:
+        check(manifest)
     write_parquet(store, consolidated_manifest_key(job_id), manifest)
     return manifest

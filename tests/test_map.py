@@ -26,7 +26,9 @@ from pipeline import (
     run_job,
     unit_seed,
 )
+from pipeline.layout import completed_tasks
 from pipeline.results import results_table, write_results
+from pipeline.storage import LocalStore
 from pipeline.verify import verify_output
 
 FN = "mapfns.userfns"
@@ -206,7 +208,6 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     # The task said so; reading its failures table back gives the same.
     from dataclasses import asdict
 
-    from pipeline.storage import LocalStore
     from pipeline.workload import Task
 
     w = MapWorkload(MapJob(**settings), "m")
@@ -384,6 +385,16 @@ def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
     assert s.units_failed == 3
     message = s.failures[0]["message"]
     assert "results of units 0 and 1 cannot be combined: column 'v'" in message
+    # In tasks of their own, each task's units agree: the run stops at the end, not
+    # complete, where it said so and its results could not be read.
+    out = tmp_path / "apart"
+    with pytest.raises(InputError, match=r"units from 0 and from 1 cannot be combined: column "
+                       r"'v' is int64 in one and string in the other: .* --overwrite"):  # fmt: skip
+        run(client, out, function=f"{FN}:mixed_types", grid={"x": [1, 2, 3]}, units_per_task=1)
+    assert len(completed_tasks(LocalStore(str(out)), "m")) == 3
+    assert not (out / "m" / "manifest.parquet").exists()
+    with pytest.raises(InputError, match=r"cannot be combined"):
+        results_table(str(out))
 
 
 def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):

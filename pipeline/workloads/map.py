@@ -27,13 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
 from ..config import check_settings, setting
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..layout import part_key
-from ..storage import Store, join, read_parquet_object, read_parquet_tables
+from ..storage import Store, join, per_object, read_parquet_object, read_parquet_tables
 from ..usercode import (
     accepts_seed,
     check_code_path,
@@ -52,7 +53,7 @@ from ..workload import (
     consolidate_manifest,
 )
 from .map_inputs import DataInput, FilesInput, GridInput
-from .map_rows import UnitRows
+from .map_rows import UnitRows, differing_units
 
 __all__ = ["MapJob", "MapWorkload"]
 
@@ -333,11 +334,38 @@ class MapWorkload(Workload):
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        consolidate_manifest(store, self.job_id, tasks)
+        check = functools.partial(self._results_combine, store)
+        consolidate_manifest(store, self.job_id, tasks, check=check)
         return {"tables": store.describe(join(self.job_id, "results"))}
+
+    def _results_combine(self, store: Store, manifest: pa.Table) -> None:
+        """Raise when the tasks' results tables cannot make one table (a column of text
+        in one task's units, of numbers in another's), as a task's units that differ
+        fail it: the run is then not complete, where before its results could not be
+        read. Only the tables' footers are read."""
+        rows = manifest.filter(pc.equal(manifest.column("kind"), "results"))
+        keys = rows.column("object").to_pylist()
+        if len(keys) < 2:
+            return
+        schemas = per_object(store, lambda key: _schema(store, key), keys)
+        try:
+            pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            tables = [schema.empty_table() for schema in schemas]
+            starts = [f"from {u}" for u in rows.column("unit_start").to_pylist()]
+            raise InputError(
+                f"{differing_units(tables, starts, exc)}: a column must hold one type in every "
+                "unit's results (integers and floats may mix); fix the function, then run "
+                "the job again with --overwrite"
+            ) from None
 
 
 _part = part_key
+
+
+def _schema(store: Store, key: str) -> pa.Schema:
+    with store.open_input(key) as f:
+        return pq.read_schema(f)
 
 
 def _why_not_importable(spec: str) -> str | None:
