@@ -423,7 +423,13 @@ def _choice_of_another(cls, f: dataclasses.Field, value: Any) -> str:
     return f" ({value!r} is a value of {' or '.join(others)}: {others[0]} = {value.lower()!r})"
 
 
-def check_unknown_keys(job: JobFile, *classes) -> None:
+def _is_list_of_tables(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def check_unknown_keys(job: JobFile, *classes, owners=None) -> None:
+    """Refuse keys no class of ``classes`` has, with hints; ``owners(keys)``: the other
+    workloads that have every one of ``keys``."""
     known = {f.name for cls in classes for f in settings_of(cls)}
     unknown = sorted(set(job.values) - known)
     if unknown:
@@ -436,6 +442,19 @@ def check_unknown_keys(job: JobFile, *classes) -> None:
         table = (
             f" ([{tables[0]}] is a TOML table: a job's keys go at the top level)" if tables else ""
         )
+        # [[job]] tables of job keys (not a grid's [[grid]] points under another workload)
+        listed = [k for k in unknown if _is_list_of_tables(job.values[k])
+                  and any(set(t) & (known | {"workload"}) for t in job.values[k])]  # fmt: skip
+        if listed:
+            table = (
+                f" ([[{listed[0]}]] is a list of TOML tables: a job file holds one job, its "
+                "keys at the top level; for several jobs give several files, "
+                "pipeline run a.toml b.toml)"
+            )
+        elsewhere = owners(set(unknown)) if owners is not None and not hints else []
+        if elsewhere:  # its keys, tables or not: nothing else to say of them
+            table = f' (settings of workload {elsewhere[0]!r}: set workload = "{elsewhere[0]}")'
+
         raise ConfigError(
             f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "
             f"for workload {job.workload!r}"

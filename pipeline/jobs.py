@@ -74,7 +74,7 @@ def load_jobs(
         kind = jf.workload
         settings_cls = registry.load(kind).settings_class
         if jf.path is not None:
-            check_unknown_keys(jf, RunOptions, settings_cls)
+            check_unknown_keys(jf, RunOptions, settings_cls, owners=_workloads_with)
         check_flags_apply(cli, kind, RunOptions, settings_cls)
         options = resolve(RunOptions, jf, cli, environ)
         settings = resolve(settings_cls, jf, cli, environ)
@@ -84,6 +84,20 @@ def load_jobs(
     _check_distinct(jobs)
     _warn_misspelled_variables(environ, [type(job.settings) for job in jobs])
     return jobs
+
+
+def _workloads_with(keys: set[str]) -> list[str]:
+    """Registered workloads whose settings include every one of ``keys`` (a job file
+    that forgot its ``workload = ...``)."""
+    found = []
+    for name in registry.names():
+        try:
+            cls = registry.load(name).settings_class
+        except ConfigError:
+            continue  # a broken plug-in: its own error when it is asked for
+        if keys <= {f.name for f in settings_of(cls)}:
+            found.append(name)
+    return found
 
 
 def _check_distinct(jobs: list[Job]) -> None:

@@ -121,6 +121,21 @@ def test_job_file_with_unknown_key(tmp_path):
         load_jobs([str(job)], {}, environ={})
 
 
+def test_job_file_keys_of_another_workload_or_several_jobs_are_explained(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('function = "m:f"\ngrid = {a = [1, 2]}\n')  # no workload = "map"
+    elsewhere = r"\(settings of workload 'map': set workload = \"map\"\); known"
+    with pytest.raises(ConfigError, match=r"'function', 'grid' for workload 'cubes' " + elsewhere):
+        load_jobs([str(job)], {}, environ={})
+    job.write_text('function = "m:f"\n[[grid]]\na = 1\n[[grid]]\na = 2\n')
+    with pytest.raises(ConfigError, match=elsewhere):
+        load_jobs([str(job)], {}, environ={})
+    job.write_text('[[job]]\nworkload = "map"\nfunction = "m:f"\n[[job]]\nworkload = "cubes"\n')
+    several = r"\(\[\[job\]\] is a list of TOML tables: a job file holds one job.*a\.toml b\.toml\)"
+    with pytest.raises(ConfigError, match=r"'job' for workload 'cubes' " + several):
+        load_jobs([str(job)], {}, environ={})
+
+
 def test_a_value_given_to_an_on_off_flag_is_explained(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hint = r"\(an on/off flag such as --overwrite takes no value; --no-overwrite is off\)"
