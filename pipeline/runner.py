@@ -154,8 +154,13 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
                 rest = run.launch(longest_first(layout, [t for t in tasks if t.index not in ran]))
             receipts += rest
     except KeyboardInterrupt:
-        complete = _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
-        raise Interrupted(workload.job_id, complete, workload.n_units, workload.unit_name) from None
+
+        def complete() -> int:
+            return _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
+
+        raise Interrupted(
+            workload.job_id, complete(), workload.n_units, workload.unit_name, recount=complete
+        ) from None
 
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.wall_seconds = time.perf_counter() - t_start

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 import pipeline as pipeline_package
@@ -97,6 +98,11 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames
         "of 400,000 cubes complete; run the same command again to resume"
     ), stderr
     wait_for(lambda: not alive(workers), 30, "the cluster's processes to exit")
+    # Counted once the cluster has stopped: tasks running at the interrupt may complete
+    # meanwhile, and the count is what a rerun finds.
+    said = int(last.split(" has ")[1].split(" of ")[0].replace(",", ""))
+    stored = sum(pq.read_metadata(p).num_rows for p in out.glob("cubes/manifest/part-*"))
+    assert said == stored > 0, (said, stored)
 
 
 def test_a_driver_killed_with_sigkill_leaves_no_warning(tmp_path, frames_dir):

@@ -234,7 +234,7 @@ def _exit_interrupted(exc: KeyboardInterrupt) -> None:
     import multiprocessing
 
     if isinstance(exc, Interrupted):
-        click.echo(str(exc), err=True)
+        click.echo(exc.recounted(), err=True)
     else:
         click.echo(
             "interrupted before any task of this run ran; run the same command again to resume",
