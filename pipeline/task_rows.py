@@ -73,22 +73,33 @@ def read_task_rows(
     read = ds.in_files(wanted)  # the others are each file's partition values
     from_paths = [c for c in wanted if c not in read]
     read_dictionary = [c for c in as_dictionary if c in read] or None
-    tables = []
+    tables, reused = [], []
     files = ds.rg_file[rgs]  # ascending: global row-group ids run file by file
     firsts = _run_starts(files)
     for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rgs)], strict=True):
         f = int(files[a])
         key = ds.keys[f]
-        local = ds.rg_local[rgs[a:b]].tolist()
-        if ds.file_size(f) <= WHOLE_FILE_BYTES:
+        ident = (ds.url, key, ds.versions[f], tuple(read), tuple(read_dictionary or ()))
+        parts, first = [], a
+        if _LAST_GROUP.get("ident") == (*ident, int(rgs[a])):
+            parts.append(_LAST_GROUP["table"])  # the group the last read ended with
+            reused.append(int(rgs[a]))
+            first += 1
+        local = ds.rg_local[rgs[first:b]].tolist()
+        if not local:
+            pass
+        elif ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
             pf = read_whole_file(store, key, read_dictionary)
-            tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
+            parts.append(pf.read_row_groups(local, columns=read, use_threads=False))
         else:
             meta = cached_footer(ds.url, key, ds.versions[f])
             with store.open_ranges(key, _column_spans(meta, local, read)) as fh:
                 pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
-                tables.append(pf.read_row_groups(local, columns=read, use_threads=False))
+                parts.append(pf.read_row_groups(local, columns=read, use_threads=False))
+        if local:
+            _keep(parts[-1] if len(local) == 1 else None, (*ident, int(rgs[b - 1])))
+        tables.append(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
         if ds.widened:
             tables[-1] = _as_schema(tables[-1], ds)
         for c in from_paths:
@@ -125,11 +136,26 @@ def read_task_rows(
             table = table.select(columns).take(pa.array(keep))
         offsets = np.searchsorted(pos_kept, np.arange(n + 1), side="left").astype(np.int64)
         rows = TaskRows(table, offsets, start)
-    rows.bytes_read = int(rg_bytes.sum())
+    rows.bytes_read = int(rg_bytes.sum()) - int(ds.rg_bytes(wanted)[reused].sum())
     rows.bytes_needed = _bytes_held(rg_bytes, ds.rg_rows[rgs], kept)
     READS.bytes_read += rows.bytes_read
     READS.bytes_needed += rows.bytes_needed
     return rows
+
+
+#: The row group this process read last, when it read it alone, kept for the next
+#: task: tasks of a row group on one worker read it once (a job's first probes all
+#: fall in its first group: on S3 each of them read it again, 0.08-0.13 s a time).
+#: A part of a larger read is not kept (its slice would hold the whole read), nor a
+#: group larger than this.
+LAST_GROUP_BYTES = 64 << 20
+_LAST_GROUP: dict = {}
+
+
+def _keep(table: pa.Table | None, ident: tuple) -> None:
+    _LAST_GROUP.clear()
+    if table is not None and table.nbytes <= LAST_GROUP_BYTES:
+        _LAST_GROUP.update(ident=ident, table=table)
 
 
 def _as_schema(table: pa.Table, ds: Dataset) -> pa.Table:

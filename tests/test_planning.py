@@ -339,6 +339,26 @@ def test_dataset_boundaries_are_row_group_and_file_starts(tmp_path):
     assert rows.bytes_needed == pytest.approx(rows.bytes_read / 3, rel=0.35)
 
 
+def test_a_row_group_read_alone_is_not_read_again_by_the_next_task(tmp_path):
+    # Chunks 0-5 of 10 rows in row groups of 20: tasks 2-3 and 3-4 both need row group 1;
+    # the second reads nothing (a job's first probes all fall in its first group, and
+    # on S3 each read it again); 3-6 reads only row group 2. The rows are the same.
+    from pipeline import task_rows
+
+    _write(tmp_path / "a.parquet", _chunks(range(6), 10), 20)
+    ds = discover(str(tmp_path))
+    index = plan_chunks(ds, ("chunk",), None)
+    first = read_task_rows(ds, index, 2, 3, ["x"])
+    again = read_task_rows(ds, index, 3, 4, ["x"])
+    assert first.bytes_read > 0 and again.bytes_read == 0 and again.bytes_needed > 0
+    on = read_task_rows(ds, index, 3, 6, ["x"])
+    task_rows._LAST_GROUP.clear()
+    fresh = read_task_rows(ds, index, 3, 6, ["x"])
+    assert on.table.equals(fresh.table) and on.offsets.tolist() == fresh.offsets.tolist()
+    assert 0 < on.bytes_read < fresh.bytes_read
+    assert again.table.equals(read_task_rows(ds, index, 3, 4, ["x"]).table)
+
+
 def test_a_tasks_rows_come_by_chunk_whatever_the_files_row_order(tmp_path):
     # Chunks 3, 1, 2 interleaved with rows of chunk 0 (another task's) in one row group;
     # then chunks 4-5 in order: the task of chunks 1-3 gets its rows sorted by chunk,
