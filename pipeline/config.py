@@ -439,21 +439,22 @@ def check_unknown_keys(job: JobFile, *classes, owners=None) -> None:
         hints = [f"{c[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "")
                  for k, c in close.items() if c]  # fmt: skip
         tables = [k for k in unknown if isinstance(job.values[k], dict)]
-        table = (
-            f" ([{tables[0]}] is a TOML table: a job's keys go at the top level)" if tables else ""
-        )
         # [[job]] tables of job keys (not a grid's [[grid]] points under another workload)
         listed = [k for k in unknown if _is_list_of_tables(job.values[k])
                   and any(set(t) & (known | {"workload"}) for t in job.values[k])]  # fmt: skip
-        if listed:
+        elsewhere = owners(set(unknown)) if owners is not None and not hints else []
+        if elsewhere:  # its keys, tables or not: nothing else to say of them
+            table = f' (settings of workload {elsewhere[0]!r}: set workload = "{elsewhere[0]}")'
+        elif listed:
             table = (
                 f" ([[{listed[0]}]] is a list of TOML tables: a job file holds one job, its "
                 "keys at the top level; for several jobs give several files, "
                 "pipeline run a.toml b.toml)"
             )
-        elsewhere = owners(set(unknown)) if owners is not None and not hints else []
-        if elsewhere:  # its keys, tables or not: nothing else to say of them
-            table = f' (settings of workload {elsewhere[0]!r}: set workload = "{elsewhere[0]}")'
+        elif tables:
+            table = f" ([{tables[0]}] is a TOML table: a job's keys go at the top level)"
+        else:
+            table = ""
 
         raise ConfigError(
             f"job file {job.path}: unknown key(s) {', '.join(map(repr, unknown))} "

@@ -163,7 +163,8 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         from .workloads.map_rows import differing_units
 
-        message = differing_units([t for _, t in parts], [f"from {f}" for f, _ in parts], exc)
+        schemas = [t.schema for _, t in parts]
+        message = differing_units(schemas, [f"from {f}" for f, _ in parts], exc)
         raise InputError(message) from None
 
 

@@ -83,16 +83,14 @@ def read_task_rows(
         parts, first = [], a
         if _LAST_GROUP.get("ident") == (*ident, int(rgs[a])):
             parts.append(_LAST_GROUP["table"])  # the group the last read ended with
-            reused.append(int(rgs[a]))
+            reused.append(a)
             first += 1
         local = ds.rg_local[rgs[first:b]].tolist()
-        if not local:
-            pass
-        elif ds.file_size(f) <= WHOLE_FILE_BYTES:
+        if local and ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
             pf = read_whole_file(store, key, read_dictionary)
             parts.append(pf.read_row_groups(local, columns=read, use_threads=False))
-        else:
+        elif local:
             meta = cached_footer(ds.url, key, ds.versions[f])
             with store.open_ranges(key, _column_spans(meta, local, read)) as fh:
                 pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
@@ -136,7 +134,7 @@ def read_task_rows(
             table = table.select(columns).take(pa.array(keep))
         offsets = np.searchsorted(pos_kept, np.arange(n + 1), side="left").astype(np.int64)
         rows = TaskRows(table, offsets, start)
-    rows.bytes_read = int(rg_bytes.sum()) - int(ds.rg_bytes(wanted)[reused].sum())
+    rows.bytes_read = int(rg_bytes.sum() - rg_bytes[reused].sum())  # reused: not read
     rows.bytes_needed = _bytes_held(rg_bytes, ds.rg_rows[rgs], kept)
     READS.bytes_read += rows.bytes_read
     READS.bytes_needed += rows.bytes_needed

@@ -351,10 +351,9 @@ class MapWorkload(Workload):
         try:
             pa.unify_schemas(schemas, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            tables = [schema.empty_table() for schema in schemas]
             starts = [f"from {u}" for u in rows.column("unit_start").to_pylist()]
             raise InputError(
-                f"{differing_units(tables, starts, exc)}: a column must hold one type in every "
+                f"{differing_units(schemas, starts, exc)}: a column must hold one type in every "
                 "unit's results (integers and floats may mix); fix the function, then run "
                 "the job again with --overwrite"
             ) from None

@@ -250,14 +250,14 @@ def _combine(tables: list[pa.Table], units: list[int]) -> pa.Table | None:
     try:
         return pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise InputError(differing_units(tables, units, exc)) from None
+        raise InputError(differing_units([t.schema for t in tables], units, exc)) from None
 
 
-def differing_units(tables: list[pa.Table], units: list, exc: Exception) -> str:
+def differing_units(schemas: list[pa.Schema], units: list, exc: Exception) -> str:
     """A message naming two units whose result columns cannot be combined."""
     seen: dict[str, tuple[Any, pa.DataType]] = {}
-    for unit, table in zip(units, tables, strict=True):
-        for field in table.schema:
+    for unit, schema in zip(units, schemas, strict=True):
+        for field in schema:
             if field.name in seen:
                 other, typ = seen[field.name]
                 if typ != field.type and not _widens(typ, field.type):
