@@ -33,7 +33,9 @@ arrays in memory, no reading, no design, no writing, no scheduling. For engine a
 that is the batched engine (so the share is (d')/(workers x (d)) of the default
 case); for statsmodels, a loop of the statsmodels calls the engine makes per chunk
 (loop (b) without the p-values and intervals, which the engine computes for a
-task's chunks at once).
+task's chunks at once). And its share of that limit with the layout's reads added:
+one core reading every file's columns the fastest way measured (:func:`read_floor`),
+which on thousands of small files costs as much as the fits.
 
     python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
 """
@@ -362,21 +364,48 @@ def bench_layouts(args, client, root: Path) -> None:
                   f"{limits['statsmodels']:.1f} fits/s (engine statsmodels); {n_workers} x the "
                   f"batched engine on them, {batched:.1f} fits/s a core = {limits['auto']:.1f} "
                   "fits/s (engine auto)")  # fmt: skip
+            read = read_floor(where, ["chunk", "sector", "y", *xs]) / chunks
+            limits_read = {e: n_workers / (n_workers / r + read) for e, r in limits.items()}
+            print(f"with the reads: pyarrow reading the model's columns of the layout's files "
+                  f"(local copies), one thread, {read * 1e6:.1f} us a chunk; the limits with "
+                  f"them {limits_read['statsmodels']:.1f} (statsmodels) and "
+                  f"{limits_read['auto']:.1f} fits/s (auto)")  # fmt: skip
             for engine in args.engine.split(","):
-                rows_out.append(
-                    _layout_runs(args, client, layout, engine, data, out, formula, naive,
-                                 limits[engine], df, sample)
-                )  # fmt: skip
+                figures = _layout_runs(args, client, layout, engine, data, out, formula,
+                                       naive, limits[engine], df, sample)  # fmt: skip
+                rows_out.append((*figures, limits_read[engine]))
             print(startup_line(data, str(root / "startup"), formula))
             del df, Xs, ys
     finally:
         if moto is not None:
             moto.stop()
     print("\nlayout  engine       naive/s  default/s  best size  best/s  default/naive  "
-          "default/best  default/limit")  # fmt: skip
-    for layout, engine, naive, default, best, best_rate, speedup, regret, share in rows_out:
+          "default/best  default/limit  (limit with reads)")  # fmt: skip
+    for row in rows_out:
+        layout, engine, naive, default, best, best_rate, speedup, regret, share, with_reads = row
         print(f"{layout:6s}  {engine:11s} {naive:8.1f} {default:10.1f} {best:10d} "
-              f"{best_rate:7.1f} {speedup:14.1f} {regret:13.2f} {share:14.2f}")  # fmt: skip
+              f"{best_rate:7.1f} {speedup:14.1f} {regret:13.2f} {share:14.2f}  "
+              f"{default / with_reads:17.2f}")  # fmt: skip
+
+
+def read_floor(folder: Path, columns: list[str]) -> float:
+    """Seconds for one thread to read ``columns`` of every data file in ``folder`` (the
+    best of two passes, page cache warm), the fastest way measured: each file's bytes
+    whole, then pyarrow's ParquetFile on them (``pq.read_table`` per file took 4x as
+    long, ``ParquetFile(path)`` 2x). What any reader of the layout pays before a fit,
+    the more the more files: each has a footer to parse, about 0.1 ms."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("_"))
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for path in files:
+            data = pa.BufferReader(path.read_bytes())
+            pq.ParquetFile(data).read(columns=columns, use_threads=False)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _layout_runs(args, client, layout, engine, data, out, formula, naive, limit, df, sample):
