@@ -636,6 +636,17 @@ def test_run_resume_results_and_verify(tmp_path, client):
     assert not check.ok and not check.corrupt
 
 
+def test_results_of_a_job_whose_every_chunk_failed_say_so(tmp_path, client):
+    df = panel(chunks=3, rows=60)
+    df["y"] = 4.0  # every chunk's response constant: no chunk is fitted
+    s = run(client, tmp_path / "out", write(df, tmp_path / "d"))
+    assert s.complete and s.units_failed == 3
+    shown = summarize(str(tmp_path / "out"), "coefficients")
+    assert "0 coefficients over 0 chunks" in shown
+    assert "no chunk was fitted: the models table says why" in shown
+    assert "Empty DataFrame" not in shown, shown
+
+
 def test_same_job_same_tables_whatever_the_task_sizes(dataset, tmp_path, client):
     data, _ = dataset
     run(client, tmp_path / "a", data, units_per_task=2)

@@ -62,5 +62,8 @@ def summary_text(table: str, result: pa.Table) -> str | None:
             significant=("p_value", lambda p: float((p < 0.05).mean())),
         )
         lines.append(f"{len(frame)} coefficients over {frame['chunk_id'].nunique()} chunks")
-        lines.append(stats.to_string(float_format=lambda v: f"{v:.4g}"))
+        if len(frame):  # (no chunk fitted: pandas' "Empty DataFrame" says nothing more)
+            lines.append(stats.to_string(float_format=lambda v: f"{v:.4g}"))
+        else:
+            lines.append("no chunk was fitted: the models table says why (--table models)")
     return "\n".join(lines)
