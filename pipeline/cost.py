@@ -85,10 +85,6 @@ class Fleet:
     #: Whether the job's output goes to S3 (the module's fleet writes to its bucket).
     s3: bool = True
 
-    @property
-    def nic_gbps(self) -> float | None:
-        return self.instance.network_gbps if self.instance else None
-
 
 def parse_fleet(text: str, table: PriceTable) -> Fleet:
     """``TYPE:COUNT`` (``c5.24xlarge:5``), priced with the module's scheduler and NLB."""

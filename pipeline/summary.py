@@ -87,11 +87,6 @@ class RunSummary:
         """Units this run completed without failing."""
         return self.units_run - self.units_failed_in_run
 
-    @property
-    def wants_rerun(self) -> bool:
-        """Whether running the same command again would change anything."""
-        return self.units_retryable > 0 or not self.complete
-
 
 def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]]:
     """(line, to_stderr) pairs for the end of a job."""

@@ -69,10 +69,8 @@ __all__ = ["S3PermissionError", "S3Store"]
 
 ENV_ENDPOINT_URL = "PIPELINE_S3_ENDPOINT_URL"
 ENV_RETRY_MODE = "PIPELINE_S3_RETRY_MODE"
-ENV_MAX_ATTEMPTS = "PIPELINE_S3_MAX_ATTEMPTS"
 
 RETRY_MODES = ("standard", "adaptive")
-DEFAULT_MAX_ATTEMPTS = 10
 
 MiB = 1024 * 1024
 #: Payloads at least this big go up as multipart uploads, in parts of this size.

@@ -26,7 +26,6 @@ from ...storage import Store
 
 __all__ = ["ShardBuffer", "ShardSpec", "read_shard", "shard_buffer", "write_shards"]
 
-PAGE = 4096
 T = TypeVar("T")
 
 #: key, array shape, dtype, and a function that fills the array and returns what the
