@@ -73,19 +73,25 @@ def read_task_rows(
     read = ds.in_files(wanted)  # the others are each file's partition values
     from_paths = [c for c in wanted if c not in read]
     read_dictionary = [c for c in as_dictionary if c in read] or None
-    tables, reused = [], []
+    tables, reused, last = [], [], None
     files = ds.rg_file[rgs]  # ascending: global row-group ids run file by file
     firsts = _run_starts(files)
+    # Lists, not arrays, in the loop: it turns once per file, and on thousands of small
+    # files numpy's indexing and the group kept below (its size asked each time) cost
+    # a tenth of the read.
+    local_groups, groups = ds.rg_local[rgs].tolist(), rgs.tolist()
+    same = (tuple(read), tuple(read_dictionary or ()))
+    kept = _LAST_GROUP.get("ident")
     for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rgs)], strict=True):
         f = int(files[a])
         key = ds.keys[f]
-        ident = (ds.url, key, ds.versions[f], tuple(read), tuple(read_dictionary or ()))
+        ident = (ds.url, key, ds.versions[f], *same)
         parts, first = [], a
-        if _LAST_GROUP.get("ident") == (*ident, int(rgs[a])):
+        if kept == (*ident, groups[a]):
             parts.append(_LAST_GROUP["table"])  # the group the last read ended with
             reused.append(a)
             first += 1
-        local = ds.rg_local[rgs[first:b]].tolist()
+        local = local_groups[first:b]
         if local and ds.file_size(f) <= WHOLE_FILE_BYTES:
             # One read for footer and data: most of a small file is what a task needs.
             pf = read_whole_file(store, key, read_dictionary)
@@ -95,14 +101,16 @@ def read_task_rows(
             with store.open_ranges(key, _column_spans(meta, local, read)) as fh:
                 pf = pq.ParquetFile(fh, metadata=meta, read_dictionary=read_dictionary)
                 parts.append(pf.read_row_groups(local, columns=read, use_threads=False))
-        if local:
-            _keep(parts[-1] if len(local) == 1 else None, (*ident, int(rgs[b - 1])))
+        if local:  # the task's last read, kept after the loop (a group read alone only)
+            last = (parts[-1] if len(local) == 1 else None, (*ident, groups[b - 1]))
         tables.append(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
         if ds.widened:
             tables[-1] = _as_schema(tables[-1], ds)
         for c in from_paths:
             part = ds.partitions.column(f, c, tables[-1].num_rows, c in as_dictionary)
             tables[-1] = tables[-1].append_column(c, part)
+    if last is not None:
+        _keep(*last)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     READS.seconds += time.perf_counter() - t0
     n = stop - start
