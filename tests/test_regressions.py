@@ -647,6 +647,18 @@ def test_results_of_a_job_whose_every_chunk_failed_say_so(tmp_path, client):
     assert "Empty DataFrame" not in shown, shown
 
 
+def test_only_the_text_columns_of_the_tables_are_dictionary_encoded(tmp_path, client):
+    # Parquet's dictionaries of the statistics (distinct floats) were built and thrown
+    # away: writing took 4x as long and the files were larger.
+    run(client, tmp_path / "out", write(panel(chunks=6, rows=60), tmp_path / "d"))
+    (part, *_) = sorted((tmp_path / "out" / "reg" / "coefficients").glob("part-*.parquet"))
+    meta = pq.ParquetFile(part).metadata.row_group(0)
+    encodings = {meta.column(j).path_in_schema: meta.column(j).encodings
+                 for j in range(meta.num_columns)}  # fmt: skip
+    assert any("DICTIONARY" in e for e in encodings["term"])
+    assert not any("DICTIONARY" in e for e in encodings["estimate"]), encodings["estimate"]
+
+
 def test_same_job_same_tables_whatever_the_task_sizes(dataset, tmp_path, client):
     data, _ = dataset
     run(client, tmp_path / "a", data, units_per_task=2)
