@@ -189,14 +189,23 @@ def _runs(table: pa.Table) -> pa.Table:
     return table.take(pa.array(starts)).append_column("__rows", pa.array(counts))
 
 
+#: Average rows per file from which the chunk index reads files in threads.
+HEAVY_FILE_ROWS = 100_000
+
+
 def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> ChunkIndex:
     """Driver: the chunk index, from the chunk-by columns (or footers for chunk_rows)."""
     if not by:
         return ChunkIndex((), chunk_rows, None, None, None, total_rows=ds.num_rows)
     store = open_store(ds.url)
     first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
+    # Files of 100,000 rows or more on average: their keys are decoded and their runs
+    # found in threads (3 files of 833,000 rows: 5.3 ms instead of 8.4, on 2 cores).
     parts = per_object(
-        store, lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])), range(len(ds.keys))
+        store,
+        lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])),
+        range(len(ds.keys)),
+        heavy=ds.num_rows >= HEAVY_FILE_ROWS * len(ds.keys),
     )
     # Runs grouped once for all files: a group-by per small file costs more than its rows.
     # Each part: a file's row groups' keys from statistics (count_all), its runs of rows

@@ -320,6 +320,27 @@ def test_small_files_read_once_plan_as_files_read_twice(tmp_path):
         [pq.read_table(p).column("chunk").to_numpy() for p in tmp_path.iterdir()])))  # fmt: skip
 
 
+def test_the_chunk_index_of_large_files_read_in_threads_is_the_one_read_in_turn(
+    tmp_path, monkeypatch
+):
+    from pipeline import chunks
+
+    rng = np.random.default_rng(3)
+    for f in range(3):  # 120,000 rows a file, chunks spanning files and row groups
+        ids = np.sort(rng.integers(f * 40, f * 40 + 60, size=120_000))
+        pq.write_table(pa.table({"chunk": ids, "x": rng.normal(size=ids.size)}),
+                       tmp_path / f"p{f}.parquet", row_group_size=50_000)  # fmt: skip
+    ds = discover(str(tmp_path), ("chunk",))
+    assert ds.num_rows >= chunks.HEAVY_FILE_ROWS * len(ds.keys)  # read in threads
+    threaded = plan_chunks(ds, ("chunk",), None)
+    monkeypatch.setattr(chunks, "HEAVY_FILE_ROWS", 10**9)
+    in_turn = plan_chunks(ds, ("chunk",), None)
+    assert threaded.keys.equals(in_turn.keys) and threaded.n_chunks == 140
+    np.testing.assert_array_equal(threaded.rg_offsets, in_turn.rg_offsets)
+    np.testing.assert_array_equal(threaded.rg_ids, in_turn.rg_ids)
+    np.testing.assert_array_equal(threaded.rows, in_turn.rows)
+
+
 def test_dataset_boundaries_are_row_group_and_file_starts(tmp_path):
     # File a: chunks 0-5 of 10 rows in row groups of 20 (2 chunks each); file b: chunks
     # 6-8 in row groups of 15 rows, so chunk 7 spans two row groups.

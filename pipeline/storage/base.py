@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import BinaryIO
@@ -134,13 +135,18 @@ def read_parquet_file(store: Store, key: str):
 READ_THREADS = 16
 
 
-def per_object(store: Store, fn, items) -> list:
-    """``[fn(x) for x in items]``, in threads for a remote store. From a local disk,
-    threads would only contend for the GIL (twice as slow on thousands of files)."""
-    if not store.remote or len(items) < 2:
+def per_object(store: Store, fn, items, *, heavy: bool = False) -> list:
+    """``[fn(x) for x in items]``, in threads for a remote store, or for ``heavy``
+    items (each mostly time in pyarrow or numpy, which let go of the GIL: the chunk
+    keys of a few large files). Small ones from a local disk would only contend for
+    the GIL in threads (twice as slow on thousands of files)."""
+    if not (store.remote or heavy) or len(items) < 2:
         return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
+    if not store.remote:
+        with ThreadPoolExecutor(min(os.cpu_count() or 1, len(items))) as pool:
+            return list(pool.map(fn, items))
     first = [fn(items[0])]  # creates the store's client before threads share it
     with ThreadPoolExecutor(min(READ_THREADS, len(items) - 1)) as pool:
         return first + list(pool.map(fn, items[1:]))
