@@ -114,6 +114,13 @@ def test_a_small_job_runs_in_one_round_unprobed(tmp_path, client):
     assert s.complete and (s.tasks, s.probe_tasks, s.units_per_task) == (2, 0, 25)
 
 
+def test_the_client_sends_a_rounds_tasks_without_waiting_for_dasks_next_batch(tmp_path, client):
+    # Dask's client batches its messages 10 ms apart; a probe round, submitted just
+    # after the last round's results were released, waited for the next batch.
+    run_job(SquaresWorkload("sq", 4), options(tmp_path), client, echo=lambda m: None)
+    assert client.scheduler_comm.interval <= 0.001
+
+
 def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
     full = tmp_path / "full"
     run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), options(full), client, echo=print)
