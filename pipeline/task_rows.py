@@ -79,11 +79,11 @@ def read_task_rows(
     # Lists, not arrays, in the loop: it turns once per file, and on thousands of small
     # files numpy's indexing and the group kept below (its size asked each time) cost
     # a tenth of the read.
-    local_groups, groups = ds.rg_local[rgs].tolist(), rgs.tolist()
+    local_groups, groups, file_ids = ds.rg_local[rgs].tolist(), rgs.tolist(), files.tolist()
     same = (tuple(read), tuple(read_dictionary or ()))
     kept = _LAST_GROUP.get("ident")
     for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rgs)], strict=True):
-        f = int(files[a])
+        f = file_ids[a]
         key = ds.keys[f]
         ident = (ds.url, key, ds.versions[f], *same)
         parts, first = [], a

@@ -144,12 +144,12 @@ def per_object(store: Store, fn, items, *, heavy: bool = False) -> list:
         return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    if not store.remote:
-        with ThreadPoolExecutor(min(os.cpu_count() or 1, len(items))) as pool:
-            return list(pool.map(fn, items))
-    first = [fn(items[0])]  # creates the store's client before threads share it
-    with ThreadPoolExecutor(min(READ_THREADS, len(items) - 1)) as pool:
-        return first + list(pool.map(fn, items[1:]))
+    # A remote store's first call creates its client before the threads share it.
+    first = [fn(items[0])] if store.remote else []
+    rest = items[len(first) :]
+    threads = READ_THREADS if store.remote else os.cpu_count() or 1
+    with ThreadPoolExecutor(min(threads, len(rest))) as pool:
+        return first + list(pool.map(fn, rest))
 
 
 def read_parquet(source, columns: list[str] | None = None):
