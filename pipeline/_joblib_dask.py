@@ -77,15 +77,20 @@ def read_as_they_arrive(results: Iterator, arrived: threading.Semaphore, count: 
 
 
 class DaskBackend(DaskDistributedBackend):
-    def __init__(self, *args, **kwargs):
+    """``workers``: the cluster's worker threads, if the caller has just counted them
+    (joblib would ask the scheduler again, twice per call); 0 to have joblib wait for
+    a worker."""
+
+    def __init__(self, *args, workers: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.arrived = threading.Semaphore(0)
+        self.workers = workers
 
     def effective_n_jobs(self, n_jobs):
         # joblib runs a call in the calling process when this is 1: with one worker
         # thread (--workers 1, or a worker of two just lost) every task would run in
         # the driver. Never less than 2: the tasks go to the cluster, however small.
-        return max(2, super().effective_n_jobs(n_jobs))
+        return max(2, self.workers or super().effective_n_jobs(n_jobs))
 
     def share(self, arg, future) -> None:
         """Pass ``future`` (on the cluster; or ``arg`` itself, to pickle it into each

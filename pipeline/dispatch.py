@@ -139,7 +139,7 @@ class TaskRunner:
     def __post_init__(self) -> None:
         send_promptly(self.client)
 
-    def _workload_for(self, tasks: list[Task]):
+    def _workload_for(self, tasks: list[Task], n_workers: int):
         """What the tasks get as their workload argument: the object itself, pickled
         into each task, unless that makes the round's tasks hold more than
         :data:`INLINE_BYTES`; then one copy on the cluster, sent once per run.
@@ -154,7 +154,7 @@ class TaskRunner:
             import cloudpickle
 
             self._pickled_bytes = len(cloudpickle.dumps(self.workload))
-        small_round = len(tasks) <= 2 * count_workers(self.client)
+        small_round = len(tasks) <= 2 * n_workers
         if small_round or self._pickled_bytes * len(tasks) <= INLINE_BYTES:
             return self.workload
         if self._shared is None:
@@ -241,8 +241,13 @@ class TaskRunner:
             return iter(()), None
         store_url = self.store.url if self.store is not None else None
         try:
-            backend = DaskBackend(client=self.client, wait_for_workers_timeout=60, pure=False)
-            backend.share(self.workload, self._workload_for(tasks))
+            # Counted once per call: joblib asks again for each call otherwise, a round
+            # trip to the scheduler each time, before any task of a probe round leaves.
+            workers = sum(self.client.ncores().values())
+            backend = DaskBackend(
+                client=self.client, wait_for_workers_timeout=60, pure=False, workers=workers
+            )
+            backend.share(self.workload, self._workload_for(tasks, max(1, workers)))
             with parallel_config(backend=backend):
                 results = Parallel(
                     n_jobs=-1,
