@@ -32,22 +32,18 @@ from ...layout import part_key
 from ...storage import Store, join, read_parquet_tables
 from ...task_rows import read_task_rows
 from ...workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
-from .design import ChunkError, Prepared, TaskDesign, design_slices
+from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
+from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
 from .fit import ChunkFit
 from .options import check_fit_options, check_trial_fit
-from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula, split_list
+from .spec import FormulaInfo, ModelSpec, RegressionJob, split_list
 from .taskfits import COEF_COLUMNS, TaskFits, models_schema
 
 __all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
 
 #: The tables each task writes, one part per task.
 PART_TABLES = ("coefficients", "models", "timings")
-#: The tables' own columns (besides the chunk's keys), which no chunk_by column may be.
-_TABLE_COLUMNS = frozenset(
-    ("chunk_id", "row_start", "row_stop", "term", *COEF_COLUMNS,
-     *(name for name, _ in models_schema()))
-)  # fmt: skip
 
 
 class RegressionWorkload(Workload):
@@ -102,46 +98,11 @@ class RegressionWorkload(Workload):
         spec = ModelSpec.from_job(job)
         check_fit_options(spec)
         by = split_list(job.chunk_by)
-        if by and job.chunk_rows:
-            raise ConfigError("give chunk_by or chunk_rows, not both")
-        if not by and not job.chunk_rows:
-            raise ConfigError("no chunks: give chunk_by (a column) or chunk_rows (a row count)")
-        clash = [b for b in by if b in _TABLE_COLUMNS]
-        if clash:
-            # The tables begin with the chunk's keys: one named like a column of theirs
-            # would be overwritten by it (chunk_by = "term": every key lost).
-            raise ConfigError(
-                f"chunk_by column {clash[0]!r} has the name of a column of the results' "
-                "tables; rename it in the data"
-            )
+        check_chunking(job, by)
         ds = discover(job.data, tuple(by))
-        needed: dict[str, str] = {}
-        info = None
-        if spec.formula:
-            info = analyze_formula(spec.formula)
-            needed.update({c: "formula" for c in info.columns})
-        else:
-            needed[spec.endog] = "endog"
-            needed.update({c: "exog" for c in spec.exog})
-        for col, why in ((spec.weights, "weights"), (spec.cluster, "cluster")):
-            if col:
-                needed[col] = why
-        for b in by:
-            needed.setdefault(b, "chunk_by")
+        needed, info = needed_columns(spec, by)
         check_columns(ds, needed)
-        numeric = [c for c in (spec.endog, *spec.exog, spec.weights) if c]
-        for c in numeric:
-            t = ds.schema.field(c).type
-            if not (
-                pa.types.is_floating(t)
-                or pa.types.is_integer(t)
-                or pa.types.is_boolean(t)
-                or pa.types.is_decimal(t)
-            ):
-                raise InputError(
-                    f"dataset {ds.describe()}: column {c!r} is {t}, not numeric"
-                    + (f"; use a formula with C({c})" if c in spec.exog else "")
-                )
+        check_numeric(ds, spec)
         index = plan_chunks(ds, by, job.chunk_rows)
         if index.n_chunks == 0:
             raise InputError(f"dataset {ds.describe()} has no rows")
@@ -157,88 +118,24 @@ class RegressionWorkload(Workload):
             design = TaskDesign(self.spec, rows.table, rows.offsets, self.info)
         except Exception:
             if self.spec.formula is not None:
-                self._check_formula(rows)  # says what is wrong with the formula, if it is
+                check_formula(self.spec, rows)  # says what is wrong with the formula, if it is
             raise
         if self.spec.formula is not None and design.exact:
             # Not built whole (patsy failed there, or the formula needs chunks alone):
             # patsy's own evaluation says what is wrong, if anything. (Built whole, the
             # formula evaluated, to one response column: that check would cost 10 ms.)
-            self._check_formula(rows)
+            check_formula(self.spec, rows)
         try:
             first = design.prepare(0)
         except ChunkError:
             first = None  # a bad first chunk is that chunk's failure, recorded when it runs
-        self._check_chunk_sizes(first if not design.exact and not design.factor_codes else None)
+        check_chunk_sizes(
+            self.dataset,
+            self.index,
+            first if not design.exact and not design.factor_codes else None,
+        )
         if first is not None:
             check_trial_fit(self.spec, first)
-
-    def _check_chunk_sizes(self, first: Prepared | None) -> None:
-        """Refuse chunks too small for any fit: chunk_by on a key of a row or two (a
-        timestamp) made every chunk fail, after the run, with TooFewRows. ``first``:
-        the first chunk's arrays, whose columns are every chunk's (no categorical
-        factor); else a chunk has at least one parameter."""
-        index = self.index
-        if index.rows is not None:
-            most = int(index.rows.max())
-        elif index.chunk_rows:
-            most = min(index.chunk_rows, index.total_rows)
-        else:
-            most = -(-index.total_rows // index.n_chunks)
-        k = first.X.shape[1] if first is not None else 1
-        if most > k:
-            return
-        rows = f"{most} row{'s' if most > 1 else ''}"
-        if index.chunk_rows:
-            how = f"chunk_rows = {index.chunk_rows} gives chunks of {rows}"
-        else:
-            by = ", ".join(index.by)
-            how = f"chunk_by {by!r} gives {index.n_chunks:,} chunks of at most {rows}"
-        raise InputError(
-            f"dataset {self.dataset.describe()}: {how}, and the model has {k} "
-            f"parameter{'s' if k > 1 else ''}: a fit needs more rows than parameters, so "
-            "every chunk would fail (TooFewRows); chunk by a coarser key or more rows"
-        )
-
-    def _check_formula(self, rows) -> None:
-        import patsy
-
-        from .patsy_fast import keep_all_na
-        from .spec import eval_env, model_desc
-
-        try:
-            y, _ = patsy.dmatrices(
-                model_desc(self.spec.formula),
-                rows.table.to_pandas(),
-                eval_env=eval_env(),
-                NA_action=keep_all_na(),
-                return_type="matrix",
-            )
-        except Exception as exc:
-            raise ConfigError(
-                f"formula {self.spec.formula!r} cannot be evaluated on the data: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        if y.shape[1] != 1:
-            names = y.design_info.column_names
-            response = self.spec.formula.split("~", 1)[0].strip()
-            if response.startswith("I(") and response.endswith(")"):
-                response = response[2:-1]
-            hint = ""
-            if len(names) == 2 and names[0].endswith("[False]") and names[1].endswith("[True]"):
-                # patsy codes a True/False response as two columns, as statsmodels sees it
-                hint = f"; a True/False response is fitted as 0/1: write I(({response}) * 1)"
-            if response in rows.table.column_names:
-                kind = rows.table.schema.field(response).type
-                what = f"column {response!r} is {kind}, which patsy codes as"
-            else:
-                what = "it gives"
-            shown = ", ".join(names[:3]) + (
-                f", ... ({len(names) - 3} more)" if len(names) > 3 else ""
-            )
-            raise ConfigError(
-                f"formula {self.spec.formula!r}: the response must be numeric ({what} "
-                f"{y.shape[1]} columns: {shown}){hint}"
-            )
 
     def fingerprint(self) -> dict:
         settings = dataclasses.asdict(self.job)
