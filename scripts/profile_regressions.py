@@ -121,11 +121,11 @@ def line_profile(w, task, store) -> None:
     from line_profiler import LineProfiler
 
     from pipeline.workloads.regressions import (
-        batched,
         design,
         engine,
         fit,
         patsy_fast,
+        stack,
         taskfits,
         workload,
     )
@@ -137,7 +137,7 @@ def line_profile(w, task, store) -> None:
         workload.RegressionWorkload.run_task,
         engine.fit_task,
         engine._fit_stacks,
-        batched._solve_stack,
+        stack.solve_stack,
         design.TaskDesign._formula_once,
         patsy_fast.design_once,
         taskfits.TaskFits.models_columns,

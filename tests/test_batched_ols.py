@@ -420,7 +420,7 @@ def test_weighted_stack_matches_statsmodels_wls(cov_type, n, k, const_at):
 def test_the_f_tail_is_scipys_bit_for_bit_without_importing_scipy_stats():
     from scipy import stats
 
-    from pipeline.workloads.regressions.batched import _f_sf
+    from pipeline.workloads.regressions.stack import _f_sf
 
     x = np.concatenate([np.random.default_rng(1).exponential(3, 10_000),
                         [-1.0, -1e-16, 0.0, 1e-300, 1e6, np.inf, np.nan]])  # fmt: skip

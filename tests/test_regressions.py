@@ -864,7 +864,7 @@ def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
     stats = pstats.Stats(s.details["task_profile"]).stats
     calls = {(f.rsplit("/", 1)[-1], name): nc for (f, _line, name), (_cc, nc, *_) in stats.items()}
     assert calls[("engine.py", "fit_task")] == 3  # one per task, from both workers
-    assert calls[("batched.py", "_solve_stack")] >= 3
+    assert calls[("stack.py", "solve_stack")] >= 3
     assert calls[("dispatch.py", "execute_task")] == 3
     # without the setting, receipts carry no statistics and no file is written
     s = run_job(w, RunOptions(output=str(tmp_path / "out2"), units_per_task=3, progress=False),
