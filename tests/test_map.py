@@ -194,6 +194,34 @@ def test_same_bytes_whatever_the_task_sizes(tmp_path, client):
     assert len(table) == sum(range(7)) and table["unit"].is_monotonic_increasing
 
 
+def test_a_grid_key_has_one_type_whatever_the_task_sizes(tmp_path, client):
+    # Typed per task, True among 1 and 2.5 was 1.0, and alone a bool that the other
+    # tasks' numbers could not be combined with: the run failed or not by task size.
+    grid = {"x": [1, 2.5, True], "p": [1, 2.5]}
+    for size in (1, 3):
+        s = run(client, tmp_path / f"s{size}", function=f"{FN}:kind_of", grid=grid,
+                units_per_task=size)  # fmt: skip
+        assert s.complete and s.units_failed == 0
+        write_results(str(tmp_path / f"s{size}"), None, str(tmp_path / f"r{size}.parquet"))
+    assert (tmp_path / "r1.parquet").read_bytes() == (tmp_path / "r3.parquet").read_bytes()
+    table = pq.read_table(tmp_path / "r1.parquet")
+    assert table.schema.field("x").type == pa.string()  # mixed kinds: their repr
+    assert table.column("x").to_pylist() == ["1", "1", "2.5", "2.5", "True", "True"]
+    assert table.schema.field("p").type == pa.float64()  # integers with floats
+    assert table.column("kind").to_pylist() == ["int", "int", "float", "float", "bool", "bool"]
+
+
+def test_units_that_return_none_complete_with_no_rows(tmp_path, client):
+    # A task whose units all returned None wrote no object: its manifest entry listed
+    # none, so verify found its units missing and `pipeline results` had no table.
+    s = run(client, tmp_path, function=f"{FN}:nothing", grid={"x": [1, 2, 3, 4]})
+    assert s.complete and s.units_failed == 0
+    table = results_table(str(tmp_path))
+    assert table.num_rows == 0 and table.column_names == ["unit", "x"]
+    (check,) = verify_output(str(tmp_path))
+    assert check.ok and check.units_ok == 4, check
+
+
 def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
     flag.touch()

@@ -250,6 +250,8 @@ class MapWorkload(Workload):
             elif piece is not None:
                 pieces[unit] = piece
         results = self.rows.assemble(pieces, failed)
+        if results is None and not failed:
+            results = self.rows.empty()  # every unit returned None
         failed.sort(key=lambda f: f["unit"])
         out.phases["compute"] = time.perf_counter() - t0
         t_write = time.perf_counter()

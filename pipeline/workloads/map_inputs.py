@@ -55,6 +55,9 @@ class GridInput:
             if not key.isidentifier():
                 raise ConfigError(f"grid: key {key!r} is not a valid parameter name")
         self.keys = self.key_names = tuple(self.grid)
+        # One type per key for the whole grid: typed per task, a task's keys would
+        # depend on which values it holds (True among 1 and 2.5 as 1.0, alone as bool)
+        self.key_types = {k: _key_type(self.grid[k]) for k in self.keys}
 
     def unit(self, i: int) -> dict[str, Any]:
         if self.listed:
@@ -77,11 +80,11 @@ class GridInput:
     def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
         rows = [self.unit(u) for u in units]
         out = {}
-        for k in self.keys:
-            try:
-                out[k] = pa.array([r[k] for r in rows])
-            except (pa.ArrowException, TypeError):  # mixed types: keep them as text
+        for k, t in self.key_types.items():
+            if t is None:
                 out[k] = pa.array([repr(r[k]) for r in rows], pa.string())
+            else:
+                out[k] = pa.array([r[k] for r in rows], type=t)
         return out
 
     def fingerprint(self) -> dict:
@@ -236,3 +239,27 @@ class DataInput:
 
     def __sizeof__(self) -> int:
         return object.__sizeof__(self) + self.index.nbytes
+
+
+def _key_type(values: list) -> pa.DataType | None:
+    """The column type of a grid key's values, or None to write them as their repr
+    text: values that pyarrow cannot type (objects), or of mixed kinds (numbers with
+    text, or booleans with numbers, which pyarrow would turn into 1.0 silently).
+    Integers with floats are floats."""
+    import numbers
+
+    import numpy as np
+
+    def kind(v) -> str:
+        if isinstance(v, bool | np.bool_):
+            return "bool"
+        if isinstance(v, numbers.Number):
+            return "number"
+        return type(v).__name__
+
+    if len({kind(v) for v in values if v is not None}) > 1:
+        return None
+    try:
+        return pa.array(values).type
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None

@@ -151,6 +151,11 @@ class UnitRows:
         flush()
         return _combine(tables, owners)
 
+    def empty(self) -> pa.Table:
+        """A task's results when every unit returned None: no rows, but its part, so
+        that the manifest lists the task's units."""
+        return pa.table(self._keys([]))
+
     def _keys(self, units: list[int]) -> dict[str, pa.Array]:
         return {"unit": pa.array(units, pa.int64()), **self.input.key_columns(units)}
 

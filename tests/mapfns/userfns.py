@@ -207,3 +207,12 @@ def nested_map(x):
 
 def double(x):
     return {"y": 2 * x}
+
+
+def nothing(x):
+    """Returns no rows."""
+    return None
+
+
+def kind_of(x, p):
+    return {"kind": type(x).__name__}
