@@ -275,6 +275,8 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
     kind, choices, minimum = f.metadata["kind"], f.metadata["choices"], f.metadata["minimum"]
     if f.metadata.get("sequence") and isinstance(value, list | dict):
         value = _sequence_text(value)
+    if f.metadata.get("sequence") and isinstance(value, str):
+        _check_listed_once(value, origin)
     expected = {
         int: "an integer",
         float: "a number",
@@ -378,6 +380,19 @@ def _table_rows(value: list | tuple, origin: str) -> list[dict]:
                 "of tables, one per call"
             )
     return [dict(row) for row in value]
+
+
+def _check_listed_once(text: str, origin: str) -> None:
+    """A column (or ``k=v`` option) listed twice is refused: ``chunk_by = "a,a"``
+    reached pyarrow as a traceback, and ``columns = "y,y"`` gave the function two
+    ``y`` columns."""
+    seen: set[str] = set()
+    for part in text.split(","):
+        name = part.partition("=")[0].strip()
+        if name in seen:
+            raise ConfigError(f"{origin}: {name!r} is listed twice; list it once")
+        if name:
+            seen.add(name)
 
 
 def _sequence_text(value: list | dict) -> str:

@@ -241,6 +241,25 @@ def test_settings_made_in_python_are_checked_as_flags_are(tmp_path):
     assert RunOptions(task_seconds=np.float32(0.5)).task_seconds == 0.5
 
 
+def test_a_column_or_option_listed_twice_is_refused_wherever_it_is_given(tmp_path):
+    # chunk_by "a,a" reached pyarrow as a traceback; columns "y,y" gave the function a
+    # frame with two y columns, and chunk["y"] a frame instead of a column.
+    from pipeline import MapJob
+    from pipeline.workloads.regressions import RegressionJob
+
+    with pytest.raises(ConfigError, match=r"MapJob\(chunk_by=.*\): 'ticker' is listed twice"):
+        MapJob(function="m:f", data="d", chunk_by=["ticker", "ticker"])
+    with pytest.raises(ConfigError, match=r"'y' is listed twice"):
+        MapJob(function="m:f", data="d", chunk_by="k", columns="y, y")
+    with pytest.raises(ConfigError, match=r"'maxiter' is listed twice"):
+        RegressionJob(data="d", formula="y ~ x", chunk_by="k", fit_options="maxiter=5,maxiter=9")
+    job = tmp_path / "j.toml"
+    job.write_text('workload = "map"\nfunction = "m:f"\ndata = "d"\nchunk_by = ["a", "a"]\n')
+    with pytest.raises(ConfigError, match=r"j.toml: key 'chunk_by': 'a' is listed twice"):
+        load_jobs([str(job)], {})
+    assert MapJob(function="m:f", data="d", chunk_by="a, b").chunk_by == "a, b"
+
+
 def test_a_job_name_is_one_folder_beside_the_outputs_own(tmp_path):
     for name in ("a/b", "..", "_locks", ".hidden", "tab\there"):
         with pytest.raises(ConfigError, match="a job's name is one folder under the output"):
