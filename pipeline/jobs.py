@@ -185,6 +185,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     if all(s is not None for s in finished):
         if start is not None:
             start.close()
+        for job, summary in zip(jobs, finished, strict=True):
+            _write_report(job, summary, echo)
         return finished
     summaries = []
     with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
@@ -204,12 +206,24 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
                 summary = run_job(workload, job.options, client, echo=echo)
             summary.cluster_seconds = startup.get("waited for the cluster", 0.0)
             summary.startup, startup = startup, {}
-            if job.options.report:
-                path = Path(job.options.report, f"{job.job_id}-summary.json")
-                path.write_text(summary.to_json())
-                write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
+            _write_report(job, summary, echo)
             summaries.append(summary)
     return summaries
+
+
+def _write_report(job: Job, summary: RunSummary, echo) -> None:
+    """The run's summary (JSON) and report page, with ``--report``; a job found
+    complete ran nothing to report on, and says so."""
+    if not job.options.report:
+        return
+    if summary.complete and not summary.units_run:
+        echo(f"  no report for job {job.job_id!r} in {job.options.report}: it was complete "
+             "and nothing ran (--overwrite runs it again)")  # fmt: skip
+        return
+    Path(job.options.report).mkdir(parents=True, exist_ok=True)
+    path = Path(job.options.report, f"{job.job_id}-summary.json")
+    path.write_text(summary.to_json())
+    write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
 
 
 def _looks_complete(workload: Workload, options: RunOptions) -> bool:

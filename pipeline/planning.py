@@ -126,8 +126,11 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
         )
     recorded, current = record.get("fingerprint", {}), _as_recorded(workload.fingerprint())
-    if recorded != current:
-        changed = sorted(k for k in recorded.keys() | current if recorded.get(k) != current.get(k))
+    free = set(workload.resume_may_change)
+    changed = sorted(
+        k for k in recorded.keys() | current if k not in free and recorded.get(k) != current.get(k)
+    )
+    if changed:
         raise ConfigError(
             f"{where} holds job {workload.job_id!r} with other "
             f"settings ({', '.join(changed)}); use --overwrite to replace it, or another "

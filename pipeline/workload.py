@@ -181,6 +181,10 @@ class Workload(ABC):
     def fingerprint(self) -> dict[str, Any]:
         """Driver: the JSON-able settings that determine the output bytes (checked on resume)."""
 
+    #: Settings of the fingerprint that a resumed run may change: they decide how the
+    #: units still to run are run, not what a unit writes (the map's ``retries``).
+    resume_may_change: tuple[str, ...] = ()
+
     @abstractmethod
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         """Worker: run the task's units, write their outputs; record failures per unit."""

@@ -138,11 +138,14 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert "cubes job 'cubes': 40 of 40 cubes in " in first.stdout
     assert "  time: start-up " in first.stdout and "while the cluster started" in first.stdout
     assert "building" in first.stdout
-    again = pipeline(*args)
+    again = pipeline(*args, "--report", tmp_path / "report")
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith(
         "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
     ), again.stdout
+    # nothing ran to report on: said, where the folder asked for stayed empty unsaid
+    assert "no report for job 'cubes'" in again.stderr and "nothing ran" in again.stderr
+    assert not (tmp_path / "report").exists()
     assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
     # -v after the command, as users type it, counts as before it
     verbose = pipeline(*args, "--overwrite", "--dashboard", "-v")

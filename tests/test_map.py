@@ -251,7 +251,9 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert len(calls(log)) == 5
     flag.unlink()
     log.unlink()
-    second = run(client, tmp_path / "out", units_per_task=2, **settings)
+    # The rerun may ask for retries: they never change what a unit writes (a resume
+    # with them was refused as "other settings (retries)")
+    second = run(client, tmp_path / "out", units_per_task=2, retries=1, **settings)
     assert second.units_run == 2 and second.units_failed == 0 and second.complete
     assert "failed:" not in summarize(str(tmp_path / "out"))
     assert calls(log) == ["power 3 2"]  # the failed unit only, not its task's other unit
@@ -450,6 +452,10 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:power"}, ConfigError, "exactly one input.*none given"),
         ({"function": f"{FN}:power", "grid": {"x": [1]}, "files": "."}, ConfigError,
          "got grid and files"),
+        ({"function": f"{FN}:power", "grid": {"x": [1]}, "chunk_rows": 5, "columns": "a"},
+         ConfigError, "chunk_rows, columns: apply to a data input only; this job's input is grid"),
+        ({"function": f"{FN}:file_size", "files": ".", "chunk_by": "k"}, ConfigError,
+         "chunk_by: applies to a data input only; this job's input is files"),
         ({"function": f"{FN}:power", "grid": {"x": None}}, ConfigError,
          "a value or a non-empty list"),
         ({"function": f"{FN}:power", "grid": [{"x": 1, "p": 2}, {"x": 2}]}, ConfigError,

@@ -159,6 +159,13 @@ class MapWorkload(Workload):
                 "a map job takes exactly one input: data, grid or files"
                 + (f" (got {' and '.join(given)})" if given else " (none given)")
             )
+        stray = [k for k in ("chunk_by", "chunk_rows", "columns") if getattr(job, k) is not None]
+        if job.data is None and stray:
+            # Ignored, they would still bind the job: a resume without them was refused
+            raise ConfigError(
+                f"{', '.join(stray)}: {'applies' if len(stray) == 1 else 'apply'} to a data "
+                f"input only; this job's input is {given[0]}"
+            )
         if job.code:
             self._code_hash = code_hash(check_code_path(job.code))
         if self.fn is None:
@@ -325,6 +332,8 @@ class MapWorkload(Workload):
 
     #: Units recorded as failed are called again by the next run of the same command.
     reruns_failed_units = True
+    #: Retries never change a unit's output: a rerun may ask for more.
+    resume_may_change = ("retries",)
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
