@@ -43,6 +43,8 @@ class JobCheck:
     #: The first unit of each manifest entry whose objects are missing or corrupt:
     #: their tasks are what ``repair`` marks to run again.
     damaged_units: set[int] = field(default_factory=set)
+    #: Every unit of those entries: not counted in ``units_ok``.
+    unverified: set[int] = field(default_factory=set)
     #: The tasks ``repair`` marked to run again.
     repaired: list[Task] = field(default_factory=list)
 
@@ -155,7 +157,8 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     parts = store.list(join(job_id, "manifest"))
     check.incomplete = (
         f"no manifest.parquet: the run has not completed "
-        f"({len(parts)} task entries present); run the job again to finish it"
+        f"({len(parts)} task entries present); run the job again to finish it (it says "
+        "why, if its last step failed)"
     )
     if not parts:
         return None
@@ -183,17 +186,20 @@ def check_listed_objects(
     for row in manifest.itertuples():
         listed.add(row.object)
         where = store.describe(row.object)
+        units = range(int(getattr(row, start)), int(getattr(row, stop)))
         try:
             data = store.read_bytes(row.object)
         except FileNotFoundError:
             check.missing.append(where)
-            check.damaged_units.add(int(getattr(row, start)))
+            check.damaged_units.add(units.start)
+            check.unverified.update(units)
             continue
         check.objects_checked += 1
         actual = xxhash.xxh3_64_hexdigest(data)
         if actual != row.checksum:
             check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
-            check.damaged_units.add(int(getattr(row, start)))
+            check.damaged_units.add(units.start)
+            check.unverified.update(units)
         elif on_object is not None:
             on_object(row, data)
     if not coverage:
@@ -205,7 +211,7 @@ def check_listed_objects(
             counts[u] += 1
     check.duplicated += [f"unit {u}" for u, n in enumerate(counts) if n > 1]
     check.missing += [f"unit {u}" for u, n in enumerate(counts) if n == 0]
-    check.units_ok = sum(1 for n in counts if n == 1)
+    check.units_ok = sum(1 for u, n in enumerate(counts) if n == 1 and u not in check.unverified)
     return listed
 
 

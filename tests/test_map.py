@@ -222,6 +222,16 @@ def test_units_that_return_none_complete_with_no_rows(tmp_path, client):
     assert check.ok and check.units_ok == 4, check
 
 
+def test_verify_counts_only_the_units_whose_objects_are_intact(tmp_path, client):
+    run(client, tmp_path, function=f"{FN}:double", grid={"x": list(range(6))})
+    results = tmp_path / "m" / "results"
+    (results / "part-000001.parquet").open("ab").write(b"garbage")
+    (results / "part-000002.parquet").unlink()
+    (check,) = verify_output(str(tmp_path))
+    assert not check.ok and len(check.corrupt) == 1 and len(check.missing) == 1
+    assert check.units_ok == 2, check  # it said 6 of 6, beside the damage it listed
+
+
 def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
     flag.touch()

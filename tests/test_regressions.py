@@ -627,6 +627,7 @@ def test_run_resume_results_and_verify(tmp_path, client):
     (out / "reg/models/part-000002.parquet").write_bytes(b"garbage")
     (check,) = verify_output(str(out))
     assert not check.ok and check.corrupt
+    assert check.units_ok == 6  # task 2's chunk is not verified (it counted, before)
     # Anything no manifest lists is extra, wherever it is under the job's prefix.
     (out / "reg/models/part-000002.parquet").write_bytes(before_models)
     (out / "reg/stray-notes.txt").write_text("notes")

@@ -28,5 +28,5 @@ def check_regressions(store: Store, manifest, check: JobCheck) -> set[str]:
     n = check.units_expected
     check.duplicated = [f"chunk {c}" for c, k in sorted(seen.items()) if k > 1]
     check.missing += [f"chunk {c}" for c in range(n) if c not in seen]
-    check.units_ok = sum(1 for c in range(n) if seen.get(c) == 1)
+    check.units_ok = sum(1 for c in range(n) if seen.get(c) == 1 and c not in check.unverified)
     return listed
