@@ -3,6 +3,8 @@ bad jobs, resume, results tables, verify, S3."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -423,6 +425,23 @@ def test_a_task_fitted_in_slices_gives_the_tables_of_a_whole_design(tmp_path, mo
         )
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert (sliced[1].engine == "batched").any() == (settings.get("cov_type") != "HAC")
+
+
+@pytest.mark.parametrize("formula", ["y ~ np.log(x1)", "y ~ np.log(x1) + C(sector)"])
+def test_a_formula_that_makes_values_non_finite_fails_those_chunks_without_warnings(
+    tmp_path, formula
+):
+    # np.log(0): numpy warned from the driver and every worker, naming pandas' internals,
+    # beside the chunk's own failure that says the same
+    df = panel(chunks=3, rows=60)
+    df["x1"] = df.x1.abs() + 1
+    df.loc[df.chunk == 1, "x1"] = 0.0
+    data = write(df, tmp_path / "d")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, models = fit_all(workload(data, formula=formula, missing="fail"))
+    assert models.error_type.fillna("").tolist() == ["", "NonFiniteValues", ""]
+    assert "np.log(x1): 0 NaN, 60 inf" in models.error_message[1]
 
 
 def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):

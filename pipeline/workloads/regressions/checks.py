@@ -9,7 +9,7 @@ import pyarrow as pa
 from ...chunks import ChunkIndex
 from ...dataset import Dataset
 from ...errors import ConfigError, InputError
-from .design import Prepared
+from .design import Prepared, quiet_math
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula
 from .taskfits import COEF_COLUMNS, models_schema
 
@@ -115,13 +115,14 @@ def check_formula(spec: ModelSpec, rows) -> None:
     from .spec import eval_env, model_desc
 
     try:
-        y, _ = patsy.dmatrices(
-            model_desc(spec.formula),
-            rows.table.to_pandas(),
-            eval_env=eval_env(),
-            NA_action=keep_all_na(),
-            return_type="matrix",
-        )
+        with quiet_math():
+            y, _ = patsy.dmatrices(
+                model_desc(spec.formula),
+                rows.table.to_pandas(),
+                eval_env=eval_env(),
+                NA_action=keep_all_na(),
+                return_type="matrix",
+            )
     except Exception as exc:
         raise ConfigError(
             f"formula {spec.formula!r} cannot be evaluated on the data: {type(exc).__name__}: {exc}"

@@ -80,7 +80,8 @@ class TaskDesign:
             self.subsets = not (info is not None and info.explicit_contrasts)
             if not self.exact:
                 try:
-                    self._formula_once()
+                    with quiet_math():
+                        self._formula_once()
                 except Exception:
                     self.exact = True  # e.g. missing categories: per chunk, as statsmodels would
 
@@ -156,9 +157,10 @@ class TaskDesign:
 
         sig = self.signature[i].tobytes()
         if sig not in self._columns:
-            names = patsy.dmatrix(
-                self.rhs, self.df.iloc[s:e], eval_env=eval_env(), NA_action=keep_all_na()
-            ).design_info.column_names
+            with quiet_math():
+                names = patsy.dmatrix(
+                    self.rhs, self.df.iloc[s:e], eval_env=eval_env(), NA_action=keep_all_na()
+                ).design_info.column_names
             where = {n: j for j, n in enumerate(self.names)}
             self._columns[sig] = (
                 np.array([where[n] for n in names], dtype=np.intp)
@@ -254,13 +256,14 @@ class TaskDesign:
         chunk = self.df.iloc[s:e]
         na = _RecordingNA() if self.spec.missing == "drop" else keep_all_na()
         try:
-            y, X = patsy.dmatrices(
-                model_desc(self.spec.formula),
-                chunk,
-                eval_env=eval_env(),
-                NA_action=na,
-                return_type="matrix",
-            )
+            with quiet_math():
+                y, X = patsy.dmatrices(
+                    model_desc(self.spec.formula),
+                    chunk,
+                    eval_env=eval_env(),
+                    NA_action=na,
+                    return_type="matrix",
+                )
         except Exception as exc:
             raise ChunkError("DesignError", f"cannot build the design: {exc}") from None
         mask = getattr(na, "missing_mask", None)
@@ -286,6 +289,13 @@ class TaskDesign:
 #: design matrix stays under the workers' mmap threshold (32 MB) unless categoricals
 #: widen the table many times over.
 SLICE_CELLS = 1 << 21
+
+
+def quiet_math():
+    """numpy's floating-point warnings off while a formula is evaluated: the values it
+    makes non-finite (np.log(0)) are each chunk's failure, reported as such
+    (NonFiniteValues); the warnings, from driver and workers, named pandas' internals."""
+    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
 
 
 def design_slices(offsets: np.ndarray, columns: int) -> list[tuple[int, int]]:
