@@ -94,8 +94,10 @@ def _failures_html(s: RunSummary) -> str:
         return "<p>None.</p>"
     rows = [f"<tr><th>{_e(s.unit_name)}</th><th>error</th><th>message</th></tr>"]
     for f in s.failures[:1000]:
+        which = f"{f['unit']} ({f['key']})" if f.get("key") else f"{f['unit']}"
         rows.append(
-            f"<tr><td>{_e(f['unit'])}</td><td>{_e(f['error_type'])}</td>"
+            f"<tr><td>{_e(which)}</td>"
+            f"<td>{_e(f['error_type'])}</td>"
             f"<td>{_e(f['message'])}</td></tr>"
         )
     more = f"<p>... and {len(s.failures) - 1000:,} more.</p>" if len(s.failures) > 1000 else ""

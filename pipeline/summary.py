@@ -235,7 +235,8 @@ def failure_lines(s: RunSummary) -> list[str]:
     units = s.unit_name + ("s" if s.units_failed != 1 else "")
     lines = [f"  FAILED: {s.units_failed:,} {units} ({kinds}); {advice}"]
     for f in s.failures[:5]:
-        lines.append(f"    {s.unit_name} {f['unit']}: {f['error_type']}: {f['message']}")
+        which = f"{f['unit']} ({f['key']})" if f.get("key") else f"{f['unit']}"
+        lines.append(f"    {s.unit_name} {which}: {f['error_type']}: {f['message']}")
     if len(s.failures) > 5:
         lines.append(f"    ... and {len(s.failures) - 5} more")
     return lines

@@ -65,6 +65,8 @@ class UnitFailure:
     unit: int | str
     error_type: str
     message: str
+    #: The unit's key, when its number alone does not say which it is (``ticker='AAA'``).
+    key: str = ""
 
     @classmethod
     def from_exception(cls, unit: int | str, exc: BaseException) -> UnitFailure:

@@ -241,6 +241,7 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert first.units_failed == 1 and first.units_retryable == 1
     (failure,) = first.failures
     assert failure["error_type"] == "ValueError" and failure["unit"] == 2
+    assert failure["key"].startswith("x=3, log='")  # which point, not only its number
     assert "x = 3 is refused" in failure["message"]
     assert "userfns.py:" in failure["message"] and "in power" in failure["message"]
     # The task said so; reading its failures table back gives the same.

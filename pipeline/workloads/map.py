@@ -282,9 +282,14 @@ class MapWorkload(Workload):
                 "checksum": pa.array([e[3] for e in entries], pa.string()),
             }
         )
-        out.recorded_failures = [_recorded(f) for f in failed]
+        out.recorded_failures = [_recorded(f, self._key_label(f["unit"])) for f in failed]
         out.busy_seconds = time.perf_counter() - t0
         return out
+
+    def _key_label(self, unit: int) -> str:
+        """``ticker='AAA'``: which unit it is, for the failures a run lists."""
+        keys = self.input.key_columns([unit])
+        return ", ".join(f"{k}={v[0].as_py()!r}" for k, v in keys.items())
 
     def _call(self, unit: int, args: tuple, kwargs: dict):
         """The unit's rows (key columns first) or its failure record."""
@@ -341,7 +346,7 @@ class MapWorkload(Workload):
             _part(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
         ]
         for table in read_parquet_tables(store, keys):
-            failed += [_recorded(row) for row in table.to_pylist()]
+            failed += [_recorded(row, self._key_label(row["unit"])) for row in table.to_pylist()]
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
@@ -454,7 +459,7 @@ def _grid_value(grid) -> dict | list | None:
     return [dict(point) if isinstance(point, Mapping) else point for point in grid]
 
 
-def _recorded(row: dict) -> UnitFailure:
+def _recorded(row: dict, key: str) -> UnitFailure:
     """A failures table's row (or the record it is written from) as a UnitFailure."""
     where = f" (at {row['where']})" if row.get("where") else ""
-    return UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}")
+    return UnitFailure(row["unit"], row["error_type"], f"{row['message']}{where}", key)
