@@ -48,6 +48,9 @@ class Estimate:
     projections: list[Projection]
     #: Units the estimate ran: the probes' and full-size tasks spread over the job.
     sampled: int = 0
+    #: Of those, units that failed; and the first, as text.
+    failed: int = 0
+    failure: str = ""
 
 
 class _NoBar:
@@ -116,6 +119,15 @@ def estimate(
                 f"estimate: every probe task failed ({len(failed)} units), e.g. "
                 f"{workload.unit_name} {f.unit}: {f.error_type}: {f.message}"
             )
+        # Units that failed as data, in tasks that completed: their time is a failure's
+        failed += [f for r in receipts if r.complete for f in r.recorded or ()]
+        ran = sum(r.units for r in receipts)
+        if failed and len(failed) >= ran:
+            raise PipelineError(
+                f"estimate: every {workload.unit_name} the probes ran failed ({len(failed)} of "
+                f"{ran}), e.g. {_failure_text(workload.unit_name, failed[0])}; an estimate "
+                "would time the failures, not the work"
+            )
         objects = 0
         if store is not None:
             objects = sum(
@@ -157,8 +169,14 @@ def estimate(
             for f in (here, *fleets)
         ]
     return Estimate(
-        workload.job_id, workload.kind, workload.unit_name, n, workers, sample, projections, units
-    )
+        workload.job_id, workload.kind, workload.unit_name, n, workers, sample, projections,
+        units, len(failed), _failure_text(workload.unit_name, failed[0]) if failed else "",
+    )  # fmt: skip
+
+
+def _failure_text(unit_name: str, f) -> str:
+    which = f"{f.unit} ({f.key})" if f.key else f"{f.unit}"
+    return f"{unit_name} {which}: {f.error_type}: {f.message}"
 
 
 #: Full-size tasks an estimate runs per worker, spread over the job.
@@ -219,6 +237,11 @@ def estimate_lines(e: Estimate) -> list[str]:
         + f"; {s.bytes_written_per_unit / 1e3:,.1f} kB and "
         f"{s.objects_per_unit:.2f} objects written per {e.unit_name}",
     ]
+    if e.failed:
+        lines.append(
+            f"  warning: {e.failed:,} of the {max(e.sampled, s.units):,} {e.unit_name}s it ran "
+            f"failed, and their time is in the figures below: {e.failure}"
+        )
     for p in e.projections:
         lines.extend(projection_lines(p))
     return lines

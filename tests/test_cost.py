@@ -170,6 +170,25 @@ def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, 
     assert 0.0003 < est.sample.model.per_unit < 0.008, est.sample.model
 
 
+def test_an_estimate_says_when_the_units_it_ran_failed(tmp_path, client):
+    # A function that raised for every unit was estimated as if it had worked (the
+    # failures' time projected as the job's, exit 0); for some, said nothing either.
+    from pipeline import MapJob, MapWorkload
+    from pipeline.errors import PipelineError
+    from pipeline.estimate import estimate_lines
+
+    def job(grid):
+        return lambda opts: MapWorkload(MapJob(function="mapfns.userfns:odd_fails", grid=grid), "m")
+
+    with pytest.raises(PipelineError, match=r"every point the probes ran failed \(4 of 4\), "
+                       r"e\.g\. point 0 \(x=1\): ValueError: x = 1 is odd"):  # fmt: skip
+        estimate(job({"x": [1, 3, 5, 7]}), options(tmp_path / "a"), client, [])
+    est = estimate(job({"x": list(range(8))}), options(tmp_path / "b"), client, [])
+    assert est.failed == 4 and est.failure.startswith("point 1 (x=1): ValueError: x = 1 is odd")
+    (warning,) = [line for line in estimate_lines(est) if "warning" in line]
+    assert "4 of the 8 points it ran failed" in warning
+
+
 class _LaterUnitsCostMore(SquaresWorkload):
     """unit_seconds for the first three quarters, then up to 13x: 2.5x on average."""
 

@@ -216,3 +216,9 @@ def nothing(x):
 
 def kind_of(x, p):
     return {"kind": type(x).__name__}
+
+
+def odd_fails(x):
+    if x % 2:
+        raise ValueError(f"x = {x} is odd")
+    return {"y": x}
