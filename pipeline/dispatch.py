@@ -211,7 +211,7 @@ class TaskRunner:
                     log.warning(
                         "task %d (units %d..%d) failed on the cluster (%s); %s",
                         culprit.index, culprit.start, culprit.stop - 1, type(error).__name__,
-                        "recorded as failed" if given_up
+                        "its units are failed in this run, and the next tries it again" if given_up
                         else "it runs again alone after the others",
                     )  # fmt: skip
                 elif retries == 0:

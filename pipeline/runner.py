@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from .config import RunOptions
 from .cost import add_run_cost
@@ -172,7 +172,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         )
         if merged:
             summary.details["task_profile"] = merged
-    failures = [f for r in receipts for f in r.failures]
+    failures = [_keyed(workload, f) for r in receipts for f in r.failures]
     summary.units_run = sum(r.units for r in receipts)
     summary.units_failed = summary.units_retryable = summary.units_failed_in_run = len(failures)
     summary.failures = [asdict(f) for f in failures]
@@ -212,6 +212,10 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             leftovers = store.discard_incomplete(workload.job_id)
             if leftovers:
                 log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+    else:
+        # Not complete (a task failed whole): the units that failed inside this run's
+        # completed tasks are failures too (they went unsaid beside a KilledWorker)
+        _add_recorded(summary, [f for r in receipts for f in r.recorded or ()], in_run=True)
     ok_units = summary.units_run - summary.units_failed_in_run
     summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
@@ -235,6 +239,13 @@ def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], wor
         workers=workers,
         reruns_failed_units=workload.reruns_failed_units,
     )
+
+
+def _keyed(workload: Workload, failure: UnitFailure) -> UnitFailure:
+    """``failure`` (of a task that did not run: its units are numbers) with its unit's key."""
+    if failure.key or not isinstance(failure.unit, int):
+        return failure
+    return replace(failure, key=workload.unit_key(failure.unit))
 
 
 def _units_in(tasks: list[Task], indices: set[int]) -> int:

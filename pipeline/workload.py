@@ -183,6 +183,11 @@ class Workload(ABC):
     def fingerprint(self) -> dict[str, Any]:
         """Driver: the JSON-able settings that determine the output bytes (checked on resume)."""
 
+    def unit_key(self, unit: int) -> str:
+        """Driver: which unit ``unit`` is, for the failures a run lists (``ticker='AAA'``),
+        when its number alone does not say; "" for none."""
+        return ""
+
     #: Settings of the fingerprint that a resumed run may change: they decide how the
     #: units still to run are run, not what a unit writes (the map's ``retries``).
     resume_may_change: tuple[str, ...] = ()

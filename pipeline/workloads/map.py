@@ -282,12 +282,11 @@ class MapWorkload(Workload):
                 "checksum": pa.array([e[3] for e in entries], pa.string()),
             }
         )
-        out.recorded_failures = [_recorded(f, self._key_label(f["unit"])) for f in failed]
+        out.recorded_failures = [_recorded(f, self.unit_key(f["unit"])) for f in failed]
         out.busy_seconds = time.perf_counter() - t0
         return out
 
-    def _key_label(self, unit: int) -> str:
-        """``ticker='AAA'``: which unit it is, for the failures a run lists."""
+    def unit_key(self, unit: int) -> str:
         keys = self.input.key_columns([unit])
         return ", ".join(f"{k}={v[0].as_py()!r}" for k, v in keys.items())
 
@@ -346,7 +345,7 @@ class MapWorkload(Workload):
             _part(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
         ]
         for table in read_parquet_tables(store, keys):
-            failed += [_recorded(row, self._key_label(row["unit"])) for row in table.to_pylist()]
+            failed += [_recorded(row, self.unit_key(row["unit"])) for row in table.to_pylist()]
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:

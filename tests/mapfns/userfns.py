@@ -132,9 +132,12 @@ def column_types(chunk: pd.DataFrame):
 
 
 def ends_its_process(x):
-    """Unit 3 ends the worker process, as a crash in compiled code would."""
+    """Unit 3 ends the worker process, as a crash in compiled code would; unit 6
+    raises SystemExit, a failure of its own."""
     if x == 3:
         os._exit(3)
+    if x == 6:
+        sys.exit(6)
     return {"y": x}
 
 

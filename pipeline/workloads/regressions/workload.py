@@ -271,6 +271,9 @@ class RegressionWorkload(Workload):
 
     # -- tables ---------------------------------------------------------------------------
 
+    def unit_key(self, unit: int) -> str:
+        return self.chunk_label(unit)
+
     def chunk_label(self, chunk: int) -> str:
         if self.index.by:
             values = self.index.key_values(chunk, chunk + 1)
