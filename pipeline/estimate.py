@@ -122,6 +122,8 @@ def estimate(
         # Units that failed as data, in tasks that completed: their time is a failure's
         failed += [f for r in receipts if r.complete for f in r.recorded or ()]
         ran = sum(r.units for r in receipts)
+        # the example is the first unit, whatever order the tasks finished in
+        failed.sort(key=lambda f: (not isinstance(f.unit, int), str(f.unit).zfill(20)))
         if failed and len(failed) >= ran:
             raise PipelineError(
                 f"estimate: every {workload.unit_name} the probes ran failed ({len(failed)} of "
