@@ -127,14 +127,15 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         )
     recorded, current = record.get("fingerprint", {}), _as_recorded(workload.fingerprint())
     free = set(workload.resume_may_change)
-    changed = sorted(
-        k for k in recorded.keys() | current if k not in free and recorded.get(k) != current.get(k)
-    )
+    # (A key the record lacks is one an older version did not record: not compared.)
+    changed = sorted(k for k in recorded if k not in free and recorded.get(k) != current.get(k))
     if changed:
+        inputs = any(k.endswith("versions") for k in changed)
         raise ConfigError(
             f"{where} holds job {workload.job_id!r} with other "
-            f"settings ({', '.join(changed)}); use --overwrite to replace it, or another "
-            "--output or name"
+            f"settings ({', '.join(changed)})"
+            + ("; its input files changed since (their sizes or times)" if inputs else "")
+            + "; use --overwrite to replace it, or another --output or name"
         )
     plan = Plan.from_record(record)
     if plan.stops is not None and (

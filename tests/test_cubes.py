@@ -193,6 +193,25 @@ def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, c
         run(cube_job(out, frames_dir, dim=8), client)
 
 
+def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, client):
+    # The same frame names with other values: the resumed run built the rest of the
+    # cubes from them, beside the first run's from the old ones, and verify said OK.
+    import shutil
+
+    from pipeline import ConfigError
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
+
+    frames, out = tmp_path / "frames", tmp_path / "out"
+    shutil.copytree(frames_dir, frames)
+    run(cube_job(out, frames), client)
+    (out / "cubes" / "manifest.parquet").unlink()  # as a run killed before its end
+    write_frames(LocalStore(frames), "", count=12, rows=40, cols=30, seed=8)
+    with pytest.raises(ConfigError, match=r"other settings \(frame_versions\); its input "
+                       r"files changed since"):  # fmt: skip
+        run(cube_job(out, frames), client)
+
+
 def test_a_job_larger_than_its_disks_free_space_fails_before_any_task(tmp_path, frames_dir, client):
     from pipeline import StorageError
 

@@ -169,6 +169,8 @@ class CubeWorkload(Workload):
         return {
             "frames": list(self.frames.keys),
             "frames_url": self.frames.url,
+            # frames rewritten between a run and its resume: cubes of both, before
+            "frame_versions": list(self.frames.versions),
             "cubes": j.cubes,
             "dim": j.dim,
             "seed": j.seed,
