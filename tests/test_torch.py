@@ -154,6 +154,28 @@ def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
         ds[7]
 
 
+def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, client):
+    # One mapping of a shard served every read: an in-place augmentation of a cube
+    # was what the next epoch read (the file itself never changed).
+    stored_job(tmp_path, frames_dir, client)
+    ds = CubeShards(str(tmp_path), "cubes")
+    want = digest(ds[5])
+    ds[5].mul_(0).add_(1)
+    cube = ds[5]
+    assert digest(cube) == want
+    assert digest(next(iter(DataLoader(ds, batch_size=1, sampler=[5])))[0]) == want
+    with pytest.raises(TypeError, match="a cube's index is an integer, not float"):
+        ds[2.7]
+    with pytest.raises(TypeError, match="not slice"):
+        ds[1:3]
+    assert digest(ds[torch.tensor(5)]) == digest(ds[np.int64(5)]) == want
+    # A truncated shard is named, with the way to mend it.
+    shard = tmp_path / "cubes" / "shards" / "000005.npy"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(StorageError, match=r"000005\.npy: \d+ bytes, too short for its cube 1"):
+        ds[21]
+
+
 def test_cube_shards_refuses_an_incomplete_or_absent_job(tmp_path):
     with pytest.raises(InputError, match="no complete cube job 'cubes'"):
         CubeShards(str(tmp_path), "cubes")
