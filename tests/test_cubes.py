@@ -94,6 +94,15 @@ def test_frames_whose_first_column_is_a_date_build_cubes(tmp_path, client):
         run(cube_job(tmp_path / "out2", folder, cubes=8), client)
 
 
+@pytest.mark.parametrize("sink", ["store", "none"])
+def test_the_workers_busy_time_covers_loading_the_frames(tmp_path, frames_dir, client, sink):
+    # A task's busy time began after its frames were loaded: an input-bound run was
+    # costed (worker-seconds) and its workers' busy share given at a tenth.
+    s = run(cube_job(tmp_path / "out", frames_dir, sink=sink), client)
+    assert s.phases["inputs"] > 0
+    assert s.busy_seconds >= sum(s.phases.values()) * 0.999 and s.worker_seconds == s.busy_seconds
+
+
 def test_cube_columns_depend_on_seed_and_cube_id_only():
     expected = {k: cube_columns(3, k, 10, 30, True) for k in range(8)}
     # Whatever was drawn before, on whichever thread.
