@@ -29,9 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 import numbers
-import os
 
 import numpy as np
 import torch
@@ -191,13 +189,14 @@ class CubeShards(Dataset):
         self._cubes_in = per_shard
         self._local = not store.url.startswith("s3://")
         self._store = None  # reopened in each loader process (boto3 clients do not fork)
+        self._maps: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self._shard)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_store=None)
+        state.update(_store=None, _maps={})
         return state
 
     def __getitem__(self, k: int) -> torch.Tensor:
@@ -230,30 +229,23 @@ class CubeShards(Dataset):
         return self._store
 
     def _local_cube(self, shard: str, offset: int) -> np.ndarray:
-        """The cube's bytes, in a private (copy-on-write) mapping of its own: tensors
-        need writable memory, the file must not change, and a tensor changed in place
-        (an augmentation) must not change the next read of its cube, as it did when
-        one mapping of the shard served every read."""
-        path = self._open().describe(shard)
-        d, n = self.dim, self._cubes_in[shard]
-        cube_bytes = d**3 * self.dtype.itemsize
-        start = len(npy_header((d, d, d, n), self.dtype.str)) + offset * cube_bytes
-        at = start - start % mmap.ALLOCATIONGRANULARITY
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < start + cube_bytes:
+        """The cube's bytes, copied from a read-only mapping of its shard: tensors need
+        writable memory, the file must not change, and a tensor changed in place (an
+        augmentation) must not change the next read of its cube, as it did when one
+        copy-on-write mapping of the shard served every read. (A private mapping per
+        read instead: 913 cubes/s of 8 MB, against 2,179 for the copy and 2,471 for
+        the shared mapping, reading each cube whole.)"""
+        array = self._maps.get(shard)
+        if array is None:
+            path = self._open().describe(shard)
+            try:
+                array = self._maps[shard] = np.load(path, mmap_mode="r")
+            except ValueError as exc:  # "mmap length is greater than file size"
                 raise StorageError(
-                    f"{path}: {os.fstat(f.fileno()).st_size} bytes, too short for its cube "
-                    f"{offset} (ending at byte {start + cube_bytes}): truncated? `pipeline "
-                    f"verify {self.output} --repair` and a rerun of the job mend it"
-                )
-            region = mmap.mmap(
-                f.fileno(),
-                start + cube_bytes - at,
-                flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                offset=at,
-            )
-        return np.frombuffer(region, dtype=np.uint8, count=cube_bytes, offset=start - at)
+                    f"{path}: not a whole shard ({exc}): truncated? `pipeline verify "
+                    f"{self.output} --repair` and a rerun of the job mend it"
+                ) from None
+        return np.array(array[..., offset].reshape(-1, order="F").view(np.uint8))
 
     def _s3_cube(self, shard: str, offset: int) -> np.ndarray:
         d, n = self.dim, self._cubes_in[shard]
