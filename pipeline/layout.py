@@ -14,7 +14,7 @@ _locks/<job>                        held by the run writing <job> (outside it: a
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .storage import join, open_store
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "job_folder",
     "job_records",
     "job_record_key",
+    "read_job_record",
+    "readable_table",
     "manifest_key",
     "manifest_prefix",
     "consolidated_manifest_key",
@@ -68,6 +70,37 @@ def job_folder(output: str, job: str | None = None) -> tuple[str, str | None]:
 
 def job_record_key(job_id: str) -> str:
     return join(job_id, "job.json")
+
+
+def read_job_record(store, key: str) -> dict:
+    """The job record (``job.json``) at ``key``; a damaged one is named, not a traceback."""
+    import json
+
+    try:
+        record = json.loads(store.read_bytes(key))
+    except (ValueError, UnicodeDecodeError) as exc:
+        record = exc
+    if not isinstance(record, dict):
+        why = f": {record}" if isinstance(record, Exception) else ""
+        raise InputError(
+            f"{store.describe(key)} is not a job record (damaged{why}); a run with "
+            "--overwrite writes the job again from the start"
+        )
+    return record
+
+
+def readable_table(store, key: str) -> str | None:
+    """None when the parquet object at ``key`` has a readable footer, else why not (a
+    consolidated manifest damaged after its run: the job is not complete then)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with store.open_input(key) as f:
+            pq.ParquetFile(f).metadata  # noqa: B018 - reading the footer is the check
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def manifest_prefix(job_id: str) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError
-from .layout import job_record_key
+from .layout import job_record_key, read_job_record
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     CostModel,
@@ -117,7 +117,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         if requested:
             save_plan(workload, store, plan)
         return plan
-    record = json.loads(store.read_bytes(key))
+    record = read_job_record(store, key)
     where = store.describe(workload.job_id)
     fmt = record.get("plan_format", 1)
     if not isinstance(fmt, int) or fmt > PLAN_FORMAT:

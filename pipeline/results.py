@@ -26,6 +26,7 @@ from .layout import (
     job_folder,
     job_record_key,
     job_records,
+    read_job_record,
 )
 from .storage import Store, join, open_store, read_parquet_object
 
@@ -45,7 +46,7 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
     store = open_store(output)
     if job is not None and store.exists(job_record_key(job)):
         # Named and there: no listing of the whole output (thousands of parts on S3).
-        return job, json.loads(store.read_bytes(job_record_key(job)))
+        return job, read_job_record(store, job_record_key(job))
     jobs = job_records(store)
     if job is not None:
         if job not in jobs:
@@ -62,7 +63,7 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
         raise InputError(
             f"{store.url}: several jobs ({', '.join(sorted(jobs))}); name one with --job"
         )
-    return name, json.loads(store.read_bytes(jobs[name]))
+    return name, read_job_record(store, jobs[name])
 
 
 def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:

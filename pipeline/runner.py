@@ -15,7 +15,13 @@ from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
 from .errors import Interrupted, JobRunning, StorageError
-from .layout import check_job_id, completed_tasks, consolidated_manifest_key, lock_key
+from .layout import (
+    check_job_id,
+    completed_tasks,
+    consolidated_manifest_key,
+    lock_key,
+    readable_table,
+)
 from .planning import Plan, load_plan, unit_layout
 from .prices import worker_price
 from .probing import probe
@@ -54,10 +60,24 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     if not workload.writes_output or options.overwrite:
         return None
     store = open_store(options.output)
-    if not store.exists(consolidated_manifest_key(workload.job_id)):
+    if not _consolidated(store, workload.job_id):
         return None
     plan = load_plan(workload, options.units_per_task, store)
     return _finished(workload, store, plan, _completed(store, workload.job_id))
+
+
+def _consolidated(store: Store, job_id: str) -> bool:
+    """Whether the job's consolidated manifest is there and readable: one damaged after
+    its run (garbage in manifest.parquet) made the job "complete" with its index lost;
+    the run now writes it again from the tasks' entries."""
+    key = consolidated_manifest_key(job_id)
+    if not store.exists(key):
+        return False
+    damage = readable_table(store, key)
+    if damage is not None:
+        log.warning("%s is damaged (%s): written again from the tasks' entries",
+                    store.describe(key), damage)  # fmt: skip
+    return damage is None
 
 
 def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> RunSummary | None:
@@ -125,7 +145,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)
     # A complete job needs no cluster: the manifest is listed once, for both uses.
-    if store is not None and store.exists(consolidated_manifest_key(workload.job_id)):
+    if store is not None and _consolidated(store, workload.job_id):
         finished = _finished(workload, store, plan, done)
         if finished is not None:
             return finished

@@ -27,7 +27,6 @@ is False; the DataLoader's collate copies them into one batch tensor anyway.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 
@@ -38,7 +37,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .delivery.threads import thread_batches
 from .errors import InputError, StorageError
-from .layout import consolidated_manifest_key, job_folder, job_record_key
+from .layout import consolidated_manifest_key, job_folder, job_record_key, read_job_record
 from .results import find_job
 from .storage import open_store, read_parquet
 from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
@@ -170,7 +169,7 @@ class CubeShards(Dataset):
                 f"{store.describe(manifest_key)} does not exist: no complete cube job "
                 f"{job!r} under {output} (run it with sink = 'store' to the end first)"
             )
-        record = json.loads(store.read_bytes(record_key))
+        record = read_job_record(store, record_key)
         if record.get("workload") != "cubes":
             raise InputError(f"{store.describe(record_key)}: job {job!r} is not a cube job")
         fingerprint = record["fingerprint"]

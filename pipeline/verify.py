@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import json
 import os
 import re
 import socket
@@ -21,7 +20,15 @@ import xxhash
 
 from . import registry
 from .errors import InputError
-from .layout import consolidated_manifest_key, job_folder, job_records, lock_key, manifest_key
+from .layout import (
+    consolidated_manifest_key,
+    job_folder,
+    job_records,
+    lock_key,
+    manifest_key,
+    read_job_record,
+    readable_table,
+)
 from .storage import Store, join, open_store, read_parquet_object
 from .workload import Task
 
@@ -45,6 +52,8 @@ class JobCheck:
     damaged_units: set[int] = field(default_factory=set)
     #: Every unit of those entries: not counted in ``units_ok``.
     unverified: set[int] = field(default_factory=set)
+    #: The consolidated manifest is there but unreadable (``repair`` removes it).
+    damaged_manifest: bool = False
     #: The tasks ``repair`` marked to run again.
     repaired: list[Task] = field(default_factory=list)
 
@@ -78,14 +87,14 @@ def verify_output(
         raise InputError(f"{store.url}: no job output here (no <job>/job.json)")
     checks = []
     for job_id, key in sorted(found.items()):
-        record = json.loads(store.read_bytes(key))
+        record = read_job_record(store, key)
         workload = registry.load(record["workload"])
         check = JobCheck(job_id, record["workload"], units_expected=record["units"])
         manifest = read_manifest(store, job_id, check)
         listed = workload.verify_job(store, job_id, record, manifest, check)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
-        if repair and check.damaged_units:
+        if repair and (check.damaged_units or check.damaged_manifest):
             check.repaired = repair_job(store, job_id, record, manifest, check.damaged_units)
         checks.append(check)
     return checks
@@ -153,13 +162,22 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     its task entries, noting that in ``check``; None when there is none."""
     key = consolidated_manifest_key(job_id)
     if store.exists(key):
-        return read_parquet_object(store, key).to_pandas()
+        damage = readable_table(store, key)
+        if damage is None:
+            return read_parquet_object(store, key).to_pandas()
+        # Damaged after its run: the tasks' entries still say what was written; the
+        # next run (after --repair removes it) writes it again from them.
+        check.corrupt.append(f"{store.describe(key)}: not a readable table ({damage})")
+        check.damaged_manifest = True
     parts = store.list(join(job_id, "manifest"))
-    check.incomplete = (
-        f"no manifest.parquet: the run has not completed "
-        f"({len(parts)} task entries present); run the job again to finish it (it says "
-        "why, if its last step failed)"
-    )
+    if check.damaged_manifest:
+        parts = [p for p in parts if p != key]
+    if not check.damaged_manifest:
+        check.incomplete = (
+            f"no manifest.parquet: the run has not completed "
+            f"({len(parts)} task entries present); run the job again to finish it (it says "
+            "why, if its last step failed)"
+        )
     if not parts:
         return None
     import pandas as pd

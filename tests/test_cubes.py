@@ -221,6 +221,33 @@ def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, cli
         run(cube_job(out, frames), client)
 
 
+def test_a_damaged_index_or_record_is_named_and_the_index_written_again(
+    tmp_path, frames_dir, client
+):
+    # Garbage in manifest.parquet: verify was a pyarrow traceback and the run said the
+    # job was complete; in job.json, every command was a JSONDecodeError traceback.
+    from pipeline import InputError
+    from pipeline.verify import verify_output
+
+    out = tmp_path / "out"
+    run(cube_job(out, frames_dir), client)
+    index = out / "cubes" / "manifest.parquet"
+    good = index.read_bytes()
+    index.write_bytes(b"junk\n")
+    (check,) = verify_output(str(out))
+    assert not check.ok and check.damaged_manifest and check.units_ok == 40
+    assert check.corrupt == [f"{index}: not a readable table (Parquet file size is 5 bytes, "
+                             "smaller than the minimum file footer (8 bytes))"]  # fmt: skip
+    again = run(cube_job(out, frames_dir), client)
+    assert again.complete and again.units_run == 0 and index.read_bytes() == good
+    record = out / "cubes" / "job.json"
+    record.write_text("{bad")
+    with pytest.raises(InputError, match=r"job.json is not a job record \(damaged: Expecting"):
+        verify_output(str(out))
+    with pytest.raises(InputError, match=r"job.json is not a job record .* --overwrite"):
+        run(cube_job(out, frames_dir), client)
+
+
 def test_a_job_larger_than_its_disks_free_space_fails_before_any_task(tmp_path, frames_dir, client):
     from pipeline import StorageError
 

@@ -190,6 +190,19 @@ def verify_command(output, jobs, repair) -> None:
                 "  `pipeline verify --repair` marks the damaged tasks to run again, and the "
                 "job's command then redoes them alone"
             )
+        if c.damaged_manifest:
+            click.echo(
+                "  repair: removed the damaged manifest.parquet: run the job's command again "
+                "to write it from the tasks' entries"
+                if repair
+                else "  `pipeline verify --repair` removes the damaged manifest.parquet, and "
+                "the job's command writes it again from the tasks' entries"
+            )
+        if c.extra:
+            click.echo(
+                "  extra objects are none of the job's: verify never deletes them (--repair "
+                "neither); delete them, or keep them elsewhere"
+            )
         bad |= not c.ok
     if bad:
         sys.exit(1)
