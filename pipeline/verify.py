@@ -254,7 +254,9 @@ def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
                 continue
             check.objects_checked += 1
             try:
-                cubes = np.load(io.BytesIO(data))
+                if not data.startswith(b"\x93NUMPY"):  # (np.load takes it for a pickle)
+                    raise ValueError(f"it begins {data[:8]!r}, not with numpy's magic")
+                cubes = np.load(io.BytesIO(data), allow_pickle=False)
             except ValueError as exc:
                 check.corrupt.append(f"{where}: not a readable .npy ({exc})")
                 check.damaged_units.add(int(rows["cube_id"].min()))

@@ -56,6 +56,24 @@ def test_folder_without_parquet_files(tmp_path):
         run_cubes(tmp_path, tmp_path / "csv")
 
 
+def test_frames_named_as_a_file_are_told_to_be_a_folder(tmp_path):
+    frame = frames_in(tmp_path) / "frame-00000.parquet"
+    with pytest.raises(InputError, match=r"frames .*frame-00000\.parquet is a file; frames are a "
+                       "folder"):  # fmt: skip
+        run_cubes(tmp_path, frame)  # ("has no .parquet files", it said)
+
+
+def test_files_named_as_a_writers_own_are_not_frames(tmp_path):
+    # _SUCCESS, _tmp.parquet, .part.parquet: a broken _tmp.parquet failed the job
+    from pipeline.workloads.cubes.frames import inspect_frames
+
+    path = frames_in(tmp_path)
+    (path / "_tmp.parquet").write_bytes(b"half a file")
+    (path / ".frame-9.parquet").write_bytes(b"")
+    keys = inspect_frames(str(path), 4).keys
+    assert keys == tuple(f"frame-{i:05d}.parquet" for i in range(4)), keys  # (they sort first)
+
+
 def test_fewer_frames_than_dim(tmp_path):
     with pytest.raises(InputError, match=r"has 3 frames; a cube of dimension 4 needs at least 4"):
         run_cubes(tmp_path, frames_in(tmp_path, count=3))

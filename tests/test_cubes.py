@@ -240,6 +240,10 @@ def test_a_damaged_index_or_record_is_named_and_the_index_written_again(
                              "smaller than the minimum file footer (8 bytes))"]  # fmt: skip
     again = run(cube_job(out, frames_dir), client)
     assert again.complete and again.units_run == 0 and index.read_bytes() == good
+    (out / "cubes" / "shards" / "000000.npy").write_bytes(b"short")  # np.load: "pickled"
+    (check,) = verify_output(str(out))
+    assert any("000000.npy: not a readable .npy (it begins b'short', not with numpy's magic)"
+               in c for c in check.corrupt), check.corrupt  # fmt: skip
     record = out / "cubes" / "job.json"
     record.write_text("{bad")
     with pytest.raises(InputError, match=r"job.json is not a job record \(damaged: Expecting"):

@@ -213,6 +213,16 @@ def test_auto_picks_shared_memory_on_this_host_and_dask_gives_the_same_cubes(fra
     assert via_dask == want
 
 
+def test_dask_delivery_from_its_own_embedded_cluster_does_not_warn_of_a_relay(frames_dir):
+    # It warned that results came through the scheduler and advised a client with
+    # direct_to_workers: the user had passed none, and the cluster is on this host.
+    job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RelayedThroughSchedulerWarning)
+        got = {k: digest(c) for k, c in iter_cubes(job, delivery="dask")}
+    assert got == expected_digests(job)
+
+
 def test_a_consumer_that_keeps_every_cube_gets_new_buffers_instead_of_waiting(frames_dir, client):
     # 3 slots per producer would hold 2 x 3 x 2 = 12 cubes: keeping 40 needs more.
     job = CubeJob(frames=str(frames_dir), cubes=40, dim=8, seed=9)

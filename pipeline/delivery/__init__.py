@@ -106,7 +106,8 @@ def iter_cube_batches(
         yield from thread_batches(workload, cubes_per_task or 1)
         return
     with contextlib.ExitStack() as stack:
-        if client is None:
+        embedded = client is None
+        if embedded:
             client = stack.enter_context(connect(RunOptions()))
         try:  # a remote cluster may still be starting
             client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
@@ -125,4 +126,4 @@ def iter_cube_batches(
         else:
             listener.close()
             batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype)
-            yield from remote_batches(client, workload, batch)
+            yield from remote_batches(client, workload, batch, warn=not embedded)

@@ -70,11 +70,19 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
     """Validate a frames folder for cubes of dimension ``dim`` from parquet footers only."""
     store = open_store(url)
     try:
-        keys = [k for k in store.list() if k.endswith(".parquet")]
+        listed = store.list()
     except OSError as exc:
         raise InputError(f"frames folder {url}: cannot list it: {exc}") from exc
+    if listed == [""]:  # a file, not a folder
+        raise InputError(
+            f"frames {url} is a file; frames are a folder of parquet files, one per frame "
+            "(or an s3:// prefix)"
+        )
+    # Files named _* or .* are not frames (a writer's _SUCCESS, _tmp or .crc): a broken
+    # _tmp.parquet failed the job
+    keys = [k for k in listed if k.endswith(".parquet") and k.rsplit("/", 1)[-1][0] not in "_."]
     if not keys:
-        what = "has no .parquet files" if store.list() else "is missing or empty"
+        what = "has no .parquet files" if listed else "is missing or empty"
         raise InputError(
             f"frames folder {url} {what}; expected at least {dim} parquet "
             "frames (make some with `pipeline data frames`)"
