@@ -61,7 +61,8 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
         raise InputError(f"{store.url}: no job output here (no <job>/job.json)")
     else:
         raise InputError(
-            f"{store.url}: several jobs ({', '.join(sorted(jobs))}); name one with --job"
+            f"{store.url}: several jobs ({', '.join(sorted(jobs))}); name one with --job "
+            "(job= from Python)"
         )
     return name, read_job_record(store, jobs[name])
 

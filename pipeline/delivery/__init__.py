@@ -59,7 +59,8 @@ def iter_cubes(
     cluster, in id order from threads.
 
     For feeding a training loop: each cube is a (d, d, d) array with axes (frame,
-    row, column), never written anywhere. With no ``client`` (or
+    row, column), never written anywhere (a job that names no ``frames`` gets the
+    default frames, made once under ``output``). With no ``client`` (or
     ``delivery="threads"``), threads of this process build them, one per core but
     the consumer's, and no cluster starts. With a client whose workers are on this
     host, the cubes are views of shared memory the workers (and this process, while
