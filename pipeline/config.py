@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import numbers
 import os
 import tomllib
@@ -314,6 +315,9 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{origin}: expected {expected}, got {value!r} ({type(value).__name__})")
+    if kind is float and not math.isfinite(value):
+        # nan passed `minimum` (every comparison with it is false) and hung the run
+        raise ConfigError(f"{origin}: {value!r} is not a finite number")
     if choices is not None and value not in choices:
         # 'Poisson' (statsmodels' class name) or 'hc1' mean the choice they spell
         same = [c for c in choices if isinstance(value, str) and str(c).lower() == value.lower()]

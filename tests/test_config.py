@@ -42,6 +42,11 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
     assert job.options.task_seconds == 0.5
     with pytest.raises(ConfigError, match="environment PIPELINE_WORKERS: 'many' is not an integer"):
         load_jobs([], {}, environ={"PIPELINE_WORKERS": "many"})
+    # nan passed "at least 0.01" (no comparison with it is true) and the run hung
+    with pytest.raises(ConfigError, match="PIPELINE_TASK_SECONDS: nan is not a finite number"):
+        load_jobs([], {}, environ={"PIPELINE_TASK_SECONDS": "nan"})
+    with pytest.raises(ConfigError, match="inf is not a finite number"):
+        load_jobs([], {"task_seconds": float("inf")}, environ={})
 
 
 def test_a_misspelled_variable_is_warned_about(caplog):
