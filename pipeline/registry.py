@@ -84,4 +84,14 @@ def load(name: str):
                 f"workload {name!r} ({e.target}, from package {e.package}) is not a "
                 f"pipeline workload: it has no {attribute!r}"
             )
+    from .config import RunOptions, settings_of
+
+    run_options = {f.name for f in settings_of(RunOptions)}
+    clash = sorted(f.name for f in settings_of(cls.settings_class) if f.name in run_options)
+    if clash:
+        # its --workers would replace the run's, for every workload's jobs
+        raise ConfigError(
+            f"workload {name!r} ({e.target}, from package {e.package}): its setting(s) "
+            f"{', '.join(clash)} have the name of a run option; rename them in the plug-in"
+        )
     return cls

@@ -214,6 +214,68 @@ def test_a_plugin_that_does_not_import_is_named_with_its_error(tmp_path, monkeyp
         registry.load.cache_clear()
 
 
+def _plugin(where, name: str, target: str) -> None:
+    dist = where / f"{name}_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[pipeline.workloads]\n{name} = {target}\n")
+
+
+def test_a_plugin_that_does_not_import_leaves_every_other_command_working(tmp_path):
+    # The CLI loaded every workload for its flags: one broken plug-in made every
+    # command, `pipeline --help` too, a traceback.
+    import os
+    import subprocess
+    import sys
+
+    _plugin(tmp_path, "broken", "no_such_module:W")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def pipeline(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    shown = pipeline("--help")
+    assert shown.returncode == 0 and "workloads" in shown.stdout, shown.stderr
+    listed = pipeline("workloads")
+    assert listed.returncode == 0, listed.stderr
+    assert "broken  (no_such_module:W, from package broken-plugin)\n  cannot be loaded: " in (
+        listed.stdout
+    )
+    assert "--function" in pipeline("run", "--workload", "map", "--help").stdout
+
+
+def test_a_plugin_setting_named_like_a_run_option_is_refused(tmp_path, monkeypatch):
+    # Its --workers (a string) replaced the run's, and `--workers 1` then failed
+    # every job, the built-ins' too.
+    from pipeline import registry
+
+    (tmp_path / "clashmod.py").write_text(
+        "import dataclasses\n"
+        "from pipeline import Workload\n"
+        "from pipeline.config import check_settings, setting\n"
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class ClashJob:\n"
+        "    workers: str = setting('many', str, 'Named like the run option.')\n"
+        "class ClashWorkload(Workload):\n"
+        "    kind = 'clash'\n"
+        "    settings_class = ClashJob\n"
+        "    from_settings = run_task = fingerprint = preflight = None\n"
+    )
+    _plugin(tmp_path, "clash", "clashmod:ClashWorkload")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry._entries.cache_clear()
+    registry.load.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"workload 'clash' .*its setting\(s\) workers "
+                           "have the name of a run option"):  # fmt: skip
+            registry.load("clash")
+    finally:
+        monkeypatch.undo()
+        registry._entries.cache_clear()
+        registry.load.cache_clear()
+
+
 def test_run_help_for_one_workload_lists_its_settings_and_the_runs():
     from click.testing import CliRunner
 

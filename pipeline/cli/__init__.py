@@ -24,11 +24,22 @@ from .outputs import (
     workloads_command,
 )
 
-_ALL_SETTINGS = {
-    f.name: f
-    for cls in (RunOptions, *(registry.load(n).settings_class for n in registry.names()))
-    for f in settings_of(cls)
-}
+
+def _all_settings() -> dict:
+    """Every setting's field, for the flags: the run's and each workload's that imports.
+    A plug-in that does not import is named when a job uses it (and by `pipeline
+    workloads`): it made every command, --help too, a traceback."""
+    out = {}
+    for name in registry.names():
+        try:
+            cls = registry.load(name).settings_class
+        except PipelineError:
+            continue
+        out.update({f.name: f for f in settings_of(cls)})
+    return {**out, **{f.name: f for f in settings_of(RunOptions)}}
+
+
+_ALL_SETTINGS = _all_settings()
 
 
 def _setting_options(func):
