@@ -56,6 +56,13 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
         address = options.scheduler
         _require_tls_beyond_loopback(address)
         security = _security(options)
+        if security is not None and "://" not in address:
+            address = f"tls://{address}"  # TLS settings given: a bare address means TLS
+        if security is not None and not address.startswith("tls://"):
+            raise ClusterError(
+                f"--scheduler {address}: the TLS settings are given, and a TLS scheduler's "
+                f"address is tls://{address.split('://', 1)[-1]}"
+            )
         if security is None and address.startswith("tls://") and not _dask_tls_configured():
             raise ClusterError(
                 f"--scheduler {address}: TLS needs --tls-ca-file, --tls-cert and --tls-key "
@@ -70,7 +77,7 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
                 set_as_default=True,
                 direct_to_workers=bool(options.direct_to_workers),
             )
-        except (OSError, TimeoutError, ValueError) as exc:
+        except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
             raise ClusterError(
                 f"cannot reach the Dask scheduler at {address} "
                 f"(--scheduler / PIPELINE_SCHEDULER): {exc}"

@@ -260,6 +260,23 @@ def test_direct_to_workers(cluster, direct):
 
 
 @pytest.mark.timeout(120)
+def test_a_bare_scheduler_address_with_tls_settings_is_taken_as_tls(cluster):
+    # It was tcp://: distributed refused it with a RuntimeError traceback; tcp:// is
+    # refused saying what the address should be.
+    from pipeline import ClusterError, RunOptions, connect
+
+    tls = {"tls_ca_file": str(cluster.certs["ca"]), "tls_cert": str(cluster.certs["client"]),
+           "tls_key": str(cluster.certs["client-key"])}  # fmt: skip
+    bare = cluster.address.removeprefix("tls://")
+    with connect(RunOptions(scheduler=bare, **tls)) as client:
+        assert client.submit(lambda: 1 + 1, pure=False).result(timeout=30) == 2
+    tcp = connect(RunOptions(scheduler=f"tcp://{bare}", **tls))
+    with pytest.raises(ClusterError, match=rf"the TLS settings are given, and a TLS scheduler's "
+                       rf"address is tls://{bare}"):  # fmt: skip
+        tcp.__enter__()
+
+
+@pytest.mark.timeout(120)
 def test_plaintext_client_refused(cluster):
     plain = "tcp://" + cluster.address.removeprefix("tls://")
     _assert_refused(cluster, plain, Security(require_encryption=False), "WRONG_VERSION_NUMBER")
