@@ -45,6 +45,7 @@ def setting(
     *,
     choices: tuple | None = None,
     minimum: float | None = None,
+    below: float | None = None,
     sequence: bool = False,
     rows: bool = False,
 ):
@@ -61,6 +62,7 @@ def setting(
         "help": help,
         "choices": choices,
         "minimum": minimum,
+        "below": below,
         "sequence": sequence,
         "rows": rows,
     }
@@ -326,6 +328,9 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         value = same[0]
     if minimum is not None and value < minimum:
         raise ConfigError(f"{origin}: {value!r} must be at least {minimum}")
+    below = f.metadata.get("below")
+    if below is not None and value >= below:
+        raise ConfigError(f"{origin}: {value!r} must be less than {below}")
     return value
 
 

@@ -47,6 +47,9 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
         load_jobs([], {}, environ={"PIPELINE_TASK_SECONDS": "nan"})
     with pytest.raises(ConfigError, match="inf is not a finite number"):
         load_jobs([], {"task_seconds": float("inf")}, environ={})
+    # a range's top end is named with where the value came from, as its bottom is
+    with pytest.raises(ConfigError, match=r"PIPELINE_ALPHA: 1\.5 must be less than 1\.0"):
+        load_jobs([], {}, workload="regressions", environ={"PIPELINE_ALPHA": "1.5"})
 
 
 def test_a_misspelled_variable_is_warned_about(caplog):

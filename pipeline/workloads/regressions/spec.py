@@ -105,7 +105,7 @@ class RegressionJob:
     link: str | None = setting(
         None, str, "GLM link (default: the family's canonical link).", choices=tuple(LINKS)
     )
-    q: float = setting(0.5, float, "Quantile (quantreg).", minimum=0.0)
+    q: float = setting(0.5, float, "Quantile (quantreg).", minimum=0.0, below=1.0)
     norm: str = setting("HuberT", str, "Robust norm (rlm).", choices=NORMS)
     cov_type: str = setting("nonrobust", str, "Covariance of the estimates.", choices=COV_TYPES)
     maxlags: int | None = setting(None, int, "HAC lags (required with cov_type HAC).", minimum=0)
@@ -113,7 +113,9 @@ class RegressionJob:
     fit_options: str | None = _listing(
         None, "Options passed to fit(), e.g. 'maxiter=200,method=newton' (or a TOML table)."
     )
-    alpha: float = setting(0.05, float, "Confidence intervals are 1 - alpha.", minimum=1e-9)
+    alpha: float = setting(
+        0.05, float, "Confidence intervals are 1 - alpha.", minimum=1e-9, below=1.0
+    )
     chunk_by: str | None = _listing(
         None, "Column(s) whose values define the chunks, comma-separated (e.g. ticker,year)."
     )
