@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import cProfile
 import logging
@@ -159,6 +160,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     complete starts no cluster at all.
     """
     first = jobs[0].options
+    _check_profile_paths(jobs)
     workloads = [job.build() for job in jobs]
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
@@ -224,6 +226,18 @@ def _write_report(job: Job, summary: RunSummary, echo) -> None:
     path = Path(job.options.report, f"{job.job_id}-summary.json")
     path.write_text(summary.to_json())
     write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
+
+
+def _check_profile_paths(jobs: Sequence[Job]) -> None:
+    """Several jobs' task profiles to one file without ``{job}``: each job's would
+    replace the last one's, unsaid."""
+    paths = collections.Counter(j.options.profile_tasks for j in jobs if j.options.profile_tasks)
+    shared = [p for p, n in paths.items() if n > 1 and "{job}" not in p]
+    if shared:
+        raise ConfigError(
+            f"--profile-tasks {shared[0]}: {paths[shared[0]]} jobs would write it, each over "
+            "the last; put {job} in the name (e.g. prof/{job}.pstats)"
+        )
 
 
 def _looks_complete(workload: Workload, options: RunOptions) -> bool:

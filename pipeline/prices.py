@@ -43,10 +43,12 @@ class PriceTable:
         try:
             return self.instances[name]
         except KeyError:
+            # --price-per-worker-hour prices the run's workers, not a fleet's instances
+            other = "" if setting == "--fleet" else "--price-per-worker-hour, or "
             raise ConfigError(
                 f"{setting} {name!r}: not in the price table {self.origin}; expected one of "
-                f"{', '.join(sorted(self.instances))} (or give --price-per-worker-hour, or "
-                "a --price-file that lists it)"
+                f"{', '.join(sorted(self.instances))} (or give {other}a --price-file that "
+                "lists it)"
             ) from None
 
 

@@ -145,6 +145,20 @@ def test_files_the_driver_writes_must_be_local_paths(tmp_path):
     assert job.options.report == str(tmp_path / "r")
 
 
+def test_several_jobs_profiles_need_a_file_each(tmp_path):
+    # The second job's task profile silently replaced the first one's.
+    from pipeline import run_jobs
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(f'workload = "cubes"\nname = "{name}"\n')
+    paths = [str(tmp_path / "a.toml"), str(tmp_path / "b.toml")]
+    one = {"output": str(tmp_path / "out"), "profile_tasks": str(tmp_path / "all.pstats")}
+    with pytest.raises(ConfigError, match=r"all\.pstats: 2 jobs would write it, each over the "
+                       r"last; put \{job\} in the name"):  # fmt: skip
+        run_jobs(load_jobs(paths, one, environ={}))
+    assert not (tmp_path / "out").exists()
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"
