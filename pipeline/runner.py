@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from .config import RunOptions
 from .cost import add_run_cost
 from .dispatch import TaskRunner, count_workers
-from .errors import Interrupted, JobRunning, StorageError
+from .errors import ClusterError, Interrupted, JobRunning, StorageError
 from .layout import (
     check_job_id,
     completed_tasks,
@@ -64,6 +64,27 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
         return None
     plan = load_plan(workload, options.units_per_task, store)
     return _finished(workload, store, plan, _completed(store, workload.job_id))
+
+
+#: Seconds a run waits for a first worker to join a scheduler that has none.
+WAIT_FOR_WORKERS = 60
+
+
+def _wait_for_a_worker(client) -> None:
+    """A scheduler without workers (none started yet, or all gone) is an error before
+    any task: the tasks waited 60 s each in joblib and every unit was failed with its
+    advice, after 6 minutes."""
+    if sum(client.ncores().values()):
+        return
+    log.warning("no worker on the scheduler yet; waiting up to %d s for one", WAIT_FOR_WORKERS)
+    try:
+        client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
+    except TimeoutError:
+        raise ClusterError(
+            f"no worker joined the scheduler at {client.scheduler.address} within "
+            f"{WAIT_FOR_WORKERS} s: start workers against it (docs/remote.md), or check "
+            "that they can reach it"
+        ) from None
 
 
 def _consolidated(store: Store, job_id: str) -> bool:
@@ -149,6 +170,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         finished = _finished(workload, store, plan, done)
         if finished is not None:
             return finished
+    _wait_for_a_worker(client)
     n_workers = count_workers(client)
     known = plan.tasks(workload.n_units)
     if store is not None and done:

@@ -273,3 +273,21 @@ def test_a_second_run_of_a_running_job_is_refused_and_a_killed_one_lets_go(tmp_p
         holder.wait(10)
     s = run_job(SquaresWorkload("sq", 6), options(tmp_path), client, echo=lambda m: None)
     assert s.complete and s.units_ok == 6
+
+
+def test_a_scheduler_without_workers_is_an_error_before_any_task(tmp_path, monkeypatch):
+    # The tasks waited 60 s each in joblib, then every unit was failed with joblib's
+    # advice, after 6 minutes, and the run was costed for them.
+    from distributed import Client, LocalCluster
+
+    import pipeline.runner
+    from pipeline import ClusterError
+
+    monkeypatch.setattr(pipeline.runner, "WAIT_FOR_WORKERS", 1)
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as empty,
+        pytest.raises(ClusterError, match=r"no worker joined the scheduler at .* within 1 s"),
+    ):
+        run_job(SquaresWorkload("sq", 40), options(tmp_path), empty, echo=lambda m: None)
+    assert not (tmp_path / "sq" / "manifest").exists()
