@@ -296,6 +296,8 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = 
         except ValueError as exc:
             if not Path(value).is_file():
                 files = ".toml, .json, .csv or .parquet file" if rows else ".toml or .json file"
+                if Path(value).suffix.lower() in (".toml", ".json", ".csv", ".parquet"):
+                    raise ConfigError(f"{origin}: file {value} does not exist") from None
                 raise ConfigError(
                     f"{origin}: {value!r} is not {expected} (or a {files} of one): {exc}"
                 ) from None

@@ -47,6 +47,8 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
         load_jobs([], {}, environ={"PIPELINE_TASK_SECONDS": "nan"})
     with pytest.raises(ConfigError, match="inf is not a finite number"):
         load_jobs([], {"task_seconds": float("inf")}, environ={})
+    with pytest.raises(ConfigError, match=r"PIPELINE_GRID: file nofile\.csv does not exist"):
+        load_jobs([], {}, workload="map", environ={"PIPELINE_GRID": "nofile.csv"})
     # a range's top end is named with where the value came from, as its bottom is
     with pytest.raises(ConfigError, match=r"PIPELINE_ALPHA: 1\.5 must be less than 1\.0"):
         load_jobs([], {}, workload="regressions", environ={"PIPELINE_ALPHA": "1.5"})
@@ -95,8 +97,10 @@ def test_a_table_setting_is_json_text_or_a_file_of_one(tmp_path):
     (tmp_path / "text.json").write_text('"alpha"')
     with pytest.raises(ConfigError, match=r"text.json holds str, not a table"):
         load_jobs([], {"grid": str(tmp_path / "text.json")}, workload="map", environ={})
-    with pytest.raises(ConfigError, match=r"'nothere.toml' is not a table .*or a .toml, .json, "):
+    with pytest.raises(ConfigError, match=r"--grid: file nothere\.toml does not exist"):
         load_jobs([], {"grid": "nothere.toml"}, workload="map", environ={})
+    with pytest.raises(ConfigError, match=r"'a=1' is not a table .*or a .toml, .json, "):
+        load_jobs([], {"grid": "a=1"}, workload="map", environ={})
 
 
 def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
