@@ -269,8 +269,8 @@ class TaskRunner:
             raise ClusterError(
                 f"lost the connection to the Dask scheduler at "
                 f"{self.client.scheduler.address} in the middle of the run (the scheduler "
-                f"or the way to it failed; {reported} of {total} tasks "
-                "reported back, every completed task is stored): when the scheduler is "
+                "or the way to it failed; every task that completed is stored): when the "
+                "scheduler is "
                 "reachable, run the same command again: it resumes where this run stopped"
             ) from None
         return exc
