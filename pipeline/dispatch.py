@@ -177,10 +177,10 @@ class TaskRunner:
         rerunning one writes the same bytes); after that they are failed. A task the
         error names runs again alone after the others (:data:`SUSPECT_RETRIES`
         times), then is failed, without costing the others a retry."""
-        return self._receipts(tasks, *self._dispatch(tasks, 0, len(tasks)))
+        return self._receipts(tasks, *self._dispatch(tasks))
 
     def _receipts(self, tasks: list[Task], results, error) -> Iterator[TaskReceipt]:
-        reported, pending, retries = 0, list(tasks), DASK_LEVEL_RETRIES
+        pending, retries = list(tasks), DASK_LEVEL_RETRIES
         # Tasks Dask gave up on by name: they run again after the others, one at a
         # time, so that one whose code ends its process does not take the rest along.
         suspects: list[Task] = []
@@ -191,11 +191,10 @@ class TaskRunner:
                 try:
                     for receipt in results:
                         seen.add(receipt.index)
-                        reported += 1
                         self.bar.update(receipt.units)
                         yield receipt
                 except Exception as exc:
-                    error = self._cluster_error(exc, reported, len(tasks))
+                    error = self._cluster_error(exc)
                     culprit = _task_of(exc)
             pending = [t for t in pending if t.index not in seen]
             if error is not None:
@@ -204,7 +203,6 @@ class TaskRunner:
                     named[culprit.index] += 1
                     given_up = named[culprit.index] > SUSPECT_RETRIES
                     if given_up:
-                        reported += 1
                         yield _killed_workers(error, culprit)
                     else:
                         suspects.append(culprit)
@@ -226,11 +224,11 @@ class TaskRunner:
                 if not suspects:
                     return
                 pending = [suspects.pop(0)]
-            results, error = self._dispatch(pending, reported, len(tasks))
+            results, error = self._dispatch(pending)
         for t in pending + suspects:
             yield _failed(t, error)
 
-    def _dispatch(self, tasks: list[Task], reported: int, total: int):
+    def _dispatch(self, tasks: list[Task]):
         """(joblib's generator of receipts, None), or (None, the Dask-level error that
         stopped the dispatch)."""
         from joblib import Parallel, delayed, parallel_config
@@ -257,9 +255,9 @@ class TaskRunner:
                 )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
             return read_as_they_arrive(results, backend.arrived, len(tasks)), None
         except Exception as exc:
-            return None, self._cluster_error(exc, reported, total)
+            return None, self._cluster_error(exc)
 
-    def _cluster_error(self, exc: Exception, reported: int, total: int) -> Exception:
+    def _cluster_error(self, exc: Exception) -> Exception:
         """The task wrapper never raises: ``exc`` is the cluster failing under us (a
         worker killed too often, the scheduler gone). Returned to retry on, or raised
         as a ClusterError when the scheduler is lost."""
