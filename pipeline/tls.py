@@ -242,9 +242,28 @@ def tls_security(
     for setting, value in (("tls_ca_file", ca_file), ("tls_cert", cert), ("tls_key", key)):
         if not value or not Path(value).is_file():
             raise FileNotFoundError(f"{setting} points at a missing file: {value}")
+    _check_loads(ca_file, cert, key)
     return Security(
         tls_ca_file=str(ca_file),
         tls_client_cert=str(cert),
         tls_client_key=str(key),
         require_encryption=require_encryption,
     )
+
+
+def _check_loads(ca_file: StrPath, cert: StrPath, key: StrPath) -> None:
+    """The files load as a CA and a certificate with its key: swapped files, or another
+    role's key, were "cannot reach the Dask scheduler: [SSL] PEM lib" at connection."""
+    import ssl
+
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except (ssl.SSLError, ValueError) as exc:
+        raise FileNotFoundError(f"tls_ca_file {ca_file} is not a CA certificate: {exc}") from None
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        raise FileNotFoundError(
+            f"tls_cert {cert} and tls_key {key} are not a certificate and its key: {exc}"
+        ) from None

@@ -146,6 +146,15 @@ def test_tls_security(certs, tmp_path):
         args = {"ca_file": certs["ca"], "cert": certs["client"], "key": certs["client-key"]}
         with pytest.raises(FileNotFoundError, match=setting):
             tls_security(**{**args, **kwargs})
+    # Files that do not load as what they are given for are named before any connection
+    # (it was "cannot reach the Dask scheduler: [SSL] PEM lib")
+    with pytest.raises(FileNotFoundError, match=r"tls_cert .*client-key\.pem and tls_key "
+                       r".*client\.pem are not a certificate and its key"):  # fmt: skip
+        tls_security(certs["ca"], certs["client-key"], certs["client"])
+    with pytest.raises(FileNotFoundError, match=r"are not a certificate and its key: .*MISMATCH"):
+        tls_security(certs["ca"], certs["client"], certs["worker-key"])
+    with pytest.raises(FileNotFoundError, match=r"tls_ca_file .* is not a CA certificate"):
+        tls_security(certs["client-key"], certs["client"], certs["client-key"])
 
 
 @pytest.mark.timeout(120)
