@@ -64,11 +64,18 @@ class _Labelled:
 ARRIVAL_WAIT = 1.0
 
 
-def read_as_they_arrive(results: Iterator, arrived: threading.Semaphore, count: int) -> Iterator:
+def read_as_they_arrive(
+    results: Iterator, arrived: threading.Semaphore, count: int, stalled=None
+) -> Iterator:
     """``results`` (joblib's generator of ``count`` results), each asked for once it
-    has arrived, so that the generator never sleeps through its 10 ms poll."""
+    has arrived, so that the generator never sleeps through its 10 ms poll.
+    ``stalled()``, called while no result comes, may raise: when the cluster has no
+    worker left to run the tasks, joblib would wait for ever."""
     for _ in range(count):
-        arrived.acquire(timeout=ARRIVAL_WAIT)
+        while not arrived.acquire(timeout=ARRIVAL_WAIT):
+            if stalled is None:
+                break
+            stalled()
         try:
             yield next(results)
         except StopIteration:

@@ -108,6 +108,9 @@ SUSPECT_RETRIES = 1
 #: holds them until each task runs); beyond, they share one copy on the cluster.
 INLINE_BYTES = 128 * 1024 * 1024
 
+#: Seconds a run waits, with tasks left, on a cluster that has no worker.
+WORKERLESS_SECONDS = 60
+
 #: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
 SEND_INTERVAL = 0.001
 
@@ -135,6 +138,7 @@ class TaskRunner:
     profile: bool = False
     _shared: Any = None
     _pickled_bytes: int | None = None
+    _workerless_since: float | None = None
 
     def __post_init__(self) -> None:
         send_promptly(self.client)
@@ -242,6 +246,10 @@ class TaskRunner:
             # Counted once per call: joblib asks again for each call otherwise, a round
             # trip to the scheduler each time, before any task of a probe round leaves.
             workers = sum(self.client.ncores().values())
+            while not workers and self.client.status == "running":
+                self._stalled()  # raises after a while (joblib: 60 s, then every task fails)
+                time.sleep(1.0)
+                workers = sum(self.client.ncores().values())
             backend = DaskBackend(
                 client=self.client, wait_for_workers_timeout=60, pure=False, workers=workers
             )
@@ -253,9 +261,36 @@ class TaskRunner:
                     batch_size=1,
                     pre_dispatch="3*n_jobs",
                 )(delayed(execute_task)(self.workload, store_url, t, self.profile) for t in tasks)
-            return read_as_they_arrive(results, backend.arrived, len(tasks)), None
+            return read_as_they_arrive(results, backend.arrived, len(tasks), self._stalled), None
+        except ClusterError:
+            raise
         except Exception as exc:
             return None, self._cluster_error(exc)
+
+    def _stalled(self) -> None:
+        """Called while no result comes: a cluster that has had no worker for
+        :data:`WORKERLESS_SECONDS` ends the run (every worker gone, none restarted: the
+        driver waited, silent, for ever)."""
+        if self.client.status != "running":
+            return  # the scheduler lost: joblib reports that, and the run says so
+        try:
+            workers = sum(self.client.ncores().values())
+        except Exception:  # (the same, caught between the two)
+            return
+        if workers:
+            self._workerless_since = None
+            return
+        now = time.monotonic()
+        if self._workerless_since is None:
+            self._workerless_since = now
+            log.warning("the cluster has no worker left; waiting up to %d s for one",
+                        WORKERLESS_SECONDS)  # fmt: skip
+        elif now - self._workerless_since > WORKERLESS_SECONDS:
+            raise ClusterError(
+                f"the cluster at {self.client.scheduler.address} has had no worker for "
+                f"{WORKERLESS_SECONDS} s, in the middle of the run; every task that completed "
+                "is stored: start workers, then run the same command again to resume"
+            )
 
     def _cluster_error(self, exc: Exception) -> Exception:
         """The task wrapper never raises: ``exc`` is the cluster failing under us (a

@@ -291,3 +291,27 @@ def test_a_scheduler_without_workers_is_an_error_before_any_task(tmp_path, monke
     ):
         run_job(SquaresWorkload("sq", 40), options(tmp_path), empty, echo=lambda m: None)
     assert not (tmp_path / "sq" / "manifest").exists()
+
+
+def test_a_cluster_left_without_workers_mid_run_ends_the_run(tmp_path, monkeypatch):
+    # Every worker gone, none restarted: the driver waited, silent, for ever.
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    import pipeline.dispatch
+    from pipeline import ClusterError
+
+    monkeypatch.setattr(pipeline.dispatch, "WORKERLESS_SECONDS", 1)
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        gone = threading.Timer(1.0, lambda: cluster.scale(0))  # none restarted
+        gone.start()
+        try:
+            with pytest.raises(ClusterError, match=r"has had no worker for 1 s, in the middle"):
+                run_job(SquaresWorkload("sq", 200, unit_seconds=0.02), options(tmp_path),
+                        client, echo=lambda m: None)  # fmt: skip
+        finally:
+            gone.join()
