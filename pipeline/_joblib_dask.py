@@ -31,9 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from collections.abc import Iterator
 
 from joblib._dask import DaskDistributedBackend
+
+# A run that ends on a cluster error leaves its calls' generators unread: joblib then
+# advises on the tasks it cancels, an advice about its own input iterators
+warnings.filterwarnings(
+    "ignore", message=r".*tasks which were still being processed by the workers have been "
+    "cancelled", category=UserWarning, module="joblib",
+)  # fmt: skip
 
 
 class _DaskLevelError:
