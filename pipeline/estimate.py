@@ -32,7 +32,7 @@ from .probing import probe
 from .runner import open_output
 from .sizing import CostModel, ProbeSample, fit_costs
 from .storage import open_store
-from .workload import Workload
+from .workload import Workload, unit_label
 
 __all__ = ["Estimate", "estimate", "estimate_lines"]
 
@@ -177,8 +177,7 @@ def estimate(
 
 
 def _failure_text(unit_name: str, f) -> str:
-    which = f"{f.unit} ({f.key})" if f.key else f"{f.unit}"
-    return f"{unit_name} {which}: {f.error_type}: {f.message}"
+    return f"{unit_name} {unit_label(f.unit, f.key)}: {f.error_type}: {f.message}"
 
 
 #: Full-size tasks an estimate runs per worker, spread over the job.

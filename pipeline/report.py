@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .summary import RunSummary, cost_line, summary_lines
+from .workload import unit_label
 
 __all__ = ["task_timings", "write_report_page"]
 
@@ -94,9 +95,8 @@ def _failures_html(s: RunSummary) -> str:
         return "<p>None.</p>"
     rows = [f"<tr><th>{_e(s.unit_name)}</th><th>error</th><th>message</th></tr>"]
     for f in s.failures[:1000]:
-        which = f"{f['unit']} ({f['key']})" if f.get("key") else f"{f['unit']}"
         rows.append(
-            f"<tr><td>{_e(which)}</td>"
+            f"<tr><td>{_e(unit_label(f['unit'], f.get('key', '')))}</td>"
             f"<td>{_e(f['error_type'])}</td>"
             f"<td>{_e(f['message'])}</td></tr>"
         )

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 
 from .config import RunOptions
 from .cost import add_run_cost
-from .dispatch import TaskRunner, count_workers
+from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
 from .errors import ClusterError, Interrupted, JobRunning, StorageError
 from .layout import (
     check_job_id,
@@ -66,8 +66,9 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     return _finished(workload, store, plan, _completed(store, workload.job_id))
 
 
-#: Seconds a run waits for a first worker to join a scheduler that has none.
-WAIT_FOR_WORKERS = 60
+#: Seconds a run waits for a first worker to join a scheduler that has none (the
+#: same wait as for workers gone mid-run).
+WAIT_FOR_WORKERS = WORKERLESS_SECONDS
 
 
 def _wait_for_a_worker(client) -> None:

@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .workload import unit_label
+
 __all__ = ["PHASES", "RunSummary", "cost_line", "summary_lines", "usd"]
 
 #: What a task's time is spent on, as workloads report it (worker-seconds).
@@ -235,7 +237,7 @@ def failure_lines(s: RunSummary) -> list[str]:
     units = s.unit_name + ("s" if s.units_failed != 1 else "")
     lines = [f"  FAILED: {s.units_failed:,} {units} ({kinds}); {advice}"]
     for f in s.failures[:5]:
-        which = f"{f['unit']} ({f['key']})" if f.get("key") else f"{f['unit']}"
+        which = unit_label(f["unit"], f.get("key", ""))
         lines.append(f"    {s.unit_name} {which}: {f['error_type']}: {f['message']}")
     if len(s.failures) > 5:
         lines.append(f"    ... and {len(s.failures) - 5} more")

@@ -16,6 +16,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import xxhash
 
 from . import registry
@@ -27,7 +28,6 @@ from .layout import (
     lock_key,
     manifest_key,
     read_job_record,
-    readable_table,
 )
 from .storage import Store, join, open_store, read_parquet_object
 from .workload import Task
@@ -162,13 +162,13 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     its task entries, noting that in ``check``; None when there is none."""
     key = consolidated_manifest_key(job_id)
     if store.exists(key):
-        damage = readable_table(store, key)
-        if damage is None:
+        try:
             return read_parquet_object(store, key).to_pandas()
-        # Damaged after its run: the tasks' entries still say what was written; the
-        # next run (after --repair removes it) writes it again from them.
-        check.corrupt.append(f"{store.describe(key)}: not a readable table ({damage})")
-        check.damaged_manifest = True
+        except (pa.ArrowException, ValueError) as exc:
+            # Damaged after its run: the tasks' entries still say what was written; the
+            # next run (after --repair removes it) writes it again from them.
+            check.corrupt.append(f"{store.describe(key)}: not a readable table ({exc})")
+            check.damaged_manifest = True
     parts = store.list(join(job_id, "manifest"))
     if check.damaged_manifest:
         parts = [p for p in parts if p != key]

@@ -73,6 +73,11 @@ class UnitFailure:
         return cls(unit, type(exc).__name__, str(exc) or repr(exc))
 
 
+def unit_label(unit: int | str, key: str = "") -> str:
+    """How a run's list of failures names a unit: ``0 (ticker='AAA')``, or ``0``."""
+    return f"{unit} ({key})" if key else f"{unit}"
+
+
 #: What a unit's code may raise, to be recorded as that unit's failure: its errors,
 #: and also ``sys.exit()`` and ``KeyboardInterrupt`` raised by the code itself (in a
 #: worker's task thread no signal raises them). Let through, they ended the driver

@@ -282,13 +282,12 @@ class MapWorkload(Workload):
                 "checksum": pa.array([e[3] for e in entries], pa.string()),
             }
         )
-        out.recorded_failures = [_recorded(f, self.unit_key(f["unit"])) for f in failed]
+        out.recorded_failures = [_recorded(f, f["key"]) for f in failed]
         out.busy_seconds = time.perf_counter() - t0
         return out
 
     def unit_key(self, unit: int) -> str:
-        keys = self.input.key_columns([unit])
-        return ", ".join(f"{k}={v[0].as_py()!r}" for k, v in keys.items())
+        return self.rows.key_label(unit)
 
     def _call(self, unit: int, args: tuple, kwargs: dict):
         """The unit's rows (key columns first) or its failure record."""

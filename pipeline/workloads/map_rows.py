@@ -33,11 +33,11 @@ class UnitRows:
         self.input = input
 
     def failure(self, unit: int, error: Exception, attempts: int) -> dict:
-        """A failed unit's record: a row of its task's failures table."""
-        keys = {k: v[0].as_py() for k, v in self.input.key_columns([unit]).items()}
+        """A failed unit's record: a row of its task's failures table (but ``key``, the
+        unit's key as text for the run's list of failures)."""
         return {
             "unit": unit,
-            **{f"key_{k}": repr(v) for k, v in keys.items()},
+            "key": self.key_label(unit),
             "error_type": type(error).__name__,
             "message": str(error) or repr(error),
             "where": failure_frame(error),
@@ -150,6 +150,11 @@ class UnitRows:
             owners.append(unit)
         flush()
         return _combine(tables, owners)
+
+    def key_label(self, unit: int) -> str:
+        """``ticker='AAA'``: which unit ``unit`` is."""
+        keys = self.input.key_columns([unit])
+        return ", ".join(f"{k}={v[0].as_py()!r}" for k, v in keys.items())
 
     def empty(self) -> pa.Table:
         """A task's results when every unit returned None: no rows, but its part, so
