@@ -905,6 +905,43 @@ def test_dictionary_strings_code_like_patsy_on_the_rows_read():
     assert list(coded) == ["b", "a", "b", "c", "é", "c"]
 
 
+@pytest.mark.parametrize(
+    "formula", ["y ~ x + C(g)", "y ~ x * C(k)", "y ~ C(g) + C(k) + (x > 1.5)", "y ~ C(g, Sum) + x"]
+)
+def test_a_design_learned_on_earlier_rows_is_what_these_rows_learn(formula):
+    """design_once keeps what patsy learned for the next rows of the same formula and
+    column types; rows with fewer levels (C(int) sniffs them from the values, a bool
+    factor has both), or a value it never saw, get what learning on them gives."""
+    import patsy
+
+    from pipeline.workloads.regressions import patsy_fast
+    from pipeline.workloads.regressions.spec import model_desc
+
+    desc = model_desc(formula)
+
+    def rows(k: list[int], x=(1.0, 1.2, 1.7, 2.0), g=("a", "b", "c", "a")) -> dict:
+        table = pa.table({"y": np.arange(4.0), "x": np.array(x), "g": list(g),
+                          "k": np.array(k, dtype=np.int64)})  # fmt: skip
+        return patsy_fast.coded_columns(table)
+
+    batches = [
+        rows([1, 2, 3, 1]),
+        rows([3, 3, 2, 1]),  # the same levels: what was learned serves
+        rows([1, 2, 1, 2]),  # C(k) sniffs its levels from the values: fewer here
+        rows([1, 2, 3, 4]),  # 4, never seen
+        rows([1, 2, 3, 1], x=(1.0, 1.1, 1.2, 1.3)),  # (x > 1.5) all False
+        rows([1, 2, 3, 1], g=("a", "a", "b", "a")),  # g's categories are its values
+    ]
+    patsy_fast._LEARNED.clear()
+    for data in batches:
+        y, X, info, _ = patsy_fast.design_once(desc, data)
+        fresh_y, fresh_X = patsy.dmatrices(formula, data, eval_env=patsy_fast._fast_env(),
+                                           NA_action=patsy_fast.keep_all_na())  # fmt: skip
+        assert info.column_names == fresh_X.design_info.column_names
+        assert np.array_equal(X, np.asarray(fresh_X)) and np.array_equal(y, np.asarray(fresh_y))
+    assert patsy_fast._LEARNED
+
+
 def test_bytes_read_by_a_range_of_chunks_count_each_row_group_once(tmp_path):
     """The planner's byte counter (prefix sums where row groups come in order, the
     row groups themselves otherwise) against the row groups a task reads, on chunks

@@ -131,19 +131,12 @@ class TaskDesign:
         # Per categorical factor, each row's level; a chunk missing some levels gets the
         # columns a design built on that chunk alone would have (cached per level set).
         self.factor_codes = []
-        chunk_of_row = np.repeat(np.arange(self.n), np.diff(self.offsets))
         self.signature = np.zeros((self.n, 0), dtype=bool)
         for factor, fi in info.factor_infos.items():
             if fi.type != "categorical":
                 continue
             codes = values[factor]
-            n_levels = len(fi.categories)
-            present = (
-                np.bincount(chunk_of_row * n_levels + codes, minlength=self.n * n_levels).reshape(
-                    self.n, n_levels
-                )
-                > 0
-            )
+            present = levels_present(codes, self.offsets, len(fi.categories))
             self.signature = np.hstack([self.signature, present])
             self.factor_codes.append(codes)
         self.full = self.signature.all(axis=1)
@@ -296,6 +289,25 @@ def quiet_math():
     makes non-finite (np.log(0)) are each chunk's failure, reported as such
     (NonFiniteValues); the warnings, from driver and workers, named pandas' internals."""
     return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def levels_present(codes: np.ndarray, offsets: np.ndarray, n_levels: int) -> np.ndarray:
+    """(chunks, levels) booleans: whether chunk i (rows ``offsets[i]:offsets[i+1]``) has
+    a row of each level. Few levels: a pass per level, 0.14 ms for 2,500 chunks of 250
+    rows and 4 levels, where a count of (chunk, level) pairs took 1.2 ms."""
+    n = len(offsets) - 1
+    if n_levels > 16:
+        chunk_of_row = np.repeat(np.arange(n), np.diff(offsets))
+        pairs = np.bincount(chunk_of_row * n_levels + codes, minlength=n * n_levels)
+        return pairs.reshape(n, n_levels) > 0
+    present = np.zeros((n, n_levels), dtype=bool)
+    rows = np.diff(offsets) > 0  # reduceat takes an empty chunk's next row: skip those
+    starts = offsets[:-1][rows]
+    if not starts.size:
+        return present
+    for level in range(n_levels):
+        present[rows, level] = np.logical_or.reduceat(codes == level, starts)
+    return present
 
 
 def design_slices(offsets: np.ndarray, columns: int) -> list[tuple[int, int]]:
