@@ -71,12 +71,13 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
 WAIT_FOR_WORKERS = WORKERLESS_SECONDS
 
 
-def _wait_for_a_worker(client) -> None:
-    """A scheduler without workers (none started yet, or all gone) is an error before
-    any task: the tasks waited 60 s each in joblib and every unit was failed with its
-    advice, after 6 minutes."""
-    if sum(client.ncores().values()):
-        return
+def _wait_for_a_worker(client) -> int:
+    """The cluster's worker threads, once it has one. A scheduler without workers (none
+    started yet, or all gone) is an error before any task: the tasks waited 60 s each
+    in joblib and every unit was failed with its advice, after 6 minutes."""
+    workers = sum(client.ncores().values())
+    if workers:
+        return workers
     log.warning("no worker on the scheduler yet; waiting up to %d s for one", WAIT_FOR_WORKERS)
     try:
         client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
@@ -86,6 +87,7 @@ def _wait_for_a_worker(client) -> None:
             f"{WAIT_FOR_WORKERS} s: start workers against it (docs/remote.md), or check "
             "that they can reach it"
         ) from None
+    return count_workers(client)
 
 
 def _consolidated(store: Store, job_id: str) -> bool:
@@ -171,8 +173,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         finished = _finished(workload, store, plan, done)
         if finished is not None:
             return finished
-    _wait_for_a_worker(client)
-    n_workers = count_workers(client)
+    n_workers = _wait_for_a_worker(client)
     known = plan.tasks(workload.n_units)
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
