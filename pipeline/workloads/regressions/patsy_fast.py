@@ -30,7 +30,7 @@ def design_once(desc, data):
     block of rows at a time, with the same products in the same order, so the values
     are patsy's bit for bit. patsy still learns the design (levels, contrasts, column
     names) and evaluates the factors; what it learned is kept for the next rows of
-    the same formula and column types (:func:`_learned`)."""
+    the same formula and column types (``_LEARNED``)."""
     na = keep_all_na()
     key = _data_key(desc, data)
     learned = _LEARNED.get(key)
@@ -81,8 +81,8 @@ def _data_key(desc, data) -> tuple:
 
 
 def _reusable(learned: tuple) -> bool:
-    """No stateful transform (``center(x)``): its state is learned from the rows' values.
-    (Formulas with one are designed per chunk, not here; this keeps it so.)"""
+    """No stateful transform (``center(x)``), whose state is learned from the rows'
+    values. (Formulas with one are designed chunk by chunk, never here: a guard.)"""
     return not any(
         fi.state.get("transforms") for info in learned for fi in info.factor_infos.values()
     )
@@ -129,7 +129,8 @@ def _eval_factor(fi, data, na):
     if fi.type != "categorical":
         # A bare column name: patsy's evaluation (the name looked up, the series framed
         # and unframed) cost 0.2 ms a factor and slice for the same array.
-        column = data.get(fi.factor.code) if fi.num_columns == 1 else None
+        code = getattr(fi.factor, "code", None)
+        column = data.get(code) if code is not None and fi.num_columns == 1 else None
         if isinstance(column, pd.Series) and column.dtype.kind in "fiu":
             return column.to_numpy().reshape(-1, 1), None
         return patsy_eval_factor(fi, data, na)
