@@ -7,7 +7,7 @@ from .config import RunOptions
 from .delivery import iter_cube_batches, iter_cubes
 from .errors import ClusterError, ConfigError, InputError, JobRunning, PipelineError, StorageError
 from .jobs import Job, load_jobs, run_jobs
-from .results import results_table
+from .results import IncompleteJob, results_table
 from .runner import run_job
 from .storage import LocalStore, Store, open_file, open_store
 from .summary import RunSummary
@@ -29,6 +29,7 @@ __all__ = [
     "run_job",
     "run_jobs",
     "results_table",
+    "IncompleteJob",
     "verify_output",
     "JobCheck",
     # workloads

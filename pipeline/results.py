@@ -132,10 +132,24 @@ class _JobTable:
             raise InputError(
                 f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
             )
-        parts = [(first, read_parquet_object(store, key)) for first, key in tables[table]]
+        parts = [(first, _read_part(store, key, output)) for first, key in tables[table]]
         result = workload.assemble_table(store, job_id, table, concat_parts(store, parts), tables)
         note = incomplete_note(store, job_id, record)
         return cls(store, job_id, record, table, result, tables, note)
+
+
+def _read_part(store: Store, key: str, output: str) -> pa.Table:
+    """A part the job's manifest lists, or an error saying it is missing or damaged."""
+    try:
+        return read_parquet_object(store, key)
+    except FileNotFoundError:
+        why = "is missing"
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        why = f"is not a readable table ({exc})"
+    raise InputError(
+        f"{store.describe(key)}, listed in its job's manifest, {why}: `pipeline verify "
+        f"{output} --repair`, then running the job again, writes it again"
+    )
 
 
 class IncompleteJob(UserWarning):
@@ -146,11 +160,12 @@ def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
     """What is missing from a job whose run has not finished, or None once it has."""
     from .planning import Plan
 
-    if store.exists(consolidated_manifest_key(job_id)):
-        return None
     plan = Plan.from_record(record)
     done = completed_tasks(store, job_id)
-    units = sum(t.stop - t.start for t in plan.tasks(record["units"]) if t.index in done)
+    tasks = plan.tasks(record["units"])
+    if store.exists(consolidated_manifest_key(job_id)) and all(t.index in done for t in tasks):
+        return None
+    units = sum(t.stop - t.start for t in tasks if t.index in done)
     return (
         f"the job's run has not finished: these are the rows of {units:,} of its "
         f"{record['units']:,} units; run the job again to finish it"
@@ -174,11 +189,21 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
 RESULT_FORMATS = (".parquet", ".csv")
 
 
-def _nested_as_json(table: pa.Table) -> pa.Table:
+def _as_csv_cells(table: pa.Table) -> pa.Table:
     """Lists, structs and maps as JSON text, which a CSV cell can hold (a grid's list
-    parameters, a function's dict values); nulls stay empty cells."""
+    parameters, a function's dict values), and bytes as base64 text (a CSV is text:
+    arrow refuses bytes that are not UTF-8); nulls stay empty cells."""
+    import base64
+
     for i, column in enumerate(table.schema):
-        if pa.types.is_nested(column.type):
+        if any(
+            is_(column.type)
+            for is_ in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+        ):
+            text = [None if v is None else base64.b64encode(v).decode("ascii")
+                    for v in table.column(i).to_pylist()]  # fmt: skip
+            table = table.set_column(i, column.name, pa.array(text, pa.string()))
+        elif pa.types.is_nested(column.type):
             text = [None if v is None else json.dumps(v, default=str)
                     for v in table.column(i).to_pylist()]  # fmt: skip
             table = table.set_column(i, column.name, pa.array(text, pa.string()))
@@ -200,7 +225,7 @@ def write_results(output: str, table: str | None, out: str, job: str | None = No
     if suffix == ".csv":
         import pyarrow.csv as pcsv
 
-        pcsv.write_csv(_nested_as_json(result), sink)
+        pcsv.write_csv(_as_csv_cells(result), sink)
     else:
         pq.write_table(result, sink)
     open_store(parent or ".").write_bytes(name, sink.getbuffer())

@@ -22,6 +22,7 @@ import xxhash
 from . import registry
 from .errors import InputError
 from .layout import (
+    completed_tasks,
     consolidated_manifest_key,
     job_folder,
     job_records,
@@ -91,6 +92,8 @@ def verify_output(
         workload = registry.load(record["workload"])
         check = JobCheck(job_id, record["workload"], units_expected=record["units"])
         manifest = read_manifest(store, job_id, check)
+        if not (check.incomplete or check.damaged_manifest):
+            check.incomplete = _entries_missing(store, job_id, record)
         listed = workload.verify_job(store, job_id, record, manifest, check)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
@@ -141,6 +144,25 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
     return sorted(hit, key=lambda t: t.index)
 
 
+def _entries_missing(store: Store, job_id: str, record: dict) -> str | None:
+    """A complete job whose tasks' manifest entries are not all there (one deleted, a
+    partial copy of the output): its next run reruns those tasks, and ``results``
+    leaves their rows out, so it is not complete whatever its manifest.parquet says."""
+    from .planning import Plan
+
+    done = completed_tasks(store, job_id)
+    missing = [t for t in Plan.from_record(record).tasks(record["units"]) if t.index not in done]
+    if not missing:
+        return None
+    where = ", ".join(store.describe(manifest_key(job_id, t.index)) for t in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    units = sum(t.stop - t.start for t in missing)
+    return (
+        f"{len(missing)} tasks' manifest entries are missing ({where}{more}): their "
+        f"{units:,} units are not part of the job's tables; run the job again to run them"
+    )
+
+
 #: Objects a job writes about itself besides what its manifests list.
 _BOOKKEEPING = ("job.json", "manifest.parquet")
 
@@ -164,8 +186,9 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     if store.exists(key):
         try:
             return read_parquet_object(store, key).to_pandas()
-        except (pa.ArrowException, ValueError) as exc:
-            # Damaged after its run: the tasks' entries still say what was written; the
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            # Damaged after its run (a bad footer, or a bad page: "Corrupt snappy
+            # compressed data" is an OSError): the tasks' entries still say what was written; the
             # next run (after --repair removes it) writes it again from them.
             check.corrupt.append(f"{store.describe(key)}: not a readable table ({exc})")
             check.damaged_manifest = True

@@ -615,3 +615,43 @@ def test_a_unit_that_would_start_a_cluster_inside_its_worker_fails_naming_it(tmp
     s = run(client, tmp_path, function=f"{FN}:nested_map", grid={"x": [1]})
     assert s.units_failed == 1 and s.failures[0]["error_type"] == "ClusterError"
     assert "would start an embedded cluster" in s.failures[0]["message"]
+
+
+def test_a_deleted_task_entry_is_incomplete_for_verify_and_results(tmp_path, client):
+    """A complete job whose task entry went missing (a partial copy of the output):
+    the next run reruns that task, so verify and results say it is incomplete too,
+    where verify said OK and results left its rows out silently."""
+    s = run(client, tmp_path, function=f"{FN}:power", grid={"x": list(range(6))})
+    assert s.complete
+    (tmp_path / "m" / "manifest" / "part-000001.parquet").unlink()
+    (check,) = verify_output(str(tmp_path))
+    assert not check.ok and "manifest entries are missing" in check.incomplete, check
+    assert "part-000001.parquet" in check.incomplete
+    with pytest.warns(pipeline.IncompleteJob, match="4 of its 6 units"):
+        assert results_table(str(tmp_path)).num_rows == 4
+    assert run(client, tmp_path, function=f"{FN}:power", grid={"x": list(range(6))}).units_run == 2
+    (check,) = verify_output(str(tmp_path))
+    assert check.ok, check
+
+
+def test_damaged_manifest_pages_and_missing_parts_are_named_not_tracebacks(tmp_path, client):
+    s = run(client, tmp_path, function=f"{FN}:power", grid={"x": list(range(6))})
+    assert s.complete
+    # garbage inside the consolidated manifest's data, its footer intact
+    manifest = tmp_path / "m" / "manifest.parquet"
+    data = bytearray(manifest.read_bytes())
+    data[50:57] = b"garbage"
+    manifest.write_bytes(bytes(data))
+    (check,) = verify_output(str(tmp_path))
+    assert check.damaged_manifest and "not a readable table" in check.corrupt[0], check
+    (tmp_path / "m" / "results" / "part-000002.parquet").unlink()
+    with pytest.raises(InputError, match=r"part-000002.parquet, listed in its job's manifest, is "
+                       "missing: `pipeline verify .* --repair`"):  # fmt: skip
+        results_table(str(tmp_path))
+
+
+def test_bytes_reach_a_csv_as_base64(tmp_path, client):
+    run(client, tmp_path / "o", function=f"{FN}:as_bytes", grid={"x": [0, 1, 2]})
+    write_results(str(tmp_path / "o"), None, str(tmp_path / "r.csv"))
+    rows = pd.read_csv(tmp_path / "r.csv", keep_default_na=False)
+    assert rows["blob"].tolist() == ["", "AP8=", "AP8A/w=="]

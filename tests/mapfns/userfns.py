@@ -225,3 +225,7 @@ def odd_fails(x):
     if x % 2:
         raise ValueError(f"x = {x} is odd")
     return {"y": x}
+
+
+def as_bytes(x):
+    return {"blob": b"\x00\xff" * x}
