@@ -102,6 +102,26 @@ def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
     assert check.ok and check.units_ok == 3, check
 
 
+def test_many_listed_points_are_recorded_by_digest_and_still_compared(
+    tmp_path, client, monkeypatch
+):
+    """A job's record holds a long list of points as their digest (300,000 made a
+    16 MB job.json, written at each plan step): a changed point still refuses resume."""
+    import json
+
+    from pipeline.workloads import map_inputs
+
+    monkeypatch.setattr(map_inputs, "LISTED_POINTS_RECORDED", 3)
+    points = [{"x": x, "p": 2} for x in range(5)]
+    assert run(client, tmp_path, function=f"{FN}:power", grid=points).complete
+    recorded = json.loads((tmp_path / "m" / "job.json").read_text())["fingerprint"]["grid"]
+    assert recorded["points"] == 5 and len(recorded["sha256"]) == 64
+    assert run(client, tmp_path, function=f"{FN}:power", grid=points).units_run == 0
+    points[4] = {"x": 40, "p": 2}
+    with pytest.raises(ConfigError, match=r"with other settings \(grid\)"):
+        run(client, tmp_path, function=f"{FN}:power", grid=points)
+
+
 def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
     # Their job record (JSON) failed to write: "Object of type date is not JSON
     # serializable", for a TOML grid of days as for an estimator passed from Python.
@@ -121,6 +141,15 @@ def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
     table = results_table(str(tmp_path / "objects")).to_pandas()
     assert table["model"].tolist() == ["Scale(k=2)"] * 2 + ["Scale(k=3)"] * 2
     assert table["y"].tolist() == [2, 4, 3, 6]
+    # Python's default repr is a memory address, another in every run: refused up front
+    bare = {"model": [userfns.Bare(2)], "x": [1]}
+    with pytest.raises(
+        ConfigError,
+        match=r"grid 'model': a value's text, <mapfns.userfns.Bare "
+        r"object at 0x[0-9a-f]+>, is its memory address.*give Bare a __repr__",
+    ):
+        pipeline.map(userfns.scaled, grid=bare, output=str(tmp_path / "bare"), client=client)
+    assert not (tmp_path / "bare").exists()
 
 
 def test_code_that_exits_or_interrupts_fails_its_unit_not_the_run(tmp_path, client):

@@ -7,8 +7,11 @@ first columns of the unit's result rows) and the arguments of the unit's call.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
+import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,9 @@ class GridInput:
         # One type per key for the whole grid: typed per task, a task's keys would
         # depend on which values it holds (True among 1 and 2.5 as 1.0, alone as bool)
         self.key_types = {k: _key_type(self.grid[k]) for k in self.keys}
+        for key, t in self.key_types.items():
+            if t is None:
+                _check_stable_text(key, self.grid[key])
 
     def unit(self, i: int) -> dict[str, Any]:
         if self.listed:
@@ -88,9 +94,15 @@ class GridInput:
         return out
 
     def fingerprint(self) -> dict:
-        if self.listed:
-            return {"grid": [self.unit(i) for i in range(self.n_units)]}
-        return {"grid": self.grid}
+        if not self.listed:
+            return {"grid": self.grid}
+        points = [self.unit(i) for i in range(self.n_units)]
+        if len(points) <= LISTED_POINTS_RECORDED:
+            return {"grid": points}
+        # The points' digest, not the points: a record of 300,000 was 16 MB, written
+        # each time the plan was (8 s each)
+        text = json.dumps(points, sort_keys=True, default=_as_text).encode()
+        return {"grid": {"points": len(points), "sha256": hashlib.sha256(text).hexdigest()}}
 
     def describe(self) -> str:
         if self.listed:
@@ -239,6 +251,32 @@ class DataInput:
 
     def __sizeof__(self) -> int:
         return object.__sizeof__(self) + self.index.nbytes
+
+
+#: Listed grid points a job's record holds as they are; beyond, their digest.
+LISTED_POINTS_RECORDED = 1000
+
+
+def _as_text(value) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else repr(value)
+
+
+#: Python's default text of an object: its memory address, another in every process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+def _check_stable_text(key: str, values: list) -> None:
+    """Values written as their repr must say the same in every run: the key column,
+    the job's record (which a resume compares) and the output's bytes are that text."""
+    for v in values:
+        if _ADDRESS.search(repr(v)):
+            raise ConfigError(
+                f"grid {key!r}: a value's text, {repr(v)[:80]}, is its memory address, "
+                "another in every run (so results would not be reproducible, and a resume "
+                f"is refused); give {type(v).__name__} a __repr__ that says what it is, or "
+                "put a plain value (a name, a number) in the grid and build the object in "
+                "the function"
+            )
 
 
 def _key_type(values: list) -> pa.DataType | None:

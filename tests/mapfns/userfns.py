@@ -182,6 +182,13 @@ class Scale:
         return f"Scale(k={self.k})"
 
 
+class Bare:
+    """A grid value without a repr of its own."""
+
+    def __init__(self, k):
+        self.k = k
+
+
 def scaled(model, x):
     return {"y": model.k * x}
 
