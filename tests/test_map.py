@@ -455,6 +455,7 @@ def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
     assert s.units_failed == 3
     message = s.failures[0]["message"]
     assert "results of units 0 and 1 cannot be combined: column 'v'" in message
+    assert message.endswith("fix the function, then run the job again with --overwrite")
     # In tasks of their own, each task's units agree: the run stops at the end, not
     # complete, where it said so and its results could not be read.
     out = tmp_path / "apart"

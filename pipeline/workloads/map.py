@@ -53,7 +53,7 @@ from ..workload import (
     consolidate_manifest,
 )
 from .map_inputs import DataInput, FilesInput, GridInput
-from .map_rows import UnitRows, differing_units
+from .map_rows import ONE_TYPE_A_COLUMN, UnitRows, differing_units
 
 __all__ = ["MapJob", "MapWorkload"]
 
@@ -368,9 +368,7 @@ class MapWorkload(Workload):
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             starts = [f"from {u}" for u in rows.column("unit_start").to_pylist()]
             raise InputError(
-                f"{differing_units(schemas, starts, exc)}: a column must hold one type in every "
-                "unit's results (integers and floats may mix); fix the function, then run "
-                "the job again with --overwrite"
+                f"{differing_units(schemas, starts, exc)}: {ONE_TYPE_A_COLUMN}"
             ) from None
 
 

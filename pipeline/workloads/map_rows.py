@@ -22,7 +22,7 @@ import pyarrow as pa
 from ..errors import InputError
 from ..usercode import failure_frame
 
-__all__ = ["SCALAR_COLUMN", "UnitRows", "differing_units"]
+__all__ = ["ONE_TYPE_A_COLUMN", "SCALAR_COLUMN", "UnitRows", "differing_units"]
 
 
 class UnitRows:
@@ -260,7 +260,16 @@ def _combine(tables: list[pa.Table], units: list[int]) -> pa.Table | None:
     try:
         return pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise InputError(differing_units([t.schema for t in tables], units, exc)) from None
+        raise InputError(f"{differing_units([t.schema for t in tables], units, exc)}: "
+                         f"{ONE_TYPE_A_COLUMN}") from None  # fmt: skip
+
+
+#: What to do about results whose columns differ in type between units (within a
+#: task, or between tasks at the job's end): a rerun would fail them the same way.
+ONE_TYPE_A_COLUMN = (
+    "a column must hold one type in every unit's results (integers and floats may mix); "
+    "fix the function, then run the job again with --overwrite"
+)
 
 
 def differing_units(schemas: list[pa.Schema], units: list, exc: Exception) -> str:
