@@ -685,3 +685,19 @@ def test_bytes_reach_a_csv_as_base64(tmp_path, client):
     write_results(str(tmp_path / "o"), None, str(tmp_path / "r.csv"))
     rows = pd.read_csv(tmp_path / "r.csv", keep_default_na=False)
     assert rows["blob"].tolist() == ["", "AP8=", "AP8A/w=="]
+
+
+def test_code_elsewhere_imports_on_the_driver_too(tmp_path, client):
+    """`code = PATH` (a file or a package folder) is where the driver imports the
+    function from too: it asked the user to see `code` while `code` was set."""
+    lib = tmp_path / "lib"
+    (lib / "pkg_elsewhere").mkdir(parents=True)
+    (lib / "shipped_elsewhere.py").write_text("def f(x):\n    return {'v': 3 * x}\n")
+    (lib / "pkg_elsewhere" / "__init__.py").write_text("")
+    (lib / "pkg_elsewhere" / "mod.py").write_text("def g(x):\n    return {'v': 5 * x}\n")
+    s = run(client, tmp_path / "a", function="shipped_elsewhere:f",
+            code=str(lib / "shipped_elsewhere.py"), grid={"x": [1, 2]})  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "a")).column("v").to_pylist() == [3, 6]
+    s = run(client, tmp_path / "b", function="pkg_elsewhere.mod:g",
+            code=str(lib / "pkg_elsewhere"), grid={"x": [1, 2]})  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "b")).column("v").to_pylist() == [5, 10]

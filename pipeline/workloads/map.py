@@ -37,6 +37,7 @@ from ..layout import part_key
 from ..storage import Store, join, per_object, read_parquet_object, read_parquet_tables
 from ..usercode import (
     accepts_seed,
+    add_import_paths,
     check_code_path,
     check_signature,
     code_hash,
@@ -167,7 +168,11 @@ class MapWorkload(Workload):
                 f"input only; this job's input is {given[0]}"
             )
         if job.code:
-            self._code_hash = code_hash(check_code_path(job.code))
+            code = check_code_path(job.code)
+            self._code_hash = code_hash(code)
+            # Importable here as on the workers, which get a file beside their own
+            # modules and a folder on their import path (its parent too: a package)
+            add_import_paths(*((code.parent,) if code.is_file() else (code, code.parent)))
         if self.fn is None:
             if not job.function:
                 raise ConfigError("a map job needs function = 'module:callable'")
