@@ -701,3 +701,37 @@ def test_code_elsewhere_imports_on_the_driver_too(tmp_path, client):
     s = run(client, tmp_path / "b", function="pkg_elsewhere.mod:g",
             code=str(lib / "pkg_elsewhere"), grid={"x": [1, 2]})  # fmt: skip
     assert s.complete and results_table(str(tmp_path / "b")).column("v").to_pylist() == [5, 10]
+
+
+def _scaler(k):
+    def scale(x):
+        return {"y": x * k}
+
+    return scale
+
+
+def test_a_function_whose_captured_values_changed_does_not_resume(tmp_path, client):
+    """The job's record hashes what the function captures (a closure's values, a
+    partial's arguments) with its source: a resume with other values returned the
+    old results as complete."""
+    import functools
+
+    out = str(tmp_path)
+    assert pipeline.map(
+        _scaler(2), grid={"x": [1, 2]}, output=out, client=client, progress=False
+    ).complete
+    assert (
+        pipeline.map(
+            _scaler(2), grid={"x": [1, 2]}, output=out, client=client, progress=False
+        ).units_run
+        == 0
+    )
+    with pytest.raises(ConfigError, match=r"other settings \(function_source\)"):
+        pipeline.map(_scaler(5), grid={"x": [1, 2]}, output=out, client=client, progress=False)
+    twice = functools.partial(userfns.power, p=2)
+    assert pipeline.map(
+        twice, grid={"x": [1, 2]}, output=out, name="pw", client=client, progress=False
+    ).complete
+    with pytest.raises(ConfigError, match=r"other settings \(function_source\)"):
+        pipeline.map(functools.partial(userfns.power, p=3), grid={"x": [1, 2]}, output=out,
+                     name="pw", client=client, progress=False)  # fmt: skip
