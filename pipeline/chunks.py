@@ -162,9 +162,19 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def decoded(column):
-    """A dictionary column (a pandas categorical as parquet stores it) as its values:
-    chunk keys are compared, grouped and sorted as values."""
-    return column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
+    """A chunk key column as the chunk index holds it: a dictionary column (a pandas
+    categorical as parquet stores it) as its values, since keys are compared, grouped
+    and sorted as values; and floats with -0.0 as 0.0, which it equals (grouped by
+    their bits, the rows of one of the two were in no chunk, silently)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if needs_canonical_zero(column.type):
+        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 is 0.0
+    return column
+
+
+def needs_canonical_zero(t: pa.DataType) -> bool:
+    return pa.types.is_float32(t) or pa.types.is_float64(t)
 
 
 def _runs(table: pa.Table, rgs: np.ndarray | None = None, counts=None) -> pa.Table:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .chunks import ChunkIndex, decoded
+from .chunks import ChunkIndex, decoded, needs_canonical_zero
 from .dataset import WHOLE_FILE_BYTES, Dataset, cached_footer, read_whole_file
 from .storage import open_store
 
@@ -125,7 +125,8 @@ def read_task_rows(
         rows = TaskRows(table.select(columns), offsets.astype(np.int64), start)
     else:
         for b in index.by:  # as the chunk index holds them
-            if pa.types.is_dictionary(table.schema.field(b).type):
+            t = table.schema.field(b).type
+            if pa.types.is_dictionary(t) or needs_canonical_zero(t):
                 table = table.set_column(
                     table.schema.get_field_index(b), b, decoded(table.column(b))
                 )

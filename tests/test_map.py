@@ -735,3 +735,17 @@ def test_a_function_whose_captured_values_changed_does_not_resume(tmp_path, clie
     with pytest.raises(ConfigError, match=r"other settings \(function_source\)"):
         pipeline.map(functools.partial(userfns.power, p=3), grid={"x": [1, 2]}, output=out,
                      name="pw", client=client, progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("row_group_size", [None, 20])
+def test_float_keys_zero_and_negative_zero_are_one_chunk(tmp_path, client, row_group_size):
+    """-0.0 equals 0.0 (pandas groups them together): grouped by their bits, the rows
+    of the second to appear were in no chunk, silently (whichever came first)."""
+    rate = [0.0, -0.0] * 10 + [-0.0] * 10 + [0.0] * 10 + [0.5] * 20
+    table = pa.table({"rate": rate, "x": np.arange(60.0)})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=row_group_size)
+    s = run(client, tmp_path / "o", function=f"{FN}:rows_in", data=str(tmp_path / "d.parquet"),
+            chunk_by="rate")  # fmt: skip
+    assert s.complete and s.units == 2
+    got = results_table(str(tmp_path / "o")).to_pydict()
+    assert got["rate"] == [0.0, 0.5] and got["rows"] == [40, 20]

@@ -236,3 +236,7 @@ def odd_fails(x):
 
 def as_bytes(x):
     return {"blob": b"\x00\xff" * x}
+
+
+def rows_in(chunk: pd.DataFrame):
+    return {"rows": len(chunk)}
