@@ -19,7 +19,7 @@ from .dataset import PREFETCHED, Dataset, cached_footer
 from .errors import InputError
 from .storage import Store, open_store, per_object
 
-__all__ = ["ChunkIndex", "chunk_boundaries", "decoded", "plan_chunks"]
+__all__ = ["ChunkIndex", "as_dataset_type", "chunk_boundaries", "decoded", "plan_chunks"]
 
 
 @dataclass(frozen=True)
@@ -127,12 +127,13 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     def by_columns(found: dict, n: int) -> list:  # chunk keys are compared as values
         columns = [decoded(found[b] if b in found else ds.partitions.column(i, b, n)) for b in by]
         return [
-            _as_type(c, _plain(ds.schema.field(b).type)) for c, b in zip(columns, by, strict=True)
+            as_dataset_type(c, _plain(ds.schema.field(b).type), b, store.describe(key))
+            for c, b in zip(columns, by, strict=True)
         ]
 
     if all(s is not None for s in stats) and meta.num_row_groups:
-        found = {b: pa.array([s[j] for s in stats], type=_plain(ds.schema.field(b).type))
-                 for j, b in enumerate(read)}  # fmt: skip
+        found = {b: _stats_column([s[j] for s in stats], _plain(ds.schema.field(b).type), b,
+                                  store.describe(key)) for j, b in enumerate(read)}  # fmt: skip
         return pa.table(
             [*by_columns(found, len(stats)), rgs, pa.array(counts, pa.int64())],
             names=[*by, "__rg", "count_all"],
@@ -153,8 +154,26 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
 RUNS_TOGETHER_ROWS = 65_536
 
 
-def _as_type(column, t: pa.DataType):
-    return column if column.type == t else column.cast(t)
+def _stats_column(values: list, t: pa.DataType, name: str, where: str) -> pa.Array:
+    try:
+        return pa.array(values, type=t)
+    except (pa.ArrowInvalid, OverflowError):  # an int beyond 2**53 as a float, say
+        return as_dataset_type(pa.array(values), t, name, where)
+
+
+def as_dataset_type(column, t: pa.DataType, name: str, where: str):
+    """``column`` (of the file ``where``) at the dataset's type ``t`` for it, which
+    another file's type widened; an error naming both when its values do not fit (an
+    int64 beyond 2**53 as a float: two ids would become one)."""
+    if column.type == t:
+        return column
+    try:
+        return column.cast(t)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InputError(
+            f"{where}: column {name!r} is {column.type} here, {t} in other files of the "
+            f"dataset, and its values do not fit that ({exc}); make the files agree on it"
+        ) from None
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

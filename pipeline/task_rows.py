@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .chunks import ChunkIndex, decoded, needs_canonical_zero
+from .chunks import ChunkIndex, as_dataset_type, decoded, needs_canonical_zero
 from .dataset import WHOLE_FILE_BYTES, Dataset, cached_footer, read_whole_file
 from .storage import open_store
 
@@ -105,7 +105,7 @@ def read_task_rows(
             last = (parts[-1] if len(local) == 1 else None, (*ident, groups[b - 1]))
         tables.append(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
         if ds.widened:
-            tables[-1] = _as_schema(tables[-1], ds)
+            tables[-1] = _as_schema(tables[-1], ds, store.describe(key))
         for c in from_paths:
             part = ds.partitions.column(f, c, tables[-1].num_rows, c in as_dictionary)
             tables[-1] = tables[-1].append_column(c, part)
@@ -165,12 +165,12 @@ def _keep(table: pa.Table | None, ident: tuple) -> None:
         _LAST_GROUP.update(ident=ident, table=table)
 
 
-def _as_schema(table: pa.Table, ds: Dataset) -> pa.Table:
+def _as_schema(table: pa.Table, ds: Dataset, where: str) -> pa.Table:
     """``table``'s widened columns at the dataset's type, where its file's is narrower."""
     for name in ds.widened.intersection(table.column_names):
         want, i = ds.schema.field(name).type, table.schema.get_field_index(name)
         if table.schema.field(i).type != want:
-            table = table.set_column(i, name, table.column(i).cast(want))
+            table = table.set_column(i, name, as_dataset_type(table.column(i), want, name, where))
     return table
 
 

@@ -284,3 +284,25 @@ def test_bad_input_found_while_the_cluster_starts_prints_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
         assert "nope" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("column", ["id", "x"])
+def test_an_int_column_a_float_file_widens_past_2_53_is_named(tmp_path, column):
+    """int64 in one file, float64 in another: the dataset reads the column as floats,
+    which hold integers up to 2**53 only (two ids would become one); a traceback from
+    arrow's cast before, for a chunk_by column and a formula's alike."""
+    data = tmp_path / "data"
+    data.mkdir()
+    big = np.array([2**53, 2**53 + 1] * 10, dtype=np.int64)
+    first = {"id": np.repeat([1, 2], 10), "x": np.arange(20.0), "y": np.arange(20.0)}
+    first[column] = big
+    pd.DataFrame(first).to_parquet(data / "a.parquet", index=False)
+    pd.DataFrame({"id": [7.0] * 20, "x": np.arange(20.0), "y": np.arange(20.0)}).to_parquet(
+        data / "b.parquet", index=False
+    )
+    out = tmp_path / "out"
+    cli = {"data": str(data), "formula": "y ~ x", "chunk_by": "id", "output": str(out),
+           "progress": False, "workers": 1}  # fmt: skip
+    with pytest.raises(InputError, match=rf"a.parquet: column '{column}' is int64 here, double in "
+                       r"other files of the dataset, and its values do not fit that"):  # fmt: skip
+        run_jobs(load_jobs([], cli, workload="regressions", environ={}), echo=lambda m: None)
