@@ -254,6 +254,18 @@ def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
     assert pd.isna(models.error_type[3])
 
 
+def test_a_chunk_of_one_cluster_fails_saying_so(tmp_path):
+    # statsmodels' own error there: "ZeroDivisionError: float division by zero"
+    df = panel(chunks=3, rows=60)
+    df.loc[df.chunk == 1, "g"] = df.loc[df.chunk == 1, "g"].iloc[0]
+    data = write(df, tmp_path / "d")
+    _, models = fit_all(workload(data, cov_type="cluster", cluster="g"))
+    assert models.error_type[1] == "TooFewClusters", models.error_message[1]
+    assert "1 cluster (g = " in models.error_message[1]
+    assert "at least 2" in models.error_message[1]
+    assert pd.isna(models.error_type[0]) and pd.isna(models.error_type[2])
+
+
 def test_explicit_contrasts_are_designed_once_per_task_and_match_each_chunk_alone(tmp_path):
     df = panel(chunks=5, rows=80)
     # chunk 1 lacks C (Treatment('C')'s reference: the chunk alone cannot be designed),
@@ -579,6 +591,12 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ),
         ({"model": "rlm", "cov_type": "HC1"}, ConfigError, "own covariance"),
         ({"data": "/no/such/place"}, InputError, "no .parquet files"),
+        # set where they do nothing, they were ignored (--maxlags gave nonrobust errors)
+        ({"maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC, not nonrobust"),
+        ({"cov_type": "HC1", "maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC"),
+        ({"q": 0.3}, ConfigError, "q applies to model quantreg, not ols"),
+        ({"norm": "TukeyBiweight"}, ConfigError, "norm applies to model rlm, not ols"),
+        ({"cluster": "sector"}, ConfigError, "cluster applies to cov_type cluster"),
     ],
 )
 def test_bad_jobs_fail_before_any_task(dataset, tmp_path, client, settings, error, match):

@@ -134,6 +134,14 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
             "ConstantResponse", f"the response is constant ({p.y[0].item()!r} in all {n} rows)"
         )
     _check_response_domain(spec, p.y)
+    if p.groups is not None and len(p.groups):
+        clusters = len(np.unique(p.groups))
+        if clusters < 2:  # statsmodels: "ZeroDivisionError: float division by zero"
+            raise ChunkError(
+                "TooFewClusters",
+                f"1 cluster ({spec.cluster} = {p.groups[0]!r}) in this chunk: cluster-robust "
+                "errors need at least 2",
+            )
     X = p.X
     if p.weights is not None:
         negative = int((p.weights < 0).sum())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ...config import check_settings, setting
@@ -232,6 +232,14 @@ class ModelSpec:
             raise ConfigError("cov_type cluster needs cluster = the column to cluster by")
         if job.cluster and job.cov_type != "cluster":
             raise ConfigError(f"cluster applies to cov_type cluster, not {job.cov_type}")
+        # Set where they do nothing, they were ignored: --maxlags 5 gave nonrobust errors
+        if job.maxlags is not None and job.cov_type != "HAC":
+            raise ConfigError(f"maxlags applies to cov_type HAC, not {job.cov_type}")
+        unset = {f.name: f.default for f in fields(job)}
+        if job.q != unset["q"] and job.model != "quantreg":
+            raise ConfigError(f"q applies to model quantreg, not {job.model}")
+        if job.norm != unset["norm"] and job.model != "rlm":
+            raise ConfigError(f"norm applies to model rlm, not {job.model}")
         if job.engine == "batched" and job.model not in ("ols", "wls"):
             raise ConfigError(f"engine batched fits ols and wls only, not {job.model}")
         if not 0.0 < job.alpha < 1.0:
