@@ -35,7 +35,7 @@ from .prices import (
     WorkerPrice,
 )
 from .sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
-from .summary import RunSummary, seconds, usd
+from .summary import RunSummary, count, seconds, usd
 
 __all__ = [
     "Fleet",
@@ -238,7 +238,7 @@ def projection_lines(p: Projection) -> list[str]:
     )
     lines = [
         f"  {p.fleet.label}: {_duration(p.wall_seconds)}, {usd(p.cost_usd)}, {per_day} "
-        f"({p.tasks:,} tasks); bound by {LIMIT_NAMES[p.binding]}",
+        f"({count(p.tasks, 'task')}); bound by {LIMIT_NAMES[p.binding]}",
         f"    floors: {floors}",
     ]
     lines.extend(f"    note: {note}" for note in p.notes)

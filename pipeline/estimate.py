@@ -32,6 +32,7 @@ from .probing import probe
 from .runner import open_output
 from .sizing import CostModel, ProbeSample, fit_costs
 from .storage import open_store
+from .summary import count
 from .workload import Workload, unit_label
 
 __all__ = ["Estimate", "estimate", "estimate_lines"]
@@ -228,7 +229,7 @@ def estimate_lines(e: Estimate) -> list[str]:
     s, m = e.sample, e.sample.model
     more = e.sampled - s.units
     lines = [
-        f"estimate of {e.workload} job {e.job_id!r}: {e.units:,} {e.unit_name}s; the probes ran "
+        f"estimate of {e.workload} job {e.job_id!r}: {count(e.units, e.unit_name)}; the probes ran "
         f"{s.units:,} of them in {s.seconds:.1f} s on {e.workers} workers"
         + (f", and {more:,} more in full-size tasks spread over the job" if more else "")
         + " (scratch output, deleted)",

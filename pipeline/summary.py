@@ -106,7 +106,7 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
         skipped = f"; {s.units_skipped:,} were already complete" if s.units_skipped else ""
         out.append((
             f"{s.workload} job {s.job_id!r}: {s.units_ok:,} of {s.units_run:,} {unit}s "
-            f"in {s.wall_seconds:.2f} s = {s.units_per_second:,.0f}/s on {s.workers} workers"
+            f"in {s.wall_seconds:.2f} s = {rate(s.units_per_second)}/s on {s.workers} workers"
             + skipped,
             False,
         ))  # fmt: skip
@@ -161,6 +161,18 @@ def seconds(value: float) -> str:
     if value >= 0.095:
         return f"{value:,.1f} s"
     return f"{value * 1e3:.0f} ms" if value >= 0.0095 else f"{value * 1e3:.1f} ms"
+
+
+def count(n: int, name: str) -> str:
+    """``n`` of ``name``: "1 point", "2 points", "1,000 chunks"."""
+    return f"{n:,} {name}{'' if n == 1 else 's'}"
+
+
+def rate(per_second: float) -> str:
+    """A rate as a person reads it: 42,274, 35, 2.5, 0.30 (not 0 for slow units)."""
+    if per_second >= 100 or per_second == 0:
+        return f"{per_second:,.0f}"
+    return f"{per_second:.2g}" if per_second < 10 else f"{per_second:.0f}"
 
 
 def size(nbytes: float) -> str:

@@ -333,3 +333,19 @@ def test_the_summary_names_what_bound_the_run_and_reads_short_times():
     assert slow_reads == "input-bound: loading inputs took 3.0 s of each worker's time"
     assert bottleneck(run(10.0, 19.0, compute=18.0, writing=1.0)).startswith("CPU-bound")
     assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)).startswith("disk-bound")
+
+
+def test_slow_rates_and_single_units_read_right():
+    # "6 of 6 points in 20.09 s = 0/s", "estimate of ... 1 points", "(1 tasks)"
+    from pipeline.summary import count, rate
+
+    assert [rate(r) for r in (42_274.3, 35.4, 2.5, 0.2987, 0.0)] == [
+        "42,274",
+        "35",
+        "2.5",
+        "0.3",
+        "0",
+    ]
+    assert (count(1, "point"), count(2, "task"), count(1000, "chunk")) == (
+        "1 point", "2 tasks", "1,000 chunks",
+    )  # fmt: skip
