@@ -113,7 +113,7 @@ def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> R
         return None
     summary = _summary(workload, store, plan, tasks, done, workers=0)
     summary.complete = True
-    _add_recorded(summary, workload.recorded_failures(store, tasks), in_run=False)
+    _add_recorded(summary, workload.recorded_failures(store, tasks), workload, in_run=False)
     return summary
 
 
@@ -247,10 +247,12 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             unsaid = [t for t in in_run if t.index not in told]
             recorded = [f for t in in_run if t.index in told for f in told[t.index]]
             recorded += workload.recorded_failures(store, unsaid) if unsaid else []
-            _add_recorded(summary, recorded, in_run=True)
+            _add_recorded(summary, recorded, workload, in_run=True)
             skipped = [t for t in tasks if t.index in done]
             if skipped:
-                _add_recorded(summary, workload.recorded_failures(store, skipped), in_run=False)
+                _add_recorded(
+                    summary, workload.recorded_failures(store, skipped), workload, in_run=False
+                )
             # Attempts killed mid-write (a lost worker) left partial objects behind;
             # every task is now complete, so none of them is still being written.
             leftovers = store.discard_incomplete(workload.job_id)
@@ -259,7 +261,9 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     else:
         # Not complete (a task failed whole): the units that failed inside this run's
         # completed tasks are failures too (they went unsaid beside a KilledWorker)
-        _add_recorded(summary, [f for r in receipts for f in r.recorded or ()], in_run=True)
+        _add_recorded(
+            summary, [f for r in receipts for f in r.recorded or ()], workload, in_run=True
+        )
     ok_units = summary.units_run - summary.units_failed_in_run
     summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
@@ -286,7 +290,8 @@ def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], wor
 
 
 def _keyed(workload: Workload, failure: UnitFailure) -> UnitFailure:
-    """``failure`` (of a task that did not run: its units are numbers) with its unit's key."""
+    """``failure`` with its unit's key, where the task did not give one (a task that did
+    not run, a workload that records failures by number)."""
     if failure.key or not isinstance(failure.unit, int):
         return failure
     return replace(failure, key=workload.unit_key(failure.unit))
@@ -296,7 +301,10 @@ def _units_in(tasks: list[Task], indices: set[int]) -> int:
     return sum(len(t.units) for t in tasks if t.index in indices)
 
 
-def _add_recorded(summary: RunSummary, recorded: list[UnitFailure], *, in_run: bool) -> None:
+def _add_recorded(
+    summary: RunSummary, recorded: list[UnitFailure], workload: Workload, *, in_run: bool
+) -> None:
+    recorded = [_keyed(workload, f) for f in recorded]
     summary.units_failed += len(recorded)
     if summary.reruns_failed_units:
         summary.units_retryable += len(recorded)

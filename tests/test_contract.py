@@ -213,3 +213,22 @@ def test_verify_repair_waits_for_no_run_of_the_job(tmp_path, client, frames_dir)
     ):
         verify_output(str(out), repair=True)
     assert (out / manifest_key("job", 0)).exists()  # nothing deleted
+
+
+def test_the_example_plugin_records_an_unreadable_file_and_completes(tmp_path, client, frames_dir):
+    """The template for plug-in authors: a file it cannot read was a task-level failure,
+    so the task's other files were never written and the job could never complete."""
+    from pipeline import results_table
+
+    out = tmp_path / "out"
+    s = run(client, build("wordcount", tmp_path, frames_dir, fail=True), out)
+    assert s.complete and s.units_failed == 1, s
+    assert s.failures[0]["key"] == "t3.txt" and s.failures[0]["error_type"] == "UnicodeDecodeError"
+    assert sorted(set(results_table(str(out), "counts").column("file").to_pylist())) == [
+        f"t{i}.txt" for i in range(7) if i != 3
+    ]
+    assert results_table(str(out), "failures").column("file").to_pylist() == ["t3.txt"]
+    (check,) = verify_output(str(out))
+    assert check.ok and check.units_ok == 7, check
+    again = run(client, build("wordcount", tmp_path, frames_dir, fail=True), out)
+    assert again.units_run == 0 and again.units_failed == 1

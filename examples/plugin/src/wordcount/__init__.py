@@ -59,29 +59,57 @@ class WordCountWorkload(Workload):
     def fingerprint(self) -> dict:
         return {"files": list(self.files), "top": self.job.top}
 
+    def unit_key(self, unit: int) -> str:
+        return Path(self.files[unit]).name  # failures name the file, not its number
+
     def run_task(self, task, store) -> TaskOutput:
-        out = TaskOutput()
-        rows = []
+        rows, failed = [], []
         for unit in task.units:
             try:
                 words = Path(self.files[unit]).read_text(encoding="utf-8").split()
             except (OSError, UnicodeDecodeError) as exc:
-                out.failures.append(UnitFailure.from_exception(unit, exc))
+                # Recorded as data: a rerun would fail it the same way, and the other
+                # files of the task are kept (a failure in TaskOutput.failures would
+                # leave the whole task to run again, and the job never complete).
+                failed.append(UnitFailure.from_exception(unit, exc))
                 continue
             for word, count in collections.Counter(words).most_common(self.job.top):
                 rows.append({"unit": unit, "file": Path(self.files[unit]).name,
                              "word": word, "count": count})  # fmt: skip
-        schema = pa.schema([("unit", pa.int64()), ("file", pa.string()),
-                            ("word", pa.string()), ("count", pa.int64())])  # fmt: skip
-        sink = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink)
-        data = sink.getvalue()
-        key = part_key(self.job_id, "counts", task.index)
-        if store is not None and not out.failures:
-            out.bytes_written += store.write_bytes(key, data)
-        out.manifest = pa.table({
-            "object": [key], "kind": ["counts"], "unit_start": [task.start],
-            "unit_stop": [task.stop], "size": [len(data)],
-            "checksum": [xxhash.xxh3_64_hexdigest(data)],
-        })  # fmt: skip
+        tables = {"counts": pa.Table.from_pylist(rows, schema=COUNTS)}
+        if failed:
+            tables["failures"] = pa.Table.from_pylist(
+                [{"unit": f.unit, "file": Path(self.files[f.unit]).name,
+                  "error_type": f.error_type, "message": f.message} for f in failed],
+                schema=FAILURES,
+            )  # fmt: skip
+        out = TaskOutput(recorded_failures=failed)
+        entries = []
+        for kind, table in tables.items():
+            sink = io.BytesIO()
+            pq.write_table(table, sink)
+            data, key = sink.getvalue(), part_key(self.job_id, kind, task.index)
+            if store is not None:
+                out.bytes_written += store.write_bytes(key, data)
+            entries.append({"object": key, "kind": kind, "unit_start": task.start,
+                            "unit_stop": task.stop, "size": len(data),
+                            "checksum": xxhash.xxh3_64_hexdigest(data)})  # fmt: skip
+        out.manifest = pa.Table.from_pylist(entries)
         return out
+
+    def recorded_failures(self, store, tasks) -> list[UnitFailure]:
+        """The unreadable files of earlier runs' tasks, read back from their output."""
+        failed = []
+        for task in tasks:
+            key = part_key(self.job_id, "failures", task.index)
+            if store.exists(key):
+                table = pq.read_table(io.BytesIO(store.read_bytes(key)))
+                failed += [UnitFailure(r["unit"], r["error_type"], r["message"])
+                           for r in table.to_pylist()]  # fmt: skip
+        return failed
+
+
+COUNTS = pa.schema([("unit", pa.int64()), ("file", pa.string()), ("word", pa.string()),
+                    ("count", pa.int64())])  # fmt: skip
+FAILURES = pa.schema([("unit", pa.int64()), ("file", pa.string()), ("error_type", pa.string()),
+                      ("message", pa.string())])  # fmt: skip
