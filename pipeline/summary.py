@@ -220,6 +220,15 @@ def bottleneck(s: RunSummary) -> str | None:
     if inputs > max(compute, writing, share):
         return f"input-bound: loading inputs took {seconds(inputs / w)} of each worker's time"
     eff = s.parallel_efficiency or 0.0
+    longest = max(s.task_timings, key=lambda t: t["seconds"], default=None)
+    if eff < 0.75 and longest and longest["seconds"] >= 0.6 * s.wall_seconds and w > 1:
+        # One long task (a slow unit, or few tasks): the other workers ran out of work
+        return (
+            f"straggler-bound: task {longest['index']} ({longest['units']:,} {unit}"
+            f"{'' if longest['units'] == 1 else 's'}) ran {seconds(longest['seconds'])} of the "
+            f"run's {seconds(s.wall_seconds)} while the other workers had no work left; "
+            "smaller tasks (--units-per-task) spread it, unless one unit is that long"
+        )
     if eff < 0.5:
         return (
             f"overhead-bound: the workers were busy {eff:.0%} of the run (start-up, "

@@ -333,6 +333,15 @@ def test_the_summary_names_what_bound_the_run_and_reads_short_times():
     assert slow_reads == "input-bound: loading inputs took 3.0 s of each worker's time"
     assert bottleneck(run(10.0, 19.0, compute=18.0, writing=1.0)).startswith("CPU-bound")
     assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)).startswith("disk-bound")
+    # One unit of 20 s beside five quick ones: not "overhead-bound"
+    slow_unit = run(20.1, 20.2, compute=20.2)
+    slow_unit.task_timings = [{"index": 0, "seconds": 20.0, "units": 1},
+                              {"index": 1, "seconds": 0.2, "units": 5}]  # fmt: skip
+    assert bottleneck(slow_unit) == (
+        "straggler-bound: task 0 (1 unit) ran 20.0 s of the run's 20.1 s while the other "
+        "workers had no work left; smaller tasks (--units-per-task) spread it, unless one unit "
+        "is that long"
+    )
 
 
 def test_slow_rates_and_single_units_read_right():
