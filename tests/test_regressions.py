@@ -522,14 +522,17 @@ def test_non_convergence_and_perfect_separation(tmp_path):
     assert models.error_type[0] == "NotConverged"
     assert not models.converged[0]
     assert "ConvergenceWarning" in models.warnings[0]
-    assert models.error_message[0].endswith("(--fit-options maxiter=N)")
+    assert (
+        "(--fit-options maxiter=N), above the 1 given; if they do not help, the response never "
+        "varies" in models.error_message[0]
+    )
     # quantreg says so with an IterationLimitWarning: its message is the detail
     _, models = fit_all(
         workload(data, model="quantreg", formula="y ~ x1", fit_options="max_iter=1")
     )
     assert models.error_type[0] == "NotConverged"
     assert "Maximum number of iterations (1) reached" in models.error_message[0]
-    assert models.error_message[0].endswith("(--fit-options max_iter=N)")
+    assert models.error_message[0].endswith("(--fit-options max_iter=N), above the 1 given")
 
 
 @pytest.mark.parametrize(

@@ -289,10 +289,20 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             it = "max_iter" if spec.model == "quantreg" else "maxiter"  # statsmodels' names
             conv = [str(w.message) for w in caught if any(n in w.category.__name__ for n in limits)]
             out.error_type = "NotConverged"
+            given = dict(spec.fit_options).get(it)
+            more = f"more iterations: fit_options = {{{it} = N}} (--fit-options {it}=N)"
+            if given is not None:
+                more += f", above the {given} given"
+            if spec.model in ("logit", "probit"):
+                # more iterations then only push an estimate further out
+                more += (
+                    "; if they do not help, the response never varies within a level or a "
+                    "range of a regressor in this chunk (quasi-separation): no finite estimate"
+                )
             out.error_message = (
                 "the fit did not converge"
                 + (f": {conv[0].rstrip('.')}" if conv else "")
-                + f"; more iterations: fit_options = {{{it} = N}} (--fit-options {it}=N)"
+                + f"; {more}"
             )
         elif not (np.isfinite(out.params).all() and np.isfinite(out.bse).all()):
             out.error_type = "NonFiniteEstimates"
