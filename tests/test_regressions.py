@@ -469,6 +469,16 @@ def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):
     assert models.error_type[0] == "NonFiniteValues"
     assert "x1: 1 NaN" in models.error_message[0] and "response: 1 NaN" in models.error_message[0]
     assert models.error_type[1:].isna().all()
+    # dropped NaN rows, then a chunk failing on the -inf that remains: both said
+    df.loc[df.chunk == 2, "x_pos"] = 0.0
+    data = write(df, tmp_path / "d2")
+    _, models = fit_all(workload(data, formula="y ~ x1 + np.log(x_pos)"))
+    assert models.error_type[2] == "NonFiniteValues" and models.nobs_dropped[0] == 2
+    df.loc[df.index[df.chunk == 2][0], "x1"] = np.nan
+    data = write(df, tmp_path / "d3")
+    _, models = fit_all(workload(data, formula="y ~ x1 + np.log(x_pos)"))
+    assert models.error_type[2] == "NonFiniteValues" and models.nobs_dropped[2] == 1
+    assert models.warnings[2] == "dropped 1 row with missing values", models.warnings[2]
 
 
 def bad_panel():

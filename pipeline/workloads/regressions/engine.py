@@ -22,7 +22,7 @@ import numpy as np
 
 from .batched import COV_TYPES, fit_ols_batch, fit_ols_stack
 from .design import ChunkError, TaskDesign
-from .fit import ChunkFit, check_chunk, finish_inference, fit_chunk, from_batched
+from .fit import ChunkFit, check_chunk, dropped_warning, finish_inference, fit_chunk, from_batched
 from .spec import ENGINES, ModelSpec
 from .taskfits import FitBlock, TaskFits
 
@@ -106,7 +106,11 @@ def _fit_batched_list(
             check_chunk(p, spec, svd=False)  # the engine flags rank deficiency itself
         except ChunkError as exc:  # the same row statsmodels' path gives
             out.single[i] = ChunkFit.failed(
-                exc.error_type, exc.message, nobs=len(p.y), nobs_dropped=p.dropped
+                exc.error_type,
+                exc.message,
+                nobs=len(p.y),
+                nobs_dropped=p.dropped,
+                warnings=dropped_warning(p),
             )
             continue
         preps[i] = p

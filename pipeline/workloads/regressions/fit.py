@@ -226,6 +226,12 @@ def fit_kwargs(spec: ModelSpec, p: Prepared) -> dict:
 _SEPARATION = ("PerfectSeparation",)
 
 
+def dropped_warning(p: Prepared) -> str | None:
+    """The models table's note of a chunk's rows dropped for missing values, failed or not."""
+    rows = "row" if p.dropped == 1 else "rows"
+    return f"dropped {p.dropped} {rows} with missing values" if p.dropped else None
+
+
 def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> ChunkFit:
     """Fit one prepared chunk; never raises."""
     t0 = time.perf_counter()
@@ -238,6 +244,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             exc.message,
             nobs=len(p.y),
             nobs_dropped=p.dropped,
+            warnings=dropped_warning(p),
             fit_seconds=time.perf_counter() - t0,
         )
     with warnings.catch_warnings(record=True) as caught:
@@ -270,7 +277,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
     out.engine = "statsmodels"
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     if p.dropped:
-        messages.insert(0, f"dropped {p.dropped} rows with missing values")
+        messages.insert(0, dropped_warning(p))
     out.warnings = " | ".join(messages) or None
     if out.ok:
         names = {w.category.__name__ for w in caught}
@@ -449,7 +456,7 @@ def from_batched(r, p: Prepared, seconds: float) -> ChunkFit:
         statistic=np.asarray(r.tvalues),
         fit_seconds=seconds,
         engine="batched",
-        warnings=f"dropped {p.dropped} rows with missing values" if p.dropped else None,
+        warnings=dropped_warning(p),
     )
     out.p_value = np.asarray(r.pvalues)
     ci = np.asarray(r.conf_int)
