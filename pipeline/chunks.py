@@ -187,13 +187,9 @@ def decoded(column):
     their bits, the rows of one of the two were in no chunk, silently)."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    if needs_canonical_zero(column.type):
+    if pa.types.is_float32(column.type) or pa.types.is_float64(column.type):
         column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 is 0.0
     return column
-
-
-def needs_canonical_zero(t: pa.DataType) -> bool:
-    return pa.types.is_float32(t) or pa.types.is_float64(t)
 
 
 def _runs(table: pa.Table, rgs: np.ndarray | None = None, counts=None) -> pa.Table:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError
-from .layout import job_record_key, read_job_record
+from .layout import completed_tasks, job_record_key, read_job_record
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     CostModel,
@@ -167,14 +167,22 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     return plan
 
 
+def missing_tasks(store: Store, job_id: str, record: dict) -> list[Task]:
+    """The tasks the job's record plans that have not written their manifest entry:
+    what its next run runs, and what its tables lack."""
+    done = completed_tasks(store, job_id)
+    return [t for t in Plan.from_record(record).tasks(record["units"]) if t.index not in done]
+
+
 def _as_recorded(fingerprint: dict) -> dict:
     """The fingerprint as its JSON record reads back: settings may hold dates and
     times (a TOML grid of days), written as ISO text, and objects (from Python),
     written as their repr."""
-    return json.loads(json.dumps(fingerprint, sort_keys=True, default=_json_value))
+    return json.loads(json.dumps(fingerprint, sort_keys=True, default=json_value))
 
 
-def _json_value(value):
+def json_value(value):
+    """A setting's value as a job's JSON record writes it."""
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if hasattr(value, "tolist"):  # numpy scalars and arrays

@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 from . import registry
 from .errors import ConfigError, InputError
 from .layout import (
-    completed_tasks,
     consolidated_manifest_key,
     job_folder,
     job_record_key,
@@ -158,14 +157,12 @@ class IncompleteJob(UserWarning):
 
 def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
     """What is missing from a job whose run has not finished, or None once it has."""
-    from .planning import Plan
+    from .planning import missing_tasks
 
-    plan = Plan.from_record(record)
-    done = completed_tasks(store, job_id)
-    tasks = plan.tasks(record["units"])
-    if store.exists(consolidated_manifest_key(job_id)) and all(t.index in done for t in tasks):
+    missing = missing_tasks(store, job_id, record)
+    if not missing and store.exists(consolidated_manifest_key(job_id)):
         return None
-    units = sum(t.stop - t.start for t in tasks if t.index in done)
+    units = record["units"] - sum(t.stop - t.start for t in missing)
     return (
         f"the job's run has not finished: these are the rows of {units:,} of its "
         f"{record['units']:,} units; run the job again to finish it"
@@ -196,10 +193,8 @@ def _as_csv_cells(table: pa.Table) -> pa.Table:
     import base64
 
     for i, column in enumerate(table.schema):
-        if any(
-            is_(column.type)
-            for is_ in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
-        ):
+        t = column.type
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             text = [None if v is None else base64.b64encode(v).decode("ascii")
                     for v in table.column(i).to_pylist()]  # fmt: skip
             table = table.set_column(i, column.name, pa.array(text, pa.string()))

@@ -224,8 +224,8 @@ def bottleneck(s: RunSummary) -> str | None:
     if eff < 0.75 and longest and longest["seconds"] >= 0.6 * s.wall_seconds and w > 1:
         # One long task (a slow unit, or few tasks): the other workers ran out of work
         return (
-            f"straggler-bound: task {longest['index']} ({longest['units']:,} {unit}"
-            f"{'' if longest['units'] == 1 else 's'}) ran {seconds(longest['seconds'])} of the "
+            f"straggler-bound: task {longest['index']} ({count(longest['units'], unit)}) ran "
+            f"{seconds(longest['seconds'])} of the "
             f"run's {seconds(s.wall_seconds)} while the other workers had no work left; "
             "smaller tasks (--units-per-task) spread it, unless one unit is that long"
         )
@@ -255,8 +255,7 @@ def failure_lines(s: RunSummary) -> list[str]:
         )
     else:
         advice = "they are recorded in the results and a rerun would give the same answer"
-    units = s.unit_name + ("s" if s.units_failed != 1 else "")
-    lines = [f"  FAILED: {s.units_failed:,} {units} ({kinds}); {advice}"]
+    lines = [f"  FAILED: {count(s.units_failed, s.unit_name)} ({kinds}); {advice}"]
     for f in s.failures[:5]:
         which = unit_label(f["unit"], f.get("key", ""))
         lines.append(f"    {s.unit_name} {which}: {f['error_type']}: {f['message']}")

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .chunks import ChunkIndex, as_dataset_type, decoded, needs_canonical_zero
+from .chunks import ChunkIndex, as_dataset_type, decoded
 from .dataset import WHOLE_FILE_BYTES, Dataset, cached_footer, read_whole_file
 from .storage import open_store
 
@@ -125,11 +125,7 @@ def read_task_rows(
         rows = TaskRows(table.select(columns), offsets.astype(np.int64), start)
     else:
         for b in index.by:  # as the chunk index holds them
-            t = table.schema.field(b).type
-            if pa.types.is_dictionary(t) or needs_canonical_zero(t):
-                table = table.set_column(
-                    table.schema.get_field_index(b), b, decoded(table.column(b))
-                )
+            table = table.set_column(table.schema.get_field_index(b), b, decoded(table.column(b)))
         pos = _chunk_positions(table, index, start, stop)
         kept = keep = np.flatnonzero(pos >= 0)
         pos_kept = pos[keep]

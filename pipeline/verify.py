@@ -22,7 +22,6 @@ import xxhash
 from . import registry
 from .errors import InputError
 from .layout import (
-    completed_tasks,
     consolidated_manifest_key,
     job_folder,
     job_records,
@@ -148,10 +147,9 @@ def _entries_missing(store: Store, job_id: str, record: dict) -> str | None:
     """A complete job whose tasks' manifest entries are not all there (one deleted, a
     partial copy of the output): its next run reruns those tasks, and ``results``
     leaves their rows out, so it is not complete whatever its manifest.parquet says."""
-    from .planning import Plan
+    from .planning import missing_tasks
 
-    done = completed_tasks(store, job_id)
-    missing = [t for t in Plan.from_record(record).tasks(record["units"]) if t.index not in done]
+    missing = missing_tasks(store, job_id, record)
     if not missing:
         return None
     where = ", ".join(store.describe(manifest_key(job_id, t.index)) for t in missing[:3])

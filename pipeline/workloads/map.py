@@ -53,7 +53,7 @@ from ..workload import (
     Workload,
     consolidate_manifest,
 )
-from .map_inputs import DataInput, FilesInput, GridInput
+from .map_inputs import DataInput, FilesInput, GridInput, has_address
 from .map_rows import ONE_TYPE_A_COLUMN, UnitRows, differing_units
 
 __all__ = ["MapJob", "MapWorkload"]
@@ -433,7 +433,7 @@ def _stable_text(value) -> str | None:
     if not isinstance(value, int | float | str | bytes | bool | tuple | list | dict | type(None)):
         return None
     text = repr(value)
-    return None if " at 0x" in text else text
+    return None if has_address(text) else text
 
 
 def run_map(

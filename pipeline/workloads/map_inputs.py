@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import ConfigError, InputError
+from ..planning import json_value
 from ..storage import open_store
 
 __all__ = ["DataInput", "FilesInput", "GridInput"]
@@ -101,7 +102,7 @@ class GridInput:
             return {"grid": points}
         # The points' digest, not the points: a record of 300,000 was 16 MB, written
         # each time the plan was (8 s each)
-        text = json.dumps(points, sort_keys=True, default=_as_text).encode()
+        text = json.dumps(points, sort_keys=True, default=json_value).encode()
         return {"grid": {"points": len(points), "sha256": hashlib.sha256(text).hexdigest()}}
 
     def describe(self) -> str:
@@ -257,19 +258,20 @@ class DataInput:
 LISTED_POINTS_RECORDED = 1000
 
 
-def _as_text(value) -> str:
-    return value.isoformat() if hasattr(value, "isoformat") else repr(value)
-
-
 #: Python's default text of an object: its memory address, another in every process.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+def has_address(text: str) -> bool:
+    """Whether ``text`` (a repr) holds a memory address: another in every process."""
+    return _ADDRESS.search(text) is not None
 
 
 def _check_stable_text(key: str, values: list) -> None:
     """Values written as their repr must say the same in every run: the key column,
     the job's record (which a resume compares) and the output's bytes are that text."""
     for v in values:
-        if _ADDRESS.search(repr(v)):
+        if has_address(repr(v)):
             raise ConfigError(
                 f"grid {key!r}: a value's text, {repr(v)[:80]}, is its memory address, "
                 "another in every run (so results would not be reproducible, and a resume "

@@ -20,6 +20,7 @@ import xxhash
 from pipeline import InputError, TaskOutput, UnitFailure, Workload
 from pipeline.config import check_settings, setting
 from pipeline.layout import part_key
+from pipeline.storage import read_parquet_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +104,8 @@ class WordCountWorkload(Workload):
         for task in tasks:
             key = part_key(self.job_id, "failures", task.index)
             if store.exists(key):
-                table = pq.read_table(io.BytesIO(store.read_bytes(key)))
-                failed += [UnitFailure(r["unit"], r["error_type"], r["message"])
-                           for r in table.to_pylist()]  # fmt: skip
+                rows = read_parquet_object(store, key).to_pylist()
+                failed += [UnitFailure(r["unit"], r["error_type"], r["message"]) for r in rows]
         return failed
 
 
