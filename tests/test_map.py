@@ -349,6 +349,20 @@ def test_files_and_dataset_chunks(tmp_path, client):
                                                                     [10, 12, 2]]  # fmt: skip
 
 
+def test_a_file_name_that_is_not_utf8_is_kept_escaped(tmp_path, client):
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "ok.txt").write_bytes(b"abc")
+    (files / "bad\udcffname.txt").write_bytes(b"12345")  # the name's bytes: bad\xffname
+    s = run(client, tmp_path / "f", function=f"{FN}:file_bytes", files=str(files))
+    assert s.complete and not s.failures
+    table = results_table(str(tmp_path / "f")).to_pandas()
+    assert table["file"].tolist() == [str(files / "bad\\xffname.txt"), str(files / "ok.txt")]
+    assert table["bytes"].tolist() == [5, 3]
+    (check,) = verify_output(str(tmp_path / "f"))
+    assert check.ok
+
+
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"

@@ -157,7 +157,7 @@ class FilesInput:
             yield unit, (self.paths[unit],), {}
 
     def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
-        return {"file": pa.array([self.paths[u] for u in units], pa.string())}
+        return {"file": pa.array([as_text(self.paths[u]) for u in units], pa.string())}
 
     def fingerprint(self) -> dict:
         return {"files": list(self.paths)}
@@ -187,6 +187,16 @@ def _list_files(where: str) -> list[str]:
         for p in root.rglob("*")
         if p.is_file() and not _hidden(str(p.relative_to(root)))
     )
+
+
+def as_text(path: str) -> str:
+    """``path`` as the ``file`` column holds it: a name's bytes that are not UTF-8 (which
+    Python keeps as lone surrogates, and parquet cannot store) as ``\\xff`` escapes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return path
 
 
 def _hidden(relative: str) -> bool:

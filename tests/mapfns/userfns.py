@@ -38,6 +38,10 @@ def file_size(path):
     return {"bytes": os.path.getsize(path), "name": Path(path).name}
 
 
+def file_bytes(path):
+    return {"bytes": os.path.getsize(path)}
+
+
 def chunk_stats(chunk: pd.DataFrame):
     return pd.DataFrame({"n": [len(chunk)], "y_mean": [float(chunk["y"].mean())]})
 
