@@ -27,6 +27,9 @@ on the same frames and machine.
       into two memfd buffers each, named over a queue, the same consumer only
       reading; no Dask, none of the delivery code. (h) was this design until its
       consumer built parts too: (h)/(h0) shows what that gained, net of its code;
+  (h*) no delivery: one thread per core, each building cubes into a buffer it reuses
+      and reading each at once itself (the reads as fresh in the cache as they can
+      be, spread over every core): a bound for any delivery to one consumer loop;
   (i) a torch DataLoader over pipeline.torch.CubeStream, batches of 8 built by the
       embedded cluster and handed over in shared memory; (i0) cubes one at a time
       built by threads of this process (num_workers=0, no cluster); (i') built in place in one
@@ -130,6 +133,35 @@ def kernel_and_copy(frames_dir: Path, d: int, n: int, rounds: int) -> dict:
         )
         timed("read", ids, lambda k: float(big[starts[k] : starts[k] + count].sum()))
     return {key: max(values) for key, values in rates.items()}
+
+
+def own_loops(frames_dir: Path, d: int, n: int, threads: int, rounds: int) -> float:
+    """(h*): ``threads`` threads, each building cubes into one buffer it reuses and
+    reading each cube at once, itself: no hand-off, so each read is as fresh in the
+    cache as a cube can be, and the reading is spread over every core, which one
+    consumer's loop cannot do. A bound no delivery to one consumer is expected to
+    pass (``np.take`` and ``sum`` release the GIL); the best of ``rounds``."""
+    import threading
+
+    frames = inspect_frames(str(frames_dir), d)
+    layout = load_layout(frames, d, "float64")
+
+    def loop(t: int, count: int) -> None:
+        buffer, total = np.empty((d, d, d)), 0.0
+        for k in range(count):
+            build_cube(layout, cube_columns(3, t * n + k, d, frames.n_cols, False), buffer)
+            total += float(buffer.sum())
+
+    best = 0.0
+    for _ in range(rounds):
+        workers = [threading.Thread(target=loop, args=(t, n // threads)) for t in range(threads)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, threads * (n // threads) / (time.perf_counter() - t0))
+    return best
 
 
 def runner(frames_dir: Path, d: int, n: int, sink: str, output: Path, workers: int) -> dict:
@@ -382,6 +414,15 @@ def print_delivery(
         f"(h')/(d) = {ratios['threads/d_after']:.2f} (target >= 0.5)"
     )
     print(targets_against_ceiling(dd["cubes_per_s"], a_read, ceiling))
+    own = h["own_loops"]
+    print(
+        f"(h*) each core builds and reads its own cubes {own:,.0f} cubes/s (no hand-off, "
+        f"{cores} threads; (h)/(h*) = {h['cubes_per_s'] / own:.2f}, (h')/(h*) = "
+        f"{t['cubes_per_s'] / own:.2f})\n"
+        f"    targets against it: 0.5 x (d) = {0.5 * dd['cubes_per_s'] / own:.2f} of (h*), "
+        f"8 x (a+) = {8 * a_read / own:.2f} of (h*)"
+    )
+    ratios["h/own_loops"] = h["cubes_per_s"] / own
     return {"a_read": a_read, "h": h, "i": i, "ceiling": ceiling, "ratios": ratios}
 
 
@@ -511,6 +552,7 @@ def main() -> None:
         h["ring"] = ring_delivery(
             frames_dir, d, args.deliver_cubes, args.workers, args.deliver_rounds
         )
+        h["own_loops"] = own_loops(frames_dir, d, args.deliver_cubes, cores, 3)
         i = loader_rate(frames_dir, d, args.loader_cubes, args.workers)
         # (d) again, right after (h): the VM has slow phases of seconds, and (h)/(d)
         # with the two a minute apart moved by more than the target's margin.
