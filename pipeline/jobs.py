@@ -161,6 +161,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     """
     first = jobs[0].options
     _check_profile_paths(jobs)
+    for job in jobs:
+        check_driver_paths(job.options, job.job_id)
     workloads = [job.build() for job in jobs]
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
@@ -228,6 +230,42 @@ def _write_report(job: Job, summary: RunSummary, echo) -> None:
     write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
 
 
+def check_driver_paths(options: RunOptions, job_id: str) -> None:
+    """The report folder and the profile files can be written: found out before any
+    task runs, not after the last one (a task profile's error would also leave the job
+    without its consolidated manifest)."""
+    wanted = [("report", options.report, True), ("profile", options.profile, False)]
+    if options.profile_tasks:
+        wanted.append(("profile_tasks", options.profile_tasks.replace("{job}", job_id), False))
+    for name, value, folder in wanted:
+        if not value:
+            continue
+        problem = _unwritable(Path(value).expanduser(), folder)
+        if problem:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{name} = {value!r} ({flag}): {problem}")
+
+
+def _unwritable(path: Path, folder: bool) -> str | None:
+    """Why ``path`` (a folder, or a file) cannot be written, or None."""
+    if path.exists():
+        if folder and not path.is_dir():
+            return "is a file; a folder is expected (the run's report pages go in it)"
+        if not folder and path.is_dir():
+            return "is a folder; a file name is expected"
+        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            return "cannot be written (permission denied)"
+        return None
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: no permission to write in {parent}"
+    return None
+
+
 def _check_profile_paths(jobs: Sequence[Job]) -> None:
     """Several jobs' task profiles to one file without ``{job}``: each job's would
     replace the last one's, unsaid."""
@@ -287,6 +325,7 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     """Run one workload built in Python (not from a job file): on ``client``'s cluster,
     or on an embedded one started for it unless the job is complete already."""
     echo = echo or (lambda message: None)
+    check_driver_paths(options, workload.job_id)
     workload.preflight()
     finished = completed_job(workload, options)
     if finished is not None:

@@ -211,9 +211,13 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     if options.profile_tasks:
         from .profiling import merge_profiles
 
-        merged = merge_profiles(
-            (r.profile for r in receipts), options.profile_tasks, workload.job_id
-        )
+        try:
+            merged = merge_profiles(
+                (r.profile for r in receipts), options.profile_tasks, workload.job_id
+            )
+        except OSError as exc:  # the job's results are written: it still completes
+            log.warning("the task profile was not written: %s", exc)
+            merged = None
         if merged:
             summary.details["task_profile"] = merged
     failures = [_keyed(workload, f) for r in receipts for f in r.failures]

@@ -149,6 +149,26 @@ def test_files_the_driver_writes_must_be_local_paths(tmp_path):
     assert job.options.report == str(tmp_path / "r")
 
 
+def test_report_and_profile_paths_are_checked_before_any_task(tmp_path):
+    # A folder given as --profile-tasks failed after the last task, and the job was
+    # left without its consolidated manifest; the others failed with tracebacks.
+    from pipeline import run_jobs
+
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    refused = {
+        "profile_tasks": ("a_folder", r"is a folder; a file name is expected"),
+        "profile": ("a_file/p.pstats", r"cannot be created: .*a_file is a file"),
+        "report": ("a_file", r"is a file; a folder is expected"),
+    }
+    for key, (name, why) in refused.items():
+        cli = {"output": str(tmp_path / "out"), key: str(tmp_path / name)}
+        flag = "--" + key.replace("_", "-")
+        with pytest.raises(ConfigError, match=rf"{key} = '.*{name}' \({flag}\): {why}"):
+            run_jobs(load_jobs([], cli, workload="cubes", environ={}))
+        assert not (tmp_path / "out").exists()
+
+
 def test_several_jobs_profiles_need_a_file_each(tmp_path):
     # The second job's task profile silently replaced the first one's.
     from pipeline import run_jobs
