@@ -27,7 +27,7 @@ from .config import (
     settings_of,
 )
 from .errors import ConfigError
-from .layout import check_job_id, consolidated_manifest_key
+from .layout import check_job_id, consolidated_manifest_key, inside_job_folder
 from .prices import worker_price
 from .report import write_report_page
 from .runner import completed_job, run_job
@@ -164,6 +164,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     for job in jobs:
         check_driver_paths(job.options, job.job_id)
     workloads = [job.build() for job in jobs]
+    for job, workload in zip(jobs, workloads, strict=True):
+        check_inputs_outside(workload, job.options)
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
     urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
@@ -246,6 +248,20 @@ def check_driver_paths(options: RunOptions, job_id: str) -> None:
             raise ConfigError(f"{name} = {value!r} ({flag}): {problem}")
 
 
+def check_inputs_outside(workload: Workload, options: RunOptions) -> None:
+    """An input inside the job's own folder would be deleted by ``--overwrite`` (and
+    counted by ``verify`` as objects that are none of the job's)."""
+    if not workload.writes_output:
+        return
+    for url in workload.input_urls():
+        if inside_job_folder(url, options.output, workload.job_id):
+            raise ConfigError(
+                f"{url}: this input is inside the job's own folder "
+                f"({options.output.rstrip('/')}/{workload.job_id}), which --overwrite empties; "
+                "move it, or give the job another name (--name)"
+            )
+
+
 def _unwritable(path: Path, folder: bool) -> str | None:
     """Why ``path`` (a folder, or a file) cannot be written, or None."""
     if path.exists():
@@ -326,6 +342,7 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     or on an embedded one started for it unless the job is complete already."""
     echo = echo or (lambda message: None)
     check_driver_paths(options, workload.job_id)
+    check_inputs_outside(workload, options)
     workload.preflight()
     finished = completed_job(workload, options)
     if finished is not None:

@@ -10,15 +10,19 @@
 <job>/shards/NNNNNN.npy             cube shards
 _locks/<job>                        held by the run writing <job> (outside it: an
                                     --overwrite empties <job> while holding it)
+inputs/                             the cube jobs' default frames (made once)
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from .errors import ConfigError, InputError
 from .storage import join, open_store
 
 __all__ = [
     "check_job_id",
+    "inside_job_folder",
     "completed_tasks",
     "job_folder",
     "job_records",
@@ -34,22 +38,44 @@ __all__ = [
 ]
 
 
+#: Folders of the output that are not jobs' (besides those starting with '_').
+OUTPUT_FOLDERS = ("inputs",)
+
+
 def check_job_id(job_id: str) -> None:
-    """A job's name is one folder under the output, beside the output's own (``_locks``):
-    ``a/b`` would hide the job from ``pipeline results`` and ``verify``, ``_locks`` would
-    mix it with the locks."""
+    """A job's name is one folder under the output, beside the output's own (``_locks``,
+    ``inputs``): ``a/b`` would hide the job from ``pipeline results`` and ``verify``,
+    ``_locks`` would mix it with the locks, and an ``--overwrite`` of a job named
+    ``inputs`` would delete the default frames."""
     if (
         not isinstance(job_id, str)
-        or not job_id
+        or not job_id.strip()
         or any(c in job_id for c in "/\\")
         or job_id[0] in "._"
+        or job_id != job_id.strip()
         or not job_id.isprintable()
+        or job_id in OUTPUT_FOLDERS
     ):
         raise ConfigError(
             f"job name {job_id!r}: a job's name is one folder under the output: printable, "
-            "without '/' or '\\', not starting with '.' or '_' (the output's own); set "
+            "without '/' or '\\', not starting with '.' or '_', without spaces at either end, "
+            f"and not {', '.join(map(repr, OUTPUT_FOLDERS))} (the output's own); set "
             "name = '...' (--name)"
         )
+
+
+def inside_job_folder(url: str, output: str, job_id: str) -> bool:
+    """Whether ``url`` (an input's folder or file) lies in the job's own folder, which
+    ``--overwrite`` empties and ``verify`` checks object by object."""
+
+    def parts(where: str) -> tuple[str, ...]:
+        if "://" in where:
+            scheme, rest = where.split("://", 1)
+            return (scheme, *(p for p in rest.split("/") if p))
+        return Path(where).expanduser().resolve().parts
+
+    folder = (*parts(output), job_id)
+    return parts(url)[: len(folder)] == folder
 
 
 def job_records(store) -> dict[str, str]:

@@ -169,6 +169,24 @@ def test_report_and_profile_paths_are_checked_before_any_task(tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_an_input_inside_the_jobs_own_folder_is_refused(tmp_path):
+    # --overwrite empties the job's folder: it deleted frames kept there.
+    from pipeline import run_jobs
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
+
+    frames = tmp_path / "out" / "j" / "frames"
+    write_frames(LocalStore(frames), "", count=4, rows=8, cols=8, seed=0)
+    cli = {"output": str(tmp_path / "out"), "frames": str(frames), "dim": 4, "cubes": 2}
+    with pytest.raises(ConfigError, match=r"frames: this input is inside the job's own folder "
+                       r"\(.*out/j\), which --overwrite empties"):  # fmt: skip
+        run_jobs(load_jobs([], {**cli, "name": "j", "overwrite": True}, environ={}))
+    assert sorted(p.name for p in frames.iterdir())[:1] == ["frame-00000.parquet"]
+    (summary,) = run_jobs(load_jobs([], {**cli, "name": "k", "workers": 1, "progress": False},
+                                    environ={}), echo=lambda m: None)  # fmt: skip
+    assert summary.complete
+
+
 def test_several_jobs_profiles_need_a_file_each(tmp_path):
     # The second job's task profile silently replaced the first one's.
     from pipeline import run_jobs
@@ -369,7 +387,8 @@ def test_a_column_or_option_listed_twice_is_refused_wherever_it_is_given(tmp_pat
 
 
 def test_a_job_name_is_one_folder_beside_the_outputs_own(tmp_path):
-    for name in ("a/b", "..", "_locks", ".hidden", "tab\there"):
+    # 'inputs' holds the default frames, which an --overwrite of a job named so deleted
+    for name in ("a/b", "..", "_locks", ".hidden", "tab\there", "inputs", " ", "x "):
         with pytest.raises(ConfigError, match="a job's name is one folder under the output"):
             load_jobs([], {"name": name}, environ={})
     draft = tmp_path / "_draft.toml"
