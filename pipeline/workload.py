@@ -96,6 +96,9 @@ class TaskOutput:
     manifest: Any = None
     failures: list[UnitFailure] = field(default_factory=list)
     bytes_written: int = 0
+    #: For output that is not written: a digest of what the task made, hex of a sum
+    #: modulo 2**64 over its units (the driver sums the tasks' values, so the job's
+    #: does not depend on how it was cut into tasks).
     fingerprint: str | None = None
     busy_seconds: float | None = None
     #: Seconds by phase ("inputs", "compute", "writing"): where the task's time went.

@@ -272,8 +272,8 @@ def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, cl
     assert a.units_run == 50 and a.complete and not out.exists()
     assert a.details["fingerprint"] != c.details["fingerprint"]
     assert a.bytes_written == 0
-    # Per-task fingerprints depend on the task split, but each is a function of its cubes.
-    assert b.details["fingerprint"]
+    # the same however the job is cut into tasks (it was a digest of the tasks' digests)
+    assert b.details["fingerprint"] == a.details["fingerprint"]
 
 
 def test_changed_frames_are_reloaded_not_served_from_the_layout_cache(tmp_path, client):
@@ -366,3 +366,31 @@ def test_a_hosts_layout_read_in_threads_is_the_frames_in_order(tmp_path):
     # T[c - 1, r, f] = frame_f[r, c]
     f7 = frames(tmp_path)[7]
     np.testing.assert_array_equal(threaded[:, :, 7], f7.iloc[:10, 1:].to_numpy().T)
+
+
+def test_a_damaged_layout_cache_file_is_built_again(tmp_path, monkeypatch):
+    # A cache file with 8 bytes changed gave wrong cubes, whose checksums then
+    # verified; a truncated one, or a cache folder that is a file, failed every cube.
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import inspect_frames, load_layout, write_frames
+
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    write_frames(LocalStore(tmp_path / "frames"), "", count=6, rows=8, cols=9, seed=1)
+    frame_set = inspect_frames(str(tmp_path / "frames"), 6)
+
+    def layout() -> np.ndarray:
+        load_layout.cache_clear()  # as a fresh process would
+        return np.array(load_layout(frame_set, 6, "float64"))
+
+    good = layout()
+    (cached,) = (tmp_path / "cache" / "layouts").glob("*.npy")
+    damaged = bytearray(cached.read_bytes())
+    damaged[-8:] = bytes(8)
+    cached.write_bytes(damaged)
+    np.testing.assert_array_equal(layout(), good)
+    assert cached.read_bytes() != damaged  # written again
+    cached.write_bytes(cached.read_bytes()[:200])
+    np.testing.assert_array_equal(layout(), good)
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "a_file"))
+    np.testing.assert_array_equal(layout(), good)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import io
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import xxhash
 
 from ...errors import InputError
 from ...storage import Store, join, open_store
+
+log = logging.getLogger("pipeline.cubes")
 
 __all__ = ["FrameSet", "inspect_frames", "load_layout", "write_frames"]
 
@@ -163,19 +166,54 @@ def load_layout(frames: FrameSet, dim: int, dtype: str, by_frame: bool = False) 
     path = _layout_path(frames, dim, dtype, by_frame)
     if path is None:
         return _read_layout(frames, dim, dtype, by_frame=by_frame)
-    if not path.exists():
+    shape = (dim, frames.n_cols - 1, dim) if by_frame else (frames.n_cols - 1, dim, dim)
+    try:
+        layout = _whole(path, shape, dtype)
+        if layout is not None:
+            return layout
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
-            if not path.exists():
-                # The host's other workers wait on the lock: their cores read frames too.
-                layout = _read_layout(frames, dim, dtype, _reader_threads(), by_frame)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                with open(tmp, "wb") as f:
-                    np.save(f, layout)
-                os.replace(tmp, path)
-                return layout
-    return np.load(path, mmap_mode="r")
+        lock = open(path.with_suffix(".lock"), "w")  # noqa: SIM115 - the with below closes it
+    except OSError as exc:  # e.g. PIPELINE_CACHE_DIR names a file: work without the cache
+        log.warning("layout cache %s unusable (%s): frames read by each process", path, exc)
+        return _read_layout(frames, dim, dtype, by_frame=by_frame)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait
+        layout = _whole(path, shape, dtype)  # built while this process waited
+        if layout is not None:
+            return layout
+        # The host's other workers wait on the lock: their cores read frames too.
+        layout = _read_layout(frames, dim, dtype, _reader_threads(), by_frame)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, layout)
+        digest_tmp = path.with_suffix(f".{os.getpid()}.xxh3.tmp")
+        digest_tmp.write_text(xxhash.xxh3_64_hexdigest(layout))
+        os.replace(digest_tmp, path.with_suffix(".xxh3"))  # first: a layout is never unsigned
+        os.replace(tmp, path)
+        return layout
+
+
+def _whole(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray | None:
+    """The cached layout at ``path``, memory-mapped, if it is there and whole: its shape,
+    type and digest as written (a damaged file gave wrong cubes, whose checksums then
+    verified); a damaged one is removed, to be built again."""
+    if not path.exists():
+        return None
+    digest = path.with_suffix(".xxh3")
+    try:
+        layout = np.load(path, mmap_mode="r")
+        if (
+            layout.shape == shape
+            and layout.dtype == np.dtype(dtype)
+            and digest.read_text() == xxhash.xxh3_64_hexdigest(layout)
+        ):
+            return layout
+    except (OSError, ValueError):
+        pass
+    if digest.exists():  # (files of earlier versions have none: built again, unsaid)
+        log.warning("layout cache file %s is damaged: built again from the frames", path)
+    path.unlink(missing_ok=True)
+    return None
 
 
 def cached_layout(
