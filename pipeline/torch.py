@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -198,8 +199,14 @@ class CubeShards(Dataset):
         state.update(_store=None, _maps={})
         return state
 
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        # Python's fallback iteration stops at any IndexError from __getitem__, which
+        # made a damaged shard's cubes end the data without a word.
+        for k in range(len(self)):
+            yield self[k]
+
     def __getitem__(self, k: int) -> torch.Tensor:
-        if isinstance(k, torch.Tensor) and k.ndim == 0 and not k.is_floating_point():
+        if isinstance(k, (torch.Tensor, np.ndarray)) and k.ndim == 0 and k.dtype.kind != "f":
             k = int(k)
         if not isinstance(k, numbers.Integral) or isinstance(k, bool):
             raise TypeError(
@@ -237,13 +244,22 @@ class CubeShards(Dataset):
         array = self._maps.get(shard)
         if array is None:
             path = self._open().describe(shard)
+            d, n = self.dim, self._cubes_in[shard]
+            mend = f"`pipeline verify {self.output} --repair` and a rerun of the job mend it"
             try:
-                array = self._maps[shard] = np.load(path, mmap_mode="r")
+                array = np.load(path, mmap_mode="r")
             except ValueError as exc:  # "mmap length is greater than file size"
                 raise StorageError(
-                    f"{path}: not a whole shard ({exc}): truncated? `pipeline verify "
-                    f"{self.output} --repair` and a rerun of the job mend it"
+                    f"{path}: not a whole shard ({exc}): truncated? {mend}"
                 ) from None
+            except OSError as exc:
+                raise StorageError(f"{path}: cannot be read ({exc.strerror}): {mend}") from None
+            if array.shape != (d, d, d, n) or array.dtype != self.dtype:
+                raise StorageError(
+                    f"{path}: holds {array.dtype} cubes of shape {array.shape}, not the "
+                    f"{n} {self.dtype} cubes of {d}^3 the manifest lists: {mend}"
+                )
+            self._maps[shard] = array
         return np.array(array[..., offset].reshape(-1, order="F").view(np.uint8))
 
     def _s3_cube(self, shard: str, offset: int) -> np.ndarray:

@@ -178,6 +178,24 @@ def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, c
     fresh = CubeShards(str(tmp_path), "cubes")  # (a shard is mapped when first read)
     with pytest.raises(StorageError, match=r"000005\.npy: not a whole shard .*--repair"):
         fresh[21]
+    assert digest(ds[np.array(5)]) == want
+
+
+def test_cube_shards_name_a_shard_that_is_not_the_listed_one(tmp_path, frames_dir, client):
+    # A shard replaced by another (valid, fewer cubes) ended plain iteration early
+    # without a word (numpy's IndexError), and a deleted one was a FileNotFoundError.
+    stored_job(tmp_path, frames_dir, client)
+    shards = tmp_path / "cubes" / "shards"
+    last = sorted(shards.iterdir())[-1]
+    (shards / "000001.npy").write_bytes(last.read_bytes())
+    ds = CubeShards(str(tmp_path), "cubes")
+    assert sum(1 for _ in zip(range(4), ds, strict=False)) == 4  # shard 0 reads
+    with pytest.raises(StorageError, match=r"000001\.npy: holds float64 cubes of shape .* not "
+                       r"the 4 float64 cubes of 9\^3 the manifest lists: .*--repair"):  # fmt: skip
+        list(ds)
+    (shards / "000002.npy").unlink()
+    with pytest.raises(StorageError, match=r"000002\.npy: cannot be read .*--repair"):
+        CubeShards(str(tmp_path), "cubes")[9]
 
 
 def test_cube_shards_refuses_an_incomplete_or_absent_job(tmp_path):
