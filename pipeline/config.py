@@ -251,6 +251,13 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         raise ConfigError(f"job file {p}: no such file{hint}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
+    if not data:  # an empty file ran the default job: 1,000 cubes, 8 GB written
+        from . import registry
+
+        raise ConfigError(
+            f"job file {p}: no settings in it; a job file says which workload it runs "
+            f"(workload = {' | '.join(map(repr, registry.names()))}) and its settings"
+        )
     nested = [k for k, v in data.items() if isinstance(v, dict) and "workload" in v]
     if "workload" not in data and nested:
         raise ConfigError(
@@ -421,6 +428,7 @@ def resolve(
     """
     environ = os.environ if environ is None else environ
     values = {}
+    from_env = set()
     for f in settings_of(cls):
         given = None
         try:
@@ -432,9 +440,26 @@ def resolve(
             elif environ.get(env_name(f), "") != "":
                 given = environ[env_name(f)]
                 values[f.name] = _coerce(f, given, f"environment {env_name(f)}", from_text=True)
+                from_env.add(f.name)
         except ConfigError as exc:
             raise ConfigError(f"{exc}{_choice_of_another(cls, f, given)}") from None
+    _drop_outranked(cls, values, from_env)
     return cls(**values)
+
+
+def _drop_outranked(cls, values: dict, from_env: set[str]) -> None:
+    """Leave out the environment's values that a flag or the job file outranks though
+    they name another setting: one of a group of which a job gives one (a map job's
+    input: a job file's grid, not an exported PIPELINE_FILES), and a setting that
+    applies only with another one the job does not have (chunk_rows, with a grid)."""
+    for group in getattr(cls, "ONE_OF", ()):
+        if any(name in values and name not in from_env for name in group):
+            for name in group:
+                if name in from_env:
+                    del values[name]
+    for name, needed in getattr(cls, "APPLIES_WITH", {}).items():
+        if name in from_env and needed not in values:
+            del values[name]
 
 
 def _choice_of_another(cls, f: dataclasses.Field, value: Any) -> str:

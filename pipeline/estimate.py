@@ -60,7 +60,10 @@ class _NoBar:
 
 
 @contextlib.contextmanager
-def _scratch(output: str) -> Iterator[str]:
+def scratch_output(output: str) -> Iterator[str]:
+    """A scratch output beside ``output`` (a temporary folder for a local one), deleted
+    on leaving. Entered before the cluster it is written from: an interrupted estimate
+    has tasks still writing, which re-made the folder once it was deleted."""
     if output.startswith("s3://"):
         url = f"{output.rstrip('/')}/_pipeline-estimate-{uuid.uuid4().hex[:12]}"
         try:
@@ -77,11 +80,14 @@ def estimate(
     options: RunOptions,
     client,
     fleets: list[Fleet],
+    scratch: str | None = None,
 ) -> Estimate:
     """Probe the job ``build(options)`` makes, on ``client``'s cluster, into a scratch
-    output; return its projections on this cluster and on ``fleets``."""
+    output (``scratch``, else one of :func:`scratch_output`); return its projections on
+    this cluster and on ``fleets``."""
     price = worker_price(options)
-    with _scratch(options.output) as scratch:
+    place = contextlib.nullcontext(scratch) if scratch else scratch_output(options.output)
+    with place as scratch:
         opts = dataclasses.replace(options, output=scratch, overwrite=True, progress=False)
         workload = build(opts)
         workload.preflight()

@@ -160,6 +160,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
     complete starts no cluster at all.
     """
     first = jobs[0].options
+    _check_one_cluster(jobs)
     _check_profile_paths(jobs)
     for job in jobs:
         check_driver_paths(job.options, job.job_id)
@@ -280,6 +281,27 @@ def _unwritable(path: Path, folder: bool) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be created: no permission to write in {parent}"
     return None
+
+
+#: Run settings of the cluster, not of a job: the jobs of one run share the first's.
+CLUSTER_SETTINGS = ("scheduler", "workers", "dashboard", "profile", "tls_ca_file", "tls_cert",
+                    "tls_key", "direct_to_workers")  # fmt: skip
+
+
+def _check_one_cluster(jobs: Sequence[Job]) -> None:
+    """A later job file's cluster settings were silently ignored (the run used the
+    first job's cluster), so the order of the files decided how the run went."""
+    first = jobs[0]
+    for job in jobs[1:]:
+        for name in CLUSTER_SETTINGS:
+            mine, theirs = getattr(job.options, name), getattr(first.options, name)
+            if mine != theirs:
+                raise ConfigError(
+                    f"{job.source or job.job_id}: {name} = {mine!r}, but the jobs of one run "
+                    f"share one cluster, the first job's ({first.source or first.job_id}: "
+                    f"{name} = {theirs!r}); give --{name.replace('_', '-')} for all of them, "
+                    "or run this job on its own"
+                )
 
 
 def _check_profile_paths(jobs: Sequence[Job]) -> None:

@@ -127,12 +127,16 @@ class _JobTable:
                 + (" yet (no completed tasks)" if record["workload"] != "cubes" else
                    f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}")
             )  # fmt: skip
-        if table not in tables:
+        if table not in tables and table not in workload.optional_tables:
             raise InputError(
                 f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
             )
-        parts = [(first, _read_part(store, key, output)) for first, key in tables[table]]
-        result = workload.assemble_table(store, job_id, table, concat_parts(store, parts), tables)
+        if table in tables:
+            parts = [(first, _read_part(store, key, output)) for first, key in tables[table]]
+            result = concat_parts(store, parts)
+        else:
+            result = pa.table({})  # none of its units has a row in it
+        result = workload.assemble_table(store, job_id, table, result, tables)
         note = incomplete_note(store, job_id, record)
         return cls(store, job_id, record, table, result, tables, note)
 

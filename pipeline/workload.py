@@ -248,6 +248,9 @@ class Workload(ABC):
 
     #: The table ``pipeline results`` shows when none is named.
     default_table: str | None = None
+    #: Tables a job may have no part of (a map job whose units all succeeded has no
+    #: failures): ``pipeline results`` shows them as empty, not as unknown.
+    optional_tables: tuple[str, ...] = ()
 
     @classmethod
     def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):

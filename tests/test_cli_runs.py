@@ -306,3 +306,36 @@ def test_an_input_error_found_while_the_cluster_starts_leaves_no_process(tmp_pat
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, 0)
         raise AssertionError("a process of the run's session outlived it")
+
+
+def test_an_interrupted_estimate_deletes_its_scratch_output(tmp_path):
+    # Its tasks went on writing after the scratch folder was deleted, and made it
+    # again: a folder of parts was left in the temporary directory each time.
+    (tmp_path / "slow.py").write_text("import time\ndef f(a):\n    time.sleep(0.2)\n"
+                                      "    return {'v': a}\n")  # fmt: skip
+    points = ", ".join(map(str, range(60)))
+    (tmp_path / "slow.toml").write_text(
+        f'workload = "map"\nfunction = "slow:f"\nunits_per_task = 2\n[grid]\na = [{points}]\n'
+    )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "estimate", "slow.toml"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True, cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)},
+    )  # fmt: skip
+    try:
+        wait_for(lambda: list(scratch.glob("pipeline-estimate-*/slow/results/part-*")), 120,
+                 "a first probe's part")  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "interrupted: no estimate; its scratch output is deleted"
+    ), stderr
+    time.sleep(2)  # a task still running would write within this
+    assert not list(scratch.glob("pipeline-estimate-*")), list(scratch.rglob("*"))

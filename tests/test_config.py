@@ -201,6 +201,38 @@ def test_several_jobs_profiles_need_a_file_each(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_later_job_files_cluster_settings_must_be_the_firsts(tmp_path):
+    # They were ignored: the order of the files decided the workers and the dashboard.
+    from pipeline import run_jobs
+
+    (tmp_path / "a.toml").write_text("cubes = 1\n")
+    (tmp_path / "b.toml").write_text("cubes = 2\nworkers = 1\n")
+    paths = [str(tmp_path / "a.toml"), str(tmp_path / "b.toml")]
+    with pytest.raises(ConfigError, match=r"b\.toml: workers = 1, but the jobs of one run share "
+                       r"one cluster, the first job's \(.*a\.toml: workers = None\); give "
+                       r"--workers for all of them"):  # fmt: skip
+        run_jobs(load_jobs(paths, {"output": str(tmp_path / "out")}, environ={}))
+    assert not (tmp_path / "out").exists()
+    same = load_jobs(paths, {"output": str(tmp_path / "out"), "workers": 1}, environ={})
+    assert {j.options.workers for j in same} == {1}
+
+
+def test_an_exported_input_does_not_join_a_job_files_own(tmp_path):
+    # PIPELINE_FILES beside a job file's grid: "a map job takes exactly one input"; and
+    # PIPELINE_CHUNK_ROWS: "chunk_rows: applies to a data input only".
+    job = tmp_path / "pf.toml"
+    job.write_text('workload = "map"\nfunction = "m:f"\n[grid]\nx = [1]\n')
+    environ = {"PIPELINE_FILES": "texts", "PIPELINE_CHUNK_ROWS": "5"}
+    (loaded,) = load_jobs([str(job)], {}, environ=environ)
+    assert loaded.settings.files is None and loaded.settings.chunk_rows is None
+    # with a data input of its own the job takes the environment's chunk_rows
+    job.write_text('workload = "map"\nfunction = "m:f"\ndata = "d"\n')
+    (loaded,) = load_jobs([str(job)], {}, environ=environ)
+    assert loaded.settings.files is None and loaded.settings.chunk_rows == 5
+    (loaded,) = load_jobs([], {"function": "m:f"}, workload="map", environ=environ)
+    assert loaded.settings.files == "texts"  # the environment alone names it
+
+
 def test_several_job_files_share_flags(tmp_path):
     a = tmp_path / "a.toml"
     b = tmp_path / "b.toml"
@@ -210,6 +242,24 @@ def test_several_job_files_share_flags(tmp_path):
     assert [j.settings.cubes for j in jobs] == [1, 2]
     assert [j.job_id for j in jobs] == ["a", "second"]
     assert {j.options.output for j in jobs} == {"elsewhere"}
+
+
+def test_a_cube_seed_is_a_64_bit_word():
+    # 2**64 passed, then every cube failed with OverflowError (the Philox key's word).
+    from pipeline import CubeJob
+
+    with pytest.raises(ConfigError, match=r"seed=18446744073709551616.*must be less than"):
+        CubeJob(seed=2**64)
+    assert CubeJob(seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_an_empty_job_file_is_refused(tmp_path):
+    # It ran the default job: 1,000 cubes of 100^3 and 100 frames, 8.4 GB written.
+    for text in ("", "# only a comment\n"):
+        (tmp_path / "empty.toml").write_text(text)
+        with pytest.raises(ConfigError, match=r"empty\.toml: no settings in it; a job file says "
+                           r"which workload it runs \(workload = 'cubes' \| "):  # fmt: skip
+            load_jobs([str(tmp_path / "empty.toml")], {}, environ={})
 
 
 def test_files_a_windows_editor_saved_are_read(tmp_path):

@@ -299,6 +299,8 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert calls(log) == ["power 3 2"]  # the failed unit only, not its task's other unit
     clean = tmp_path / "clean"
     run(client, clean, units_per_task=2, **settings)
+    # no unit failed: an empty failures table, not "no table 'failures'"
+    assert results_table(str(clean), "failures").num_rows == 0
     write_results(str(tmp_path / "out"), None, str(tmp_path / "a.parquet"))
     write_results(str(clean), None, str(tmp_path / "b.parquet"))
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
@@ -361,6 +363,20 @@ def test_a_file_name_that_is_not_utf8_is_kept_escaped(tmp_path, client):
     assert table["bytes"].tolist() == [5, 3]
     (check,) = verify_output(str(tmp_path / "f"))
     assert check.ok
+
+
+def test_a_job_whose_every_unit_failed_has_an_empty_results_table(tmp_path, client):
+    # `pipeline results` said "no table 'results'; its tables: failures".
+    flag = tmp_path / "fail.flag"
+    flag.touch()
+    grid = {"x": [3], "p": [2, 3], "flag": [str(flag)]}
+    s = run(client, tmp_path / "out", function=f"{FN}:power", grid=grid)
+    assert s.units_failed == 2
+    table = results_table(str(tmp_path / "out"))
+    assert table.num_rows == 0 and "unit" in table.column_names
+    from pipeline.results import summarize
+
+    assert "failed: 2 units, not in this table" in summarize(str(tmp_path / "out"))
 
 
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):

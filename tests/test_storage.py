@@ -799,3 +799,11 @@ def test_open_file_reads_a_local_path_as_bytes_or_text(tmp_path):
         open_file(tmp_path / "a.txt", "w")
     with pytest.raises(ConfigError, match="expected s3://bucket/key"):
         open_file("s3://bucket-only/")
+
+
+def test_a_local_write_under_a_file_is_one_storage_error(tmp_path):
+    # The clean-up of the temporary file raised NotADirectoryError while the first
+    # error was handled: two chained tracebacks instead of "cannot write ...".
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(StorageError, match=r"cannot write .*a_file/x\.csv: "):
+        LocalStore(tmp_path).write_bytes("a_file/x.csv", b"1,2\n")

@@ -217,7 +217,7 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
     """
     from ..cluster import connect
     from ..cost import parse_fleet
-    from ..estimate import estimate, estimate_lines
+    from ..estimate import estimate, estimate_lines, scratch_output
     from ..prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
 
     try:
@@ -225,15 +225,20 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
         table = load_prices(job.options.price_file)
         default = f"{DEFAULT_WORKER_INSTANCE}:{DEFAULT_WORKER_INSTANCES}"
         fleet_list = [parse_fleet(f, table) for f in fleets or (default,)]
-        with connect(job.options) as client:
+        # the cluster closed (its tasks stopped) before the scratch output is deleted
+        with scratch_output(job.options.output) as scratch, connect(job.options) as client:
             result = estimate(
                 lambda opts: dataclasses.replace(job, options=opts).build(),
                 job.options,
                 client,
                 fleet_list,
+                scratch,
             )
     except PipelineError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        click.echo("interrupted: no estimate; its scratch output is deleted", err=True)
+        sys.exit(130)
     for line in estimate_lines(result):
         click.echo(line)
 

@@ -112,7 +112,8 @@ class LocalStore(Store):
                     size += _write_chunk(f, chunk)
             os.replace(tmp, target)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (a file where a folder is: NotADirectoryError)
+                tmp.unlink()
             raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
         return size
 

@@ -24,7 +24,7 @@ import io
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,6 +70,11 @@ class MapJob:
     def __post_init__(self) -> None:
         check_settings(self)
 
+    #: A job has one input: an exported PIPELINE_FILES does not join a job file's grid.
+    ONE_OF: ClassVar = (("data", "grid", "files"),)
+    #: Settings of a data input, taken from the environment only for one.
+    APPLIES_WITH: ClassVar = {"chunk_by": "data", "chunk_rows": "data", "columns": "data"}
+
     name: str | None = setting(
         None, str, "Job id: names the job's folder in the output. Default: the job file's name."
     )
@@ -109,6 +114,7 @@ class MapWorkload(Workload):
     kind = "map"
     settings_class = MapJob
     default_table = "results"
+    optional_tables = ("failures",)
 
     def __init__(self, job: MapJob, job_id: str, fn: Callable | None = None):
         self.job = job
@@ -263,16 +269,14 @@ class MapWorkload(Workload):
             elif piece is not None:
                 pieces[unit] = piece
         results = self.rows.assemble(pieces, failed)
-        if results is None and not failed:
-            results = self.rows.empty()  # every unit returned None
+        if results is None:  # every unit returned None, or failed: a part of no rows
+            results = self.rows.empty()
         failed.sort(key=lambda f: f["unit"])
         out.phases["compute"] = time.perf_counter() - t0
         t_write = time.perf_counter()
         entries = []
-        if results is not None and store is not None:
+        if store is not None:
             entries.append(self._write(store, "results", task, results, out))
-        elif store is not None:
-            store.delete_prefix(_part(self.job_id, "results", task.index))
         if failed and store is not None:
             entries.append(self._write(store, "failures", task, self.rows.failures(failed), out))
         elif store is not None:

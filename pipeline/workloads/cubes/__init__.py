@@ -57,7 +57,9 @@ class CubeJob:
     )
     cubes: int = setting(1000, int, "Number of cubes.", minimum=1)
     dim: int = setting(100, int, "Cube dimension d: d frames x d rows x d columns.", minimum=1)
-    seed: int = setting(0, int, "Job seed; cube k's columns come from (seed, k).", minimum=0)
+    seed: int = setting(
+        0, int, "Job seed; cube k's columns come from (seed, k).", minimum=0, below=2**64
+    )  # (the key of a Philox generator: two 64-bit words, the seed and the cube id)
     sink: str = setting(
         "store",
         str,
