@@ -362,6 +362,40 @@ def _quiet_resource_tracker() -> None:
             os.environ["PYTHONWARNINGS"] = before
 
 
+#: A semaphore file older than this, which no process maps, is a dead run's.
+STALE_SEMAPHORE_SECONDS = 60.0
+
+
+def sweep_stale_semaphores(shm: Path = Path("/dev/shm"), min_age=STALE_SEMAPHORE_SECONDS) -> int:
+    """Remove multiprocessing's named semaphores (``sem.mp-*``) left by an earlier run
+    killed whole with SIGKILL (a container stop, ``kill -9`` of its process group): the
+    resource tracker that removes them died with it. One in use is mapped by a live
+    process; the files are this user's alone (mode 0600). Returns how many went."""
+    now, uid = time.time(), os.getuid()
+    candidates = {}
+    for path in shm.glob("sem.mp-*"):
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            if st.st_uid == uid and now - st.st_mtime > min_age:
+                candidates[path] = st.st_ino
+    if not candidates:
+        return 0
+    # By inode: glibc maps a semaphore under a temporary name, then links it to its own.
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            for line in maps.read_text().splitlines():
+                if f"{shm}/sem." in line:
+                    mapped.add(int(line.split()[4]))
+    removed = 0
+    for path, inode in candidates.items():
+        if inode not in mapped:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
 @contextlib.contextmanager
 def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profile: bool = False):
     """``profile``: Dask's statistical profiler on the workers, for the performance
@@ -373,6 +407,7 @@ def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, prof
     _spawn_without_rerunning_main()
     _forget_main_without_a_file()
     _quiet_resource_tracker()
+    sweep_stale_semaphores()
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_ENV}
@@ -381,6 +416,7 @@ def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, prof
         "distributed.nanny.pre-spawn-environ": environ,
         "distributed.worker.daemon": False,
         "distributed.worker.preload": preload,
+        "pipeline.embedded-worker": True,  # see pipeline.worker
         "distributed.worker.profile.enabled": profile,
         # The embedded cluster shares the driver's cores: Dask's event-loop tick (every
         # 20 ms in the scheduler, each nanny and each worker) and system monitors

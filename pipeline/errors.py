@@ -47,13 +47,21 @@ class Interrupted(KeyboardInterrupt):
     """The user pressed Ctrl-C during a run: what is complete stays, a rerun resumes."""
 
     def __init__(
-        self, job_id: str, units_complete: int, units: int, unit_name: str = "unit", recount=None
+        self,
+        job_id: str,
+        units_complete: int,
+        units: int,
+        unit_name: str = "unit",
+        recount=None,
+        keeps_output: bool = True,
     ):
         self.job_id, self.units_complete, self.units = job_id, units_complete, units
-        self.unit_name, self._recount = unit_name, recount
+        self.unit_name, self._recount, self.keeps_output = unit_name, recount, keeps_output
         super().__init__(self._message())
 
     def _message(self) -> str:
+        if not self.keeps_output:  # (cubes with sink none: nothing to resume from)
+            return f"interrupted: job {self.job_id!r} writes no output, so a rerun starts over"
         return (
             f"interrupted: job {self.job_id!r} has {self.units_complete:,} of {self.units:,} "
             f"{self.unit_name}s complete; run the same command again to resume"

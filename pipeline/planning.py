@@ -135,12 +135,17 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     # (A key the record lacks is one an older version did not record: not compared.)
     changed = sorted(k for k in recorded if k not in free and recorded.get(k) != current.get(k))
     if changed:
-        inputs = any(k.endswith("versions") for k in changed)
+        # Input versions follow from other settings (another --frames, another dim):
+        # only alone do they mean the same inputs' files changed.
+        settings = [k for k in changed if not k.endswith("versions")]
+        what = (
+            f"with other settings ({', '.join(settings)})"
+            if settings
+            else "whose input files changed since (their sizes or times)"
+        )
         raise ConfigError(
-            f"{where} holds job {workload.job_id!r} with other "
-            f"settings ({', '.join(changed)})"
-            + ("; its input files changed since (their sizes or times)" if inputs else "")
-            + "; use --overwrite to replace it, or another --output or name"
+            f"{where} holds job {workload.job_id!r} {what}; use --overwrite to replace it, "
+            "or another --output or name"
         )
     plan = Plan.from_record(record)
     plan.fingerprint = current

@@ -175,18 +175,23 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             return finished
     n_workers = _wait_for_a_worker(client)
     known = plan.tasks(workload.n_units)
+    complete = 0
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
-        done -= workload.tasks_to_retry(store, [t for t in known if t.index in done])
-    if done:
+        retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
+        done -= retry
+        if retry and workload.reruns_failed_units:  # their other units are kept
+            again = [t for t in known if t.index in retry]
+            complete = _units_in(again, retry) - len(workload.recorded_failures(store, again))
+    complete += _units_in(known, done)
+    if complete:
         echo(
-            f"resuming: {_units_in(known, done):,} of {workload.n_units:,} "
-            f"{workload.unit_name}s already complete"
+            f"resuming: {complete:,} of {workload.n_units:,} {workload.unit_name}s already complete"
         )
-    _check_space(workload, store, workload.n_units - _units_in(known, done))
+    _check_space(workload, store, workload.n_units - complete)
     workload.prepare_cluster(client)
     try:
-        with _progress(workload, options, _units_in(known, done)) as bar:
+        with _progress(workload, options, complete) as bar:
             run = TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
             layout = unit_layout(workload)
             receipts, rest = [], None
@@ -199,14 +204,20 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             receipts += rest
     except KeyboardInterrupt:
 
-        def complete() -> int:
+        def count_complete() -> int:
             return _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
 
         raise Interrupted(
-            workload.job_id, complete(), workload.n_units, workload.unit_name, recount=complete
+            workload.job_id,
+            count_complete(),
+            workload.n_units,
+            workload.unit_name,
+            recount=count_complete,
+            keeps_output=store is not None,
         ) from None
 
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
+    summary.units_skipped = complete
     summary.wall_seconds = time.perf_counter() - t_start
     if options.profile_tasks:
         from .profiling import merge_profiles

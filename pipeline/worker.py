@@ -4,8 +4,16 @@ The embedded cluster preloads it, and so does the Docker image
 (``DASK_DISTRIBUTED__WORKER__PRELOAD``). Without it each worker's first task
 pays about half a second for imports, pandas above all (pyarrow loads it on its
 first array), which on a short job is time no unit is being built.
+
+The embedded cluster's workers also ignore Ctrl-C: a terminal sends it to the whole
+process group, and the driver, which stops the cluster, is the one to answer it
+(each worker printed tracebacks of its interrupted task, some 70 lines).
 """
 
+import signal
+import threading
+
+import dask
 import numpy  # noqa: F401
 import pandas  # noqa: F401
 import pyarrow
@@ -15,3 +23,8 @@ import xxhash  # noqa: F401
 import pipeline.dispatch
 import pipeline.runner
 import pipeline.workloads.cubes  # noqa: F401
+
+if dask.config.get("pipeline.embedded-worker", False) and (
+    threading.current_thread() is threading.main_thread()
+):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -85,7 +85,8 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames
         wait_for(lambda: list(out.glob("cubes/manifest/part-*")), 120, "a first complete task")
         workers = descendants(proc.pid)
         assert workers, "the embedded cluster runs worker processes"
-        proc.send_signal(signal.SIGINT)
+        # to the process group, as a terminal's Ctrl-C: each worker printed tracebacks
+        os.killpg(proc.pid, signal.SIGINT)
         _stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -137,3 +137,38 @@ def test_more_workers_than_this_machine_holds_are_refused_before_any_starts(star
     with pytest.raises(ConfigError, match=refused), start(RunOptions(workers=960)):
         pass
     assert set(psutil.Process().children(recursive=True)) <= before
+
+
+def test_semaphores_of_a_run_killed_whole_are_swept_by_the_next():
+    # A process group killed with SIGKILL (a container stop) takes multiprocessing's
+    # resource tracker with it, and the nannies' semaphores stayed in /dev/shm.
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from pipeline.cluster import sweep_stale_semaphores
+
+    script = (
+        "import multiprocessing, time\n"
+        "lock = multiprocessing.get_context('spawn').Lock()\n"
+        "print(lock._semlock.name, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        path = Path("/dev/shm") / f"sem.{proc.stdout.readline().strip().lstrip('/')}"
+        assert path.exists()
+        long_ago = time.time() - 3600
+        os.utime(path, (long_ago, long_ago))
+        sweep_stale_semaphores()
+        assert path.exists()  # in use: a live process maps it
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(0.5)
+    assert path.exists()  # left behind: its tracker was killed too
+    assert sweep_stale_semaphores() >= 1
+    assert not path.exists()

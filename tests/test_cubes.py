@@ -216,9 +216,12 @@ def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, cli
     run(cube_job(out, frames), client)
     (out / "cubes" / "manifest.parquet").unlink()  # as a run killed before its end
     write_frames(LocalStore(frames), "", count=12, rows=40, cols=30, seed=8)
-    with pytest.raises(ConfigError, match=r"other settings \(frame_versions\); its input "
-                       r"files changed since"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"holds job 'cubes' whose input files changed since"):
         run(cube_job(out, frames), client)
+    # Other frames, or another dim, change the versions too: the setting is named, and
+    # the files are not said to have changed (they had not).
+    with pytest.raises(ConfigError, match=r"with other settings \(dim, frames\); use --over"):
+        run(cube_job(out, frames, dim=5), client)
 
 
 def test_a_damaged_index_or_record_is_named_and_the_index_written_again(

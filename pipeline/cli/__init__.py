@@ -252,8 +252,10 @@ def _exit_interrupted(exc: KeyboardInterrupt) -> None:
     if isinstance(exc, Interrupted):
         click.echo(exc.recounted(), err=True)
     else:
+        # (before the run's tasks, or a second Ctrl-C while the first one's count was
+        # made: "before any task ran" was said of a run 548 tasks into its job)
         click.echo(
-            "interrupted before any task of this run ran; run the same command again to resume",
+            "interrupted: the tasks that completed are kept; run the same command again to resume",
             err=True,
         )
     for child in multiprocessing.active_children():

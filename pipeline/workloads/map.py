@@ -256,6 +256,8 @@ class MapWorkload(Workload):
         t0 = time.perf_counter()
         out = TaskOutput(phases={"compute": 0.0, "writing": 0.0})
         kept, retry = self._previous(store, task)
+        if retry is not None:  # an earlier attempt's units that did not fail are kept
+            out.units_kept = len(task.units) - len(retry & set(task.units))
         pieces: dict[int, Any] = dict(kept)
         failed: list[dict] = []
         for unit, args, kwargs in self.input.calls(task.start, task.stop):
