@@ -49,7 +49,7 @@ def execute_task(
     seconds = time.perf_counter() - t0
     return TaskReceipt(
         index=task.index,
-        units=len(task.units) - out.units_kept,
+        units=len(task.units),
         failures=tuple(out.failures),
         bytes_written=out.bytes_written,
         seconds=seconds,

@@ -3,6 +3,7 @@ complete ones, run the rest (:mod:`pipeline.dispatch`), and summarize."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -175,15 +176,18 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
             return finished
     n_workers = _wait_for_a_worker(client)
     known = plan.tasks(workload.n_units)
-    complete = 0
+    kept: dict[int, int] = {}  # units of a task to retry that it keeps, by task
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
         retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
         done -= retry
-        if retry and workload.reruns_failed_units:  # their other units are kept
-            again = [t for t in known if t.index in retry]
-            complete = _units_in(again, retry) - len(workload.recorded_failures(store, again))
-    complete += _units_in(known, done)
+        if retry and workload.reruns_failed_units:  # only those units: the others are kept
+            again = sorted((t for t in known if t.index in retry), key=lambda t: t.start)
+            kept = {t.index: len(t.units) for t in again}
+            starts = [t.start for t in again]
+            for failure in workload.recorded_failures(store, again):
+                kept[again[bisect.bisect_right(starts, failure.unit) - 1].index] -= 1
+    complete = _units_in(known, done) + sum(kept.values())
     if complete:
         echo(
             f"resuming: {complete:,} of {workload.n_units:,} {workload.unit_name}s already complete"
@@ -191,7 +195,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     _check_space(workload, store, workload.n_units - complete)
     workload.prepare_cluster(client)
     try:
-        with _progress(workload, options, complete) as bar:
+        with _progress(workload, options, _units_in(known, done)) as bar:
             run = TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
             layout = unit_layout(workload)
             receipts, rest = [], None
@@ -232,7 +236,8 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         if merged:
             summary.details["task_profile"] = merged
     failures = [_keyed(workload, f) for r in receipts for f in r.failures]
-    summary.units_run = sum(r.units for r in receipts)
+    # (a task rerun for its failed units keeps its others: they did not run again)
+    summary.units_run = sum(r.units - kept.get(r.index, 0) for r in receipts)
     summary.units_failed = summary.units_retryable = summary.units_failed_in_run = len(failures)
     summary.failures = [asdict(f) for f in failures]
     summary.bytes_written = sum(r.bytes_written for r in receipts)

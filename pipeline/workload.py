@@ -96,9 +96,6 @@ class TaskOutput:
     manifest: Any = None
     failures: list[UnitFailure] = field(default_factory=list)
     bytes_written: int = 0
-    #: Units an earlier attempt of the task wrote and this one kept, not run again (a
-    #: workload that reruns only failed units): a run's count and rate leave them out.
-    units_kept: int = 0
     #: For output that is not written: a digest of what the task made, hex of a sum
     #: modulo 2**64 over its units (the driver sums the tasks' values, so the job's
     #: does not depend on how it was cut into tasks).

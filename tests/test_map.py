@@ -381,6 +381,21 @@ def test_a_job_whose_every_unit_failed_has_an_empty_results_table(tmp_path, clie
     assert "failed: 2 units, not in this table" in summarize(str(tmp_path / "out"))
 
 
+def test_the_python_api_takes_settings_from_the_environment(tmp_path, client, monkeypatch):
+    # pipeline.map built its settings directly: PIPELINE_* variables were ignored.
+    monkeypatch.setenv("PIPELINE_OUTPUT", str(tmp_path / "from-env"))
+    monkeypatch.setenv("PIPELINE_SEED", "5")
+    monkeypatch.chdir(tmp_path)
+    s = pipeline.map(userfns.power, grid={"x": [1, 2]}, client=client, progress=False)
+    assert s.complete and (tmp_path / "from-env" / "power").is_dir()
+    noise = results_table(str(tmp_path / "from-env")).column("noise").to_pylist()
+    assert noise == [float(np.random.default_rng(unit_seed(5, u)).random()) for u in (0, 1)]
+    # an argument outranks the environment
+    s = pipeline.map(userfns.power, grid={"x": [1]}, output=str(tmp_path / "given"),
+                     client=client, progress=False)  # fmt: skip
+    assert (tmp_path / "given" / "power").is_dir()
+
+
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"

@@ -92,7 +92,7 @@ def iter_cube_batches(
     """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
     (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``."""
     from ..cluster import connect
-    from ..config import RunOptions
+    from ..config import RunOptions, resolve
 
     if delivery not in DELIVERIES:
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
@@ -109,7 +109,8 @@ def iter_cube_batches(
     with contextlib.ExitStack() as stack:
         embedded = client is None
         if embedded:
-            client = stack.enter_context(connect(RunOptions()))
+            # (the run's settings of PIPELINE_* variables, as a run's: workers, TLS...)
+            client = stack.enter_context(connect(resolve(RunOptions, None, {})))
         try:  # a remote cluster may still be starting
             client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
         except TimeoutError as exc:

@@ -256,8 +256,6 @@ class MapWorkload(Workload):
         t0 = time.perf_counter()
         out = TaskOutput(phases={"compute": 0.0, "writing": 0.0})
         kept, retry = self._previous(store, task)
-        if retry is not None:  # an earlier attempt's units that did not fail are kept
-            out.units_kept = len(task.units) - len(retry & set(task.units))
         pieces: dict[int, Any] = dict(kept)
         failed: list[dict] = []
         for unit, args, kwargs in self.input.calls(task.start, task.stop):
@@ -448,7 +446,7 @@ def run_map(
     data: str | None = None,
     grid: Mapping[str, list] | Sequence[Mapping] | None = None,
     files: str | None = None,
-    output: str = "results",
+    output: str | None = None,
     name: str | None = None,
     client=None,
     **settings,
@@ -461,9 +459,11 @@ def run_map(
     script (it travels by value). ``settings``
     are the map job's (``chunk_by``, ``chunk_rows``, ``columns``, ``seed``,
     ``retries``) and the run's (``workers``, ``overwrite``, ``max_failures``, ...).
-    A second call resumes: only units not yet done, or that raised, run.
+    A second call resumes: only units not yet done, or that raised, run. Settings not
+    given come from ``PIPELINE_*`` variables, as for ``pipeline run`` (``output``
+    from ``PIPELINE_OUTPUT``, else ``results``).
     """
-    from ..config import RunOptions, settings_of
+    from ..config import RunOptions, resolve, settings_of
     from ..jobs import run_workload
 
     run_keys = {f.name for f in settings_of(RunOptions)}
@@ -471,15 +471,17 @@ def run_map(
     unknown = sorted(set(settings) - run_keys - map_keys)
     if unknown:
         raise ConfigError(f"pipeline.map: unknown setting(s) {', '.join(unknown)}")
-    job = MapJob(
-        name=name,
-        function=describe_function(fn),
-        data=data,
-        grid=_grid_value(grid),
-        files=files,
+    given = {
+        "name": name,
+        "function": describe_function(fn),
+        "data": data,
+        "grid": _grid_value(grid),
+        "files": files,
         **{k: v for k, v in settings.items() if k in map_keys},
-    )
-    options = RunOptions(output=output, **{k: v for k, v in settings.items() if k in run_keys})
+    }
+    job = resolve(MapJob, None, given)
+    run_given = {k: v for k, v in settings.items() if k in run_keys}
+    options = resolve(RunOptions, None, {"output": output, **run_given})
     workload = MapWorkload(job, name or _default_name(fn), fn=fn)
     return run_workload(workload, options, client=client)
 
