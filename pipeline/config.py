@@ -141,8 +141,8 @@ class RunOptions:
     units_per_task: int | None = setting(
         None,
         int,
-        "Units (cubes, chunks) per Dask task. Default: measured on the job's first "
-        "tasks, so each task lasts about --task-seconds.",
+        "Units (cubes, chunks) per Dask task, rounded up to whole shards for cubes. "
+        "Default: measured on the job's first tasks, so each task lasts about --task-seconds.",
         minimum=1,
     )
     task_seconds: float = setting(

@@ -99,11 +99,15 @@ def parse_fleet(text: str, table: PriceTable) -> Fleet:
             "or more)"
         )
     inst = table.instance(name, setting="--fleet")
-    scheduler = table.instance(DEFAULT_SCHEDULER_INSTANCE, setting="scheduler instance")
-    per_hour = count * inst.usd_per_hour + scheduler.usd_per_hour + table.load_balancer_per_hour
+    scheduler = table.instance(
+        DEFAULT_SCHEDULER_INSTANCE, setting="scheduler instance (the Terraform module's)"
+    )
+    nlb = table.load_balancer_per_hour
+    per_hour = count * inst.usd_per_hour + scheduler.usd_per_hour + (nlb or 0.0)
     label = (
         f"{count} x {inst.name} ({count * inst.vcpus:,} workers) + {scheduler.name} scheduler "
-        f"+ NLB at ${per_hour:,.2f}/h"
+        + ("+ NLB" if nlb is not None else "(no NLB price in the price file)")
+        + f" at ${per_hour:,.2f}/h"
     )
     return Fleet(inst, count, count * inst.vcpus, per_hour, label)
 

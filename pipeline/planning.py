@@ -113,6 +113,9 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     task (``--units-per-task``), else an empty plan for the probes to fill. A plan
     that ``requested`` completes is recorded here; a recorded one is not rewritten."""
     g = workload.granularity
+    asked = f"{requested}" if not requested or requested % g == 0 else (
+        f"{requested} (rounded up to {round_up(requested, g)}, whole groups of {g} units)"
+    )  # fmt: skip
     requested = round_up(requested, g) if requested else None
     key = job_record_key(workload.job_id)
     if store is None or not store.exists(key):
@@ -163,7 +166,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             else f"measured task sizes (about {plan.typical_size(workload.n_units)} units)"
         )
         raise ConfigError(
-            f"--units-per-task {requested}: the output at {where} was planned with {was}; "
+            f"--units-per-task {asked}: the output at {where} was planned with {was}; "
             "resume without a different --units-per-task, or use --overwrite"
         )
     if requested and not plan.sized:

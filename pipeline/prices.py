@@ -35,7 +35,9 @@ class Instance:
 @dataclass(frozen=True)
 class PriceTable:
     instances: dict[str, Instance]
-    load_balancer_per_hour: float
+    #: None when the price file has no [load_balancers.nlb]: fleets are then priced
+    #: without it, and say so.
+    load_balancer_per_hour: float | None
     as_of: str
     region: str
     origin: str
@@ -45,7 +47,7 @@ class PriceTable:
             return self.instances[name]
         except KeyError:
             # --price-per-worker-hour prices the run's workers, not a fleet's instances
-            other = "" if setting == "--fleet" else "--price-per-worker-hour, or "
+            other = "--price-per-worker-hour, or " if setting == "instance_type" else ""
             raise ConfigError(
                 f"{setting} {name!r}: not in the price table {self.origin}; expected one of "
                 f"{', '.join(sorted(self.instances))} (or give {other}a --price-file that "
@@ -95,12 +97,12 @@ def _parse(origin: str, text: str) -> PriceTable:
         instances[name] = _instance(origin, name, row)
     if not instances:
         raise ConfigError(f'price_file {origin}: expected an [instances."TYPE"] table or more')
-    nlb = (data.get("load_balancers") or {}).get("nlb", {}).get("usd_per_hour", 0.0)
-    if not isinstance(nlb, int | float) or nlb < 0:
+    nlb = (data.get("load_balancers") or {}).get("nlb", {}).get("usd_per_hour")
+    if nlb is not None and (not isinstance(nlb, int | float) or nlb < 0):
         raise ConfigError(f"price_file {origin}: load_balancers.nlb.usd_per_hour: expected $/h")
     return PriceTable(
         instances,
-        float(nlb),
+        None if nlb is None else float(nlb),
         str(data.get("as_of", "an unknown date")),
         str(data.get("region", "")),
         origin,

@@ -125,7 +125,9 @@ class _JobTable:
             raise InputError(
                 f"{store.describe(job_id)}: no tables"
                 + (" yet (no completed tasks)" if record["workload"] != "cubes" else
-                   f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}")
+                   f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}"
+                   + ("" if store.exists(join(job_id, "manifest.parquet")) else
+                      ", written when its run completes"))
             )  # fmt: skip
         if table not in tables and table not in workload.optional_tables:
             raise InputError(

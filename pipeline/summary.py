@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -115,7 +116,8 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
         if bound:
             out.append(("  " + bound, False))
     if verbose:
-        tasks = f"{s.tasks} tasks of {s.units_per_task:,} {unit}s"
+        up_to = "" if s.tasks * s.units_per_task == s.units else "up to "
+        tasks = f"{s.tasks} tasks of {up_to}{s.units_per_task:,} {unit}s"
         if s.probe_tasks:
             sized = s.tasks - s.probe_tasks
             then = f", then {sized} of {s.units_per_task:,} {unit}s" if sized else ""
@@ -185,13 +187,23 @@ def size(nbytes: float) -> str:
 
 def usd(amount: float) -> str:
     """Dollars as a person reads them: cents from $1 up, three figures below."""
-    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+    if amount >= 1:
+        return f"${amount:,.2f}"
+    if amount <= 0:
+        return "$0"
+    # three figures, in decimals ($0.0000753, not $7.53e-05)
+    return f"${amount:.{max(2, 2 - math.floor(math.log10(amount)))}f}"
+
+
+def _figure(value: float) -> str:
+    """One decimal, or three figures below 10 (0.04, not 0.0)."""
+    return f"{value:,.1f}" if value >= 10 or value == 0 else f"{value:.3g}"
 
 
 def cost_line(s: RunSummary) -> str:
     per_day = f"; {s.runs_per_day:,.0f} runs/day at this pace" if s.runs_per_day else ""
     return (
-        f"cost: {usd(s.cost_usd or 0.0)} for {s.worker_seconds:,.1f} worker-seconds at "
+        f"cost: {usd(s.cost_usd or 0.0)} for {_figure(s.worker_seconds)} worker-seconds at "
         f"{usd(s.usd_per_worker_hour or 0.0)}/worker-hour ({s.price_source}){per_day}"
     )
 

@@ -61,8 +61,14 @@ class CubeStream(IterableDataset):
         batch_size: int | None = None,
         cluster=None,
     ):
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"CubeStream: batch_size={batch_size}; expected at least 1")
+        if batch_size is not None and (
+            not isinstance(batch_size, numbers.Integral)
+            or isinstance(batch_size, bool)
+            or batch_size < 1
+        ):
+            raise ValueError(
+                f"CubeStream: batch_size={batch_size!r}; expected an integer, at least 1"
+            )
         self.cluster = cluster
         frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
         self.workload = CubeWorkload(job, job.name or "cubes", frames)
@@ -206,7 +212,9 @@ class CubeShards(Dataset):
             yield self[k]
 
     def __getitem__(self, k: int) -> torch.Tensor:
-        if isinstance(k, (torch.Tensor, np.ndarray)) and k.ndim == 0 and k.dtype.kind != "f":
+        if isinstance(k, torch.Tensor) and k.ndim == 0 and not k.is_floating_point():
+            k = int(k)
+        if isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu":
             k = int(k)
         if not isinstance(k, numbers.Integral) or isinstance(k, bool):
             raise TypeError(

@@ -280,7 +280,7 @@ class Workload(ABC):
 
         text = f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
         nbytes = self.output_bytes(self.n_units) if self.writes_output else None
-        return text + (f" ({size(nbytes)} to write)" if nbytes else "")
+        return text + (f" ({size(nbytes)} of output)" if nbytes else "")
 
 
 def manifest_entries(store: Store, job_id: str, tasks: list[Task]):

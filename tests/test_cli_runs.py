@@ -135,7 +135,7 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     first = pipeline(*args)
     assert first.returncode == 0, first.stderr
     assert "dashboard" not in first.stderr  # served on request only (--dashboard)
-    assert "cubes job 'cubes': 40 cubes (69.1 kB to write) on tcp://127.0.0.1:" in first.stderr
+    assert "cubes job 'cubes': 40 cubes (69.1 kB of output) on tcp://127.0.0.1:" in first.stderr
     assert "cubes job 'cubes': 40 of 40 cubes in " in first.stdout
     assert "  time: start-up " in first.stdout and "while the cluster started" in first.stdout
     assert "building" in first.stdout

@@ -358,3 +358,51 @@ def test_slow_rates_and_single_units_read_right():
     assert (count(1, "point"), count(2, "task"), count(1000, "chunk")) == (
         "1 point", "2 tasks", "1,000 chunks",
     )  # fmt: skip
+
+
+def test_an_estimate_refuses_the_flags_of_a_run_it_would_ignore(tmp_path):
+    # --report, --profile, --overwrite... were listed and silently ignored.
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    for flag in (["--report", str(tmp_path / "r")], ["--overwrite"], ["--max-failures", "3"]):
+        result = CliRunner().invoke(main, ["estimate", *flag])
+        assert result.exit_code == 2, result.output
+        assert f"{flag[0]} does not apply to `pipeline estimate`" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_price_file_without_the_fleets_scheduler_or_load_balancer(tmp_path):
+    # The scheduler's message offered --price-per-worker-hour (which prices no fleet),
+    # and a missing NLB price was a silent $0.
+    from pipeline import ConfigError
+    from pipeline.prices import load_prices
+
+    box = (
+        '[instances."big.box"]\nvcpus = 4\nmemory_gib = 8\nnetwork_gbps = 10\nusd_per_hour = 1.0\n'
+    )
+    prices = tmp_path / "p.toml"
+    prices.write_text(box)
+    with pytest.raises(
+        ConfigError,
+        match=r"scheduler instance \(the Terraform module's\) "
+        r"'m5.2xlarge': not in the price table .*\(or give a --price-file",
+    ) as e:
+        parse_fleet("big.box:3", load_prices(str(prices)))
+    assert "--price-per-worker-hour" not in str(e.value)
+    prices.write_text(box + box.replace("big.box", "m5.2xlarge").replace("1.0", "0.4"))
+    fleet = parse_fleet("big.box:3", load_prices(str(prices)))
+    assert fleet.label.endswith("(no NLB price in the price file) at $3.40/h"), fleet.label
+
+
+def test_small_costs_and_times_read_as_figures():
+    # "$7.27e-07 for 0.0 worker-seconds"
+    from pipeline.summary import _figure, usd
+
+    assert [usd(7.27e-7), usd(7.53e-5), usd(0.0123), usd(0.0), usd(12.345)] == [
+        "$0.000000727", "$0.0000753", "$0.0123", "$0", "$12.35"
+    ]  # fmt: skip
+    assert [_figure(0.04), _figure(3.14159), _figure(123.45), _figure(0.0)] == [
+        "0.04", "3.14", "123.5", "0.0"
+    ]  # fmt: skip

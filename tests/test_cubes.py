@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from pipeline import InputError, load_jobs, read_shard, run_job
+from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
 from pipeline.workloads.cubes import cube_columns
 
 
@@ -191,6 +191,12 @@ def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(
     over = run(fresh, client, messages)
     assert over.tasks_skipped == 0 and over.units_run == 40
     assert any("--overwrite: removed" in m for m in messages)
+    # A size that is not whole shards of 4 is rounded up, and a refusal says so (it
+    # said "--units-per-task 12" for 9)
+    (out / "cubes" / "manifest.parquet").unlink()
+    with pytest.raises(ConfigError, match=r"--units-per-task 9 \(rounded up to 12, whole groups "
+                       r"of 4 units\): .* was planned with 8 units per task"):  # fmt: skip
+        run(cube_job(out, frames_dir, units_per_task=9), client)
 
 
 def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, client):

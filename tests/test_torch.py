@@ -67,6 +67,8 @@ def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
     assert len(CubeStream(job, batch_size=4)) == 6
     with pytest.raises(ValueError, match="batch_size=0"):
         CubeStream(job, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size='4'; expected an integer"):
+        CubeStream(job, batch_size="4")
 
 
 def test_cube_stream_from_the_cluster_hands_over_shared_memory_batches(frames_dir, client):

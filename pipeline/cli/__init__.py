@@ -220,6 +220,15 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
     from ..estimate import estimate, estimate_lines, scratch_output
     from ..prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
 
+    # Flags of a run that an estimate would ignore (a job file's keys serve both)
+    ignored = [n for n in ("report", "profile", "profile_tasks", "overwrite", "max_failures",
+                           "progress") if values.get(n) is not None]  # fmt: skip
+    if ignored:
+        flag = "--" + ignored[0].replace("_", "-")
+        raise click.UsageError(
+            f"{flag} does not apply to `pipeline estimate`, which writes none of the job's "
+            "output; give it to `pipeline run`"
+        )
     try:
         (job,) = load_jobs([job_file] if job_file else [], values, workload=workload)
         table = load_prices(job.options.price_file)

@@ -198,7 +198,14 @@ def verify_command(output, jobs, repair) -> None:
                 else "  `pipeline verify --repair` removes the damaged manifest.parquet, and "
                 "the job's command writes it again from the tasks' entries"
             )
-        if c.extra:
+        if c.extra and c.incomplete:
+            # A task whose entry is missing left its objects unlisted: its rerun writes
+            # them again (the job's own, not strangers to delete).
+            click.echo(
+                "  extra objects: no manifest entry lists them; while tasks are missing "
+                "they may be those tasks' own, which the job's command writes again"
+            )
+        elif c.extra:
             click.echo(
                 "  extra objects are none of the job's: verify never deletes them (--repair "
                 "neither); delete them, or keep them elsewhere"
