@@ -78,20 +78,34 @@ def long_cube_job(frames_dir, out) -> list:
             "--output", out, "--workers", 2]  # fmt: skip
 
 
-def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames_dir):
-    out = tmp_path / "out"
-    proc = start(*long_cube_job(frames_dir, out))
+def interrupted(proc: subprocess.Popen, ready, what: str, *, group: bool = False) -> str:
+    """Once ``ready()``, Ctrl-C to ``proc`` (to its process group with ``group``, as a
+    terminal sends it); its standard error once it exits (killed if it does not)."""
     try:
-        wait_for(lambda: list(out.glob("cubes/manifest/part-*")), 120, "a first complete task")
-        workers = descendants(proc.pid)
-        assert workers, "the embedded cluster runs worker processes"
-        # to the process group, as a terminal's Ctrl-C: each worker printed tracebacks
-        os.killpg(proc.pid, signal.SIGINT)
-        _stdout, stderr = proc.communicate(timeout=60)
+        wait_for(ready, 120, what)
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=60)[1]
     finally:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames_dir):
+    out = tmp_path / "out"
+    proc = start(*long_cube_job(frames_dir, out))
+    workers = set()
+
+    def started() -> bool:
+        workers.update(descendants(proc.pid))
+        return bool(list(out.glob("cubes/manifest/part-*")))
+
+    # to the process group, as a terminal's Ctrl-C: each worker printed tracebacks
+    stderr = interrupted(proc, started, "a first complete task", group=True)
+    assert workers, "the embedded cluster runs worker processes"
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "Error" not in stderr, stderr
     last = stderr.strip().splitlines()[-1]
@@ -325,15 +339,8 @@ def test_an_interrupted_estimate_deletes_its_scratch_output(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         start_new_session=True, cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
-    try:
-        wait_for(lambda: list(scratch.glob("pipeline-estimate-*/slow/results/part-*")), 120,
-                 "a first probe's part")  # fmt: skip
-        proc.send_signal(signal.SIGINT)
-        _stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    parts = "pipeline-estimate-*/slow/results/part-*"
+    stderr = interrupted(proc, lambda: list(scratch.glob(parts)), "a first probe's part")
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == (
         "interrupted: no estimate; its scratch output is deleted"
