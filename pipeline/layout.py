@@ -49,10 +49,10 @@ def check_job_id(job_id: str) -> None:
     ``inputs`` would delete the default frames."""
     if (
         not isinstance(job_id, str)
-        or not job_id.strip()
+        or not job_id
+        or job_id != job_id.strip()
         or any(c in job_id for c in "/\\")
         or job_id[0] in "._"
-        or job_id != job_id.strip()
         or not job_id.isprintable()
         or job_id in OUTPUT_FOLDERS
     ):

@@ -30,7 +30,7 @@ from .report import task_timings
 from .sizing import longest_first
 from .storage import Store, open_store
 from .summary import RunSummary, size
-from .workload import Task, TaskReceipt, UnitFailure, Workload
+from .workload import Task, TaskReceipt, UnitFailure, Workload, summed_fingerprint
 
 __all__ = ["completed_job", "open_output", "run_job"]
 
@@ -253,7 +253,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     _reads(summary, receipts)
     fingerprints = [r.fingerprint for r in sorted(receipts, key=lambda r: r.index) if r.fingerprint]
     if fingerprints:
-        summary.details["fingerprint"] = _combine(fingerprints)
+        summary.details["fingerprint"] = summed_fingerprint(int(f, 16) for f in fingerprints)
     if not failures and len(receipts) + len(done) == len(tasks):
         summary.complete = True
         if store is not None:
@@ -349,12 +349,6 @@ def _reads(summary: RunSummary, receipts: list[TaskReceipt]) -> None:
         read / needed,
         worst,
     )
-
-
-def _combine(fingerprints: list[str]) -> str:
-    """The job's fingerprint from its tasks': their sum modulo 2**64, which tasks make
-    as sums over their units, so the value does not depend on how the job was cut."""
-    return f"{sum(int(f, 16) for f in fingerprints) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,6 +18,7 @@ __all__ = [
     "consolidate_manifest",
     "manifest_entries",
     "plan_tasks",
+    "summed_fingerprint",
     "tasks_from_stops",
 ]
 
@@ -96,9 +97,9 @@ class TaskOutput:
     manifest: Any = None
     failures: list[UnitFailure] = field(default_factory=list)
     bytes_written: int = 0
-    #: For output that is not written: a digest of what the task made, hex of a sum
-    #: modulo 2**64 over its units (the driver sums the tasks' values, so the job's
-    #: does not depend on how it was cut into tasks).
+    #: For output that is not written: a digest of what the task made,
+    #: :func:`summed_fingerprint` of a 64-bit hash per unit (the driver sums the tasks'
+    #: values the same way, so the job's does not depend on how it was cut into tasks).
     fingerprint: str | None = None
     busy_seconds: float | None = None
     #: Seconds by phase ("inputs", "compute", "writing"): where the task's time went.
@@ -281,6 +282,12 @@ class Workload(ABC):
         text = f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
         nbytes = self.output_bytes(self.n_units) if self.writes_output else None
         return text + (f" ({size(nbytes)} of output)" if nbytes else "")
+
+
+def summed_fingerprint(values: Iterable[int]) -> str:
+    """A fingerprint of units, or of tasks' fingerprints: the sum of 64-bit values
+    modulo 2**64, in hex, whatever their order or grouping."""
+    return f"{sum(values) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 def manifest_entries(store: Store, job_id: str, tasks: list[Task]):

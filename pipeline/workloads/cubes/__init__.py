@@ -26,7 +26,14 @@ from ...config import check_settings, setting
 from ...errors import StorageError
 from ...layout import consolidated_manifest_key, shard_key
 from ...storage import Store, open_store, write_parquet
-from ...workload import Task, TaskOutput, UnitFailure, Workload, manifest_entries
+from ...workload import (
+    Task,
+    TaskOutput,
+    UnitFailure,
+    Workload,
+    manifest_entries,
+    summed_fingerprint,
+)
 from .frames import FrameSet, cached_layout, inspect_frames, load_layout, write_frames
 from .shards import ShardSpec, read_shard, write_shards
 
@@ -281,17 +288,17 @@ class CubeWorkload(Workload):
         cube = np.empty((d, d, d), dtype=self.job.dtype)
         flat = cube.reshape(-1)
         stride = max(1, flat.size // 64)
-        total = 0
+        hashes = []
         for cube_id in task.units:
             build_cube(layout, self.columns(cube_id), cube)
             # A sparse sample of the built cube: cheap, and it changes if any cube
             # is not built, so a run that skipped work would show a different value.
-            # Summed over cubes (each hashed with its id), the job's value is the same
-            # however it was cut into tasks (see runner._combine).
-            sample = flat[::stride].tobytes()
-            total += xxhash.xxh3_64_intdigest(sample, seed=cube_id & 0xFFFF_FFFF_FFFF_FFFF)
-        fingerprint = f"{total & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-        return TaskOutput(fingerprint=fingerprint, busy_seconds=time.perf_counter() - t0)
+            # Hashed with the cube's id and summed, the job's value is the same however
+            # it was cut into tasks.
+            hashes.append(xxhash.xxh3_64_intdigest(flat[::stride].tobytes(), seed=cube_id))
+        return TaskOutput(
+            fingerprint=summed_fingerprint(hashes), busy_seconds=time.perf_counter() - t0
+        )
 
     @classmethod
     def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
