@@ -514,6 +514,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-cubes-", dir=args.workdir))
     try:
         frames_dir = args.frames
