@@ -4,8 +4,9 @@ it to workers, seeding it, and saying where in it a unit failed.
 A function is named ``"module:callable"`` (``"module:Class.method"`` works too). On
 the embedded cluster the job file's folder and the current directory are on the
 workers' import path as on the driver's (spawned workers inherit ``sys.path``).
-A remote cluster gets ``code = PATH`` (a ``.py`` file or a package folder) through
-Dask's upload plug-ins, which also reach workers that join later.
+A remote cluster gets ``code = PATH`` (a ``.py`` file, a package or a folder of
+modules) through a worker plug-in (:mod:`.shipped_code`), which also reaches
+workers that join later.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "code_hash",
     "failure_frame",
     "load_function",
-    "ship_code",
     "unit_seed",
 ]
 
@@ -181,14 +181,3 @@ def check_code_path(path: str) -> Path:
     if p.is_dir() and any(p.rglob("*.py")):
         return p.resolve()
     raise ConfigError(f"code = {path!r}: expected a .py file or a folder of Python code")
-
-
-def ship_code(client, path: Path) -> None:
-    """Send ``path`` to every worker, now and as they join (Dask's upload plug-ins)."""
-    from distributed.diagnostics.plugin import UploadDirectory, UploadFile
-
-    if path.is_file():
-        plugin = UploadFile(str(path), load=True)
-    else:
-        plugin = UploadDirectory(str(path), update_path=True, mode="workers")
-    client.register_plugin(plugin, name=f"pipeline-code-{path.name}")

@@ -317,3 +317,47 @@ def test_map_code_is_shipped_to_the_workers_and_its_hash_guards_resume(remote, t
     refused = pipeline_cli(args, remote.env)
     assert refused.returncode == 1
     assert "other settings (code" in refused.stderr and "--overwrite" in refused.stderr
+
+
+def test_shipped_package_and_folder_of_modules_run_their_current_code(remote, tmp_path):
+    # A package whose helper module changes between runs: the workers imported the
+    # first version, and Dask's UploadDirectory wrote the new files beside modules
+    # they kept, so the rerun's results came from the old code.
+    pkg = tmp_path / "lib" / "shippedpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from .helpers import sq\n\ndef fn(x):\n    return {'y': sq(x)}\n"
+    )
+    (pkg / "helpers.py").write_text("def sq(x):\n    return x * x\n")
+    out = f"s3://{BUCKET}/shippedpkg"
+    args = ["run", "--workload", "map", "--function", "shippedpkg:fn", "--code", pkg,
+            "--grid", '{"x": [1, 2, 3]}', "--output", out, "--name", "pkg", "--no-progress",
+            *remote.driver_flags]  # fmt: skip
+
+    def ys() -> list:
+        shown = pipeline_cli(["results", out, "--job", "pkg", "--out", tmp_path / "r.csv"],
+                             remote.env)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        return [int(line.split(",")[-1]) for line in (tmp_path / "r.csv").read_text().split()[1:]]
+
+    first = pipeline_cli(args, remote.env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert ys() == [1, 4, 9]
+    (pkg / "helpers.py").write_text("def sq(x):\n    return -x\n")
+    again = pipeline_cli([*args, "--overwrite"], remote.env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert ys() == [-1, -2, -3]
+
+    # A folder of modules (not a package) imports on the workers as on the driver: it
+    # was put on the nannies' import path only.
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "modfn.py").write_text(
+        "from modhelper import inc\n\ndef fn(x):\n    return {'y': inc(x)}\n"
+    )
+    (mods / "modhelper.py").write_text("def inc(x):\n    return x + 1\n")
+    ran = pipeline_cli(["run", "--workload", "map", "--function", "modfn:fn", "--code", mods,
+                        "--grid", '{"x": [1, 2, 3]}', "--output", out, "--name", "mods",
+                        "--no-progress", *remote.driver_flags], remote.env)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "3 of 3 points" in ran.stdout

@@ -229,7 +229,7 @@ class MapWorkload(Workload):
 
     def prepare_cluster(self, client) -> None:
         if self.job.code:
-            from ..usercode import ship_code
+            from ..shipped_code import ship_code
 
             ship_code(client, check_code_path(self.job.code))
         if self._by_name:
