@@ -257,7 +257,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     if not failures and len(receipts) + len(done) == len(tasks):
         summary.complete = True
         if store is not None:
-            summary.details.update(workload.finalize(store, tasks))
+            summary.details.update(_finalized(workload, store, tasks, options))
             # Units that failed as data (a chunk whose fit failed is a row in the
             # models table, and its task is complete) count against --max-failures too,
             # including those of tasks skipped on resume.
@@ -290,6 +290,22 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     summary.task_timings = task_timings(receipts, t_epoch)
     add_run_cost(summary, price, remote=bool(options.scheduler))
     return summary
+
+
+def _finalized(workload: Workload, store: Store, tasks: list[Task], options: RunOptions) -> dict:
+    """``workload.finalize``, whose reading back of the tasks' objects fails on one
+    deleted or damaged since its task completed: said with the way to mend it (a
+    traceback before, on this run and every rerun, which could never complete)."""
+    import pyarrow as pa
+
+    try:
+        return workload.finalize(store, tasks)
+    except (FileNotFoundError, pa.ArrowException) as exc:
+        raise StorageError(
+            f"job {workload.job_id!r}: every task ran, but an object a complete task "
+            f"stored is missing or damaged ({exc}); `pipeline verify {options.output} "
+            "--repair`, then this command again, runs the damaged tasks again"
+        ) from None
 
 
 def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], workers: int):

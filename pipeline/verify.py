@@ -54,6 +54,9 @@ class JobCheck:
     unverified: set[int] = field(default_factory=set)
     #: The consolidated manifest is there but unreadable (``repair`` removes it).
     damaged_manifest: bool = False
+    #: Tasks' manifest entries that are not readable tables: ``repair`` removes them,
+    #: so that their tasks run again.
+    damaged_entries: list[str] = field(default_factory=list)
     #: The tasks ``repair`` marked to run again.
     repaired: list[Task] = field(default_factory=list)
 
@@ -96,19 +99,24 @@ def verify_output(
         listed = workload.verify_job(store, job_id, record, manifest, check)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
-        if repair and (check.damaged_units or check.damaged_manifest):
-            check.repaired = repair_job(store, job_id, record, manifest, check.damaged_units)
+        if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):
+            check.repaired = repair_job(
+                store, job_id, record, manifest, check.damaged_units, check.damaged_entries
+            )
         checks.append(check)
     return checks
 
 
-def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[int]) -> list[Task]:
+def repair_job(
+    store: Store, job_id: str, record: dict, manifest, damaged: set[int], entries=()
+) -> list[Task]:
     """Mark the tasks holding the ``damaged`` units to run again: their objects (all of
     them, so a task reruns whole: a ``map`` task with recorded failures would
     otherwise rerun only those) and their manifest entries are deleted, and the job's
     consolidated manifest with them, so the next run of the job's command resumes
-    with those tasks alone and writes the bytes they wrote before. Under the job's
-    lock: not while a run of the job is writing it."""
+    with those tasks alone and writes the bytes they wrote before. So are the
+    unreadable manifest ``entries`` (keys), whose tasks then run again too. Under the
+    job's lock: not while a run of the job is writing it."""
     from .errors import JobRunning
     from .planning import Plan
 
@@ -120,14 +128,21 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
         task = tasks[bisect.bisect_right(starts, u) - 1] if starts else None
         if task is not None and task.start <= u < task.stop:
             hit.add(task)
-    unit = next((c for c in ("unit_start", "chunk_start", "cube_id") if c in manifest), None)
-    keys = "object" if "object" in manifest else "shard"
-    if unit is None or keys not in manifest:
-        return []  # a manifest of the workload's own kind: not one this can map to tasks
+    columns = () if manifest is None else manifest.columns
+    unit = next((c for c in ("unit_start", "chunk_start", "cube_id") if c in columns), None)
+    keys = "object" if "object" in columns else "shard"
+    if unit is None or keys not in columns:
+        hit = set()  # a manifest of the workload's own kind: not one this can map to tasks
+        if not entries:
+            return []
+    by_index = {t.index: t for t in tasks}
+    unread = [by_index[i] for i in map(_entry_index, entries) if i in by_index]
     owner = f"pipeline verify --repair, pid {os.getpid()} on {socket.gethostname()}"
     try:
         with store.hold(lock_key(job_id), owner):
             store.delete_prefix(consolidated_manifest_key(job_id))
+            for key in entries:
+                store.delete_prefix(key)  # its task's objects are written again as they were
             for task in sorted(hit, key=lambda t: t.index):
                 # The entry first: a repair stopped midway leaves a task to rerun, never
                 # an entry that lists deleted objects.
@@ -140,7 +155,12 @@ def repair_job(store: Store, job_id: str, record: dict, manifest, damaged: set[i
             f"job {job_id!r} in {store.url} is running ({exc.strerror}): repair it once "
             "that run has ended"
         ) from None
-    return sorted(hit, key=lambda t: t.index)
+    return sorted(hit | set(unread), key=lambda t: t.index)
+
+
+def _entry_index(key: str) -> int:
+    """The task index of a manifest entry's key (``.../manifest/part-000012.parquet``)."""
+    return int(key.rsplit("part-", 1)[-1].split(".", 1)[0])
 
 
 def _entries_missing(store: Store, job_id: str, record: dict) -> str | None:
@@ -203,10 +223,15 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
         return None
     import pandas as pd
 
-    return pd.concat(
-        [read_parquet_object(store, p).to_pandas() for p in parts],
-        ignore_index=True,
-    )
+    entries = []
+    for p in parts:
+        try:
+            entries.append(read_parquet_object(store, p).to_pandas())
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            # (its task's units are then missing: --repair removes it to run the task again)
+            check.corrupt.append(f"{store.describe(p)}: not a readable table ({exc})")
+            check.damaged_entries.append(p)
+    return pd.concat(entries, ignore_index=True) if entries else None
 
 
 def check_listed_objects(

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import RunOptions, registry, run_job
-from pipeline.errors import JobRunning
+from pipeline.errors import JobRunning, StorageError
 from pipeline.layout import consolidated_manifest_key, lock_key, manifest_key
 from pipeline.results import concat_parts, job_tables
 from pipeline.storage import LocalStore
@@ -198,6 +198,27 @@ def test_verify_repair_reruns_only_the_damaged_tasks_to_the_same_bytes(
     assert {k: (out / k).read_bytes() for k in listed if k not in timed} == {
         k: data for k, data in before.items() if k not in timed
     }
+    (check,) = verify_output(str(out))
+    assert check.ok, check
+
+
+def test_an_object_damaged_before_the_job_completes_is_said_with_its_repair(
+    name, tmp_path, client, frames_dir
+):
+    # Killed before its run consolidated the manifest, then a stored object damaged:
+    # the run that finishes the job read it back with a traceback, on every rerun.
+    out = tmp_path / "out"
+    run(client, build(name, tmp_path, frames_dir), out)
+    clean = digest(out)
+    (out / consolidated_manifest_key("job")).unlink()
+    (out / manifest_key("job", 1)).write_bytes(b"PAR1 not a table")
+    with pytest.raises(StorageError) as err:
+        run(client, build(name, tmp_path, frames_dir), out)
+    assert f"pipeline verify {out} --repair" in str(err.value), err.value
+    assert "manifest/part-000001.parquet" in str(err.value), err.value
+    verify_output(str(out), repair=True)
+    assert run(client, build(name, tmp_path, frames_dir), out).complete
+    assert digest(out) == clean
     (check,) = verify_output(str(out))
     assert check.ok, check
 

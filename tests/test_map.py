@@ -261,6 +261,22 @@ def test_verify_counts_only_the_units_whose_objects_are_intact(tmp_path, client)
     assert check.units_ok == 2, check  # it said 6 of 6, beside the damage it listed
 
 
+def test_a_results_part_lost_before_the_job_completes_is_said_with_its_repair(tmp_path, client):
+    # Killed before consolidating, then a complete task's part deleted: the run that
+    # ran the rest failed reading it back, with a traceback, on every rerun.
+    settings = {"function": f"{FN}:double", "grid": {"x": list(range(6))}}
+    run(client, tmp_path, **settings)
+    clean = results_table(str(tmp_path)).to_pandas()
+    (tmp_path / "m" / "manifest.parquet").unlink()
+    (tmp_path / "m" / "results" / "part-000001.parquet").unlink()
+    with pytest.raises(pipeline.errors.StorageError, match=r"part-000001\.parquet") as err:
+        run(client, tmp_path, **settings)
+    assert f"pipeline verify {tmp_path} --repair" in str(err.value)
+    verify_output(str(tmp_path), repair=True)
+    assert run(client, tmp_path, **settings).complete
+    pd.testing.assert_frame_equal(results_table(str(tmp_path)).to_pandas(), clean)
+
+
 def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
     flag.touch()

@@ -386,7 +386,10 @@ _part = part_key
 
 def _schema(store: Store, key: str) -> pa.Schema:
     with store.open_input(key) as f:
-        return pq.read_schema(f)
+        try:
+            return pq.read_schema(f)
+        except pa.ArrowInvalid as exc:  # (pyarrow's does not say which file)
+            raise pa.ArrowInvalid(f"{store.describe(key)}: {exc}") from None
 
 
 def _why_not_importable(spec: str) -> str | None:
