@@ -111,7 +111,7 @@ def read_task_rows(
             tables[-1] = tables[-1].append_column(c, part)
     if last is not None:
         _keep(*last)
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    table = _concatenated(tables, as_dictionary)
     READS.seconds += time.perf_counter() - t0
     n = stop - start
     rg_bytes = ds.rg_bytes(wanted)[rgs]
@@ -159,6 +159,41 @@ def _keep(table: pa.Table | None, ident: tuple) -> None:
     _LAST_GROUP.clear()
     if table is not None and table.nbytes <= LAST_GROUP_BYTES:
         _LAST_GROUP.update(ident=ident, table=table)
+
+
+def _concatenated(tables: list[pa.Table], as_dictionary: list[str]) -> pa.Table:
+    """The files' tables as one. Text written as a pandas categorical in one file and
+    as strings in another is a dictionary there and strings here (or large strings):
+    each is then taken as the task reads text, a dictionary where ``as_dictionary``
+    asks, else its values. (Their concatenation failed: every task reading both kinds
+    of file, on every rerun.)"""
+    if len(tables) == 1:
+        return tables[0]
+    if all(t.schema.equals(tables[0].schema) for t in tables[1:]):
+        return pa.concat_tables(tables)
+    tables = [_text_as_read(t, as_dictionary) for t in tables]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+
+
+def _text_as_read(table: pa.Table, as_dictionary: list[str]) -> pa.Table:
+    for i, field in enumerate(table.schema):
+        t = field.type
+        values = t.value_type if pa.types.is_dictionary(t) else t
+        if not (pa.types.is_string(values) or pa.types.is_large_string(values)):
+            continue
+        column = table.column(i)
+        if field.name in as_dictionary:
+            if t != _DICTIONARY:
+                if not pa.types.is_dictionary(t):
+                    column = pc.dictionary_encode(column.cast(pa.string()))
+                column = column.cast(_DICTIONARY)
+        elif pa.types.is_dictionary(t):
+            column = column.cast(values)
+        table = table.set_column(i, field.name, column)
+    return table
 
 
 def _as_schema(table: pa.Table, ds: Dataset, where: str) -> pa.Table:

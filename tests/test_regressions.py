@@ -481,6 +481,70 @@ def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):
     assert models.warnings[2] == "dropped 1 row with missing values", models.warnings[2]
 
 
+def test_nulls_in_text_and_boolean_columns_drop_like_statsmodels_or_fail(tmp_path):
+    # A null category (text, a pandas categorical, a pandas nullable boolean) is a
+    # missing value, dropped as statsmodels drops it: it was a level of its own
+    # ("b[T.None]") where the task's design was built once, with missing = "fail" it
+    # was fitted as a level, and a formula on a categorical with nulls was refused.
+    df = panel(chunks=4, rows=60)
+    rng = np.random.default_rng(3)
+    df["txt"] = np.where(rng.random(len(df)) < 0.1, None, df["sector"].to_numpy(object))
+    cat = pd.Categorical(df["sector"])
+    cat[rng.random(len(df)) < 0.1] = np.nan
+    df["catd"] = cat
+    flag = pd.array(rng.random(len(df)) < 0.5, dtype="boolean")
+    flag[rng.random(len(df)) < 0.1] = pd.NA
+    df["flag"] = flag
+    last = df.chunk == 3  # a chunk without nulls, fitted from the task's design
+    df.loc[last, "txt"] = df.loc[last, "sector"]
+    df.loc[last, "catd"] = df.loc[last, "sector"]
+    df.loc[last, "flag"] = df.loc[last, "flag"].fillna(False)
+    path = tmp_path / "d"
+    path.mkdir()
+    df.to_parquet(path / "data.parquet", index=False)
+    plain = df.astype({"flag": object, "catd": object}).replace({pd.NA: None})
+    for formula in ("y ~ x1 + C(txt)", "y ~ x1 + catd", "y ~ x1 + flag",
+                    "y ~ x1 + C(catd, levels=['A', 'B', 'C', 'D'])"):  # fmt: skip
+        coefs, models = fit_all(workload(str(path), formula=formula))
+        assert models.error_type.isna().all(), (formula, models.error_message.tolist())
+        for c in range(4):
+            chunk = plain[plain.chunk == c]
+            expected = smf.ols(formula, chunk).fit()
+            assert_same(coefs, c, expected)
+            assert models.nobs[c] == expected.nobs
+        _, models = fit_all(workload(str(path), formula=formula, missing="fail"))
+        column = formula.split("+")[1].strip().removeprefix("C(").split(",")[0].rstrip(")")
+        for c in range(3):
+            assert models.error_type[c] == "MissingValues", (formula, models.error_type[c])
+            assert f"'{column}': " in models.error_message[c], models.error_message[c]
+
+
+def test_text_stored_as_a_categorical_in_one_file_and_strings_in_another(tmp_path):
+    # pandas writes a categorical as a dictionary column: read beside a file of plain
+    # strings, every task reading both failed (ArrowInvalid), on every rerun.
+    df = panel(chunks=6, rows=60)
+    path = tmp_path / "d"
+    path.mkdir()
+    first, second = df[df.chunk < 3].copy(), df[df.chunk >= 3].copy()
+    first["sector"] = first["sector"].astype("category")
+    first.to_parquet(path / "a.parquet", index=False)
+    pq.write_table(pa.Table.from_pandas(second, preserve_index=False).cast(
+        pa.Table.from_pandas(second, preserve_index=False).schema.set(
+            second.columns.get_loc("sector"), pa.field("sector", pa.large_string()))),
+        path / "b.parquet")  # fmt: skip
+    for settings in ({"formula": "y ~ x1 + C(sector)"},
+                     {"formula": "y ~ x1", "chunk_by": "sector"}):  # fmt: skip
+        w = workload(str(path), **settings)
+        coefs, models = fit_all(w)
+        assert models.error_type.isna().all(), models.error_message.tolist()
+        if "chunk_by" not in settings:
+            for c in range(6):
+                assert_same(coefs, c, smf.ols("y ~ x1 + C(sector)", df[df.chunk == c]).fit())
+        else:
+            for c, key in enumerate(sorted(df.sector.unique())):
+                assert_same(coefs, c, smf.ols("y ~ x1", df[df.sector == key]).fit())
+
+
 def bad_panel():
     df = panel(chunks=7, rows=60)
     c = df.chunk

@@ -111,16 +111,18 @@ def check_formula(spec: ModelSpec, rows) -> None:
     is wrong with it, if anything is."""
     import patsy
 
-    from .patsy_fast import keep_all_na
+    from .design import patsy_frame
     from .spec import eval_env, model_desc
 
     try:
         with quiet_math():
+            # Missing values dropped, as statsmodels does: a null is not a level, nor a
+            # value outside C(x, levels=...)'s (both were refused before any task)
             y, _ = patsy.dmatrices(
                 model_desc(spec.formula),
-                rows.table.to_pandas(),
+                patsy_frame(rows.table),
                 eval_env=eval_env(),
-                NA_action=keep_all_na(),
+                NA_action="drop",
                 return_type="matrix",
             )
     except Exception as exc:

@@ -14,7 +14,7 @@ import numpy as np
 from .patsy_fast import coded_columns, design_once, keep_all_na
 from .spec import ModelSpec
 
-__all__ = ["ChunkError", "Prepared", "TaskDesign"]
+__all__ = ["ChunkError", "Prepared", "TaskDesign", "patsy_frame"]
 
 
 class ChunkError(Exception):
@@ -72,6 +72,13 @@ class TaskDesign:
             else None
         )
         self.exact = False
+        # Chunks with a null in a column that is not a number (text, a boolean...): the
+        # task's design, told that no value is missing, takes a null for a level of its
+        # own ("b[T.None]"); designed alone, such a chunk drops those rows as statsmodels
+        # does, or fails with missing = "fail".
+        self.missing_text = {}
+        if spec.formula is not None:
+            self.missing_text = _chunks_with_missing_text(table, offsets)
         if spec.formula is None:
             self._arrays(table)
         else:
@@ -95,7 +102,7 @@ class TaskDesign:
         for j, field in enumerate(table.schema):
             if pa.types.is_dictionary(field.type):
                 table = table.set_column(j, field.name, table.column(j).cast(field.type.value_type))
-        return table.to_pandas()
+        return patsy_frame(table)
 
     @staticmethod
     def _float(table, name):
@@ -150,10 +157,13 @@ class TaskDesign:
 
         sig = self.signature[i].tobytes()
         if sig not in self._columns:
-            with quiet_math():
-                names = patsy.dmatrix(
-                    self.rhs, self.df.iloc[s:e], eval_env=eval_env(), NA_action=keep_all_na()
-                ).design_info.column_names
+            try:
+                with quiet_math():
+                    names = patsy.dmatrix(
+                        self.rhs, self.df.iloc[s:e], eval_env=eval_env(), NA_action=keep_all_na()
+                    ).design_info.column_names
+            except Exception:  # designed alone, the chunk says what is wrong with it
+                return None
             where = {n: j for j, n in enumerate(self.names)}
             self._columns[sig] = (
                 np.array([where[n] for n in names], dtype=np.intp)
@@ -172,6 +182,8 @@ class TaskDesign:
         ok = np.diff(self.offsets) > 0
         if self.factor_codes:
             ok &= self.full
+        if self.missing_text:
+            ok[list(self.missing_text)] = False
         return ok
 
     def stack(self, chunks: np.ndarray, rows: int):
@@ -193,6 +205,12 @@ class TaskDesign:
     def prepare(self, i: int) -> Prepared:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
         s, e = int(self.offsets[i]), int(self.offsets[i + 1])
+        if i in self.missing_text:
+            if self.spec.missing == "fail":
+                raise ChunkError(
+                    "MissingValues", f"missing values (missing = fail): {self.missing_text[i]}"
+                )
+            return self._prepare_exact(s, e)
         if self.exact:
             return self._prepare_exact(s, e)
         names, X = self.names, self.Xg[s:e]
@@ -322,6 +340,37 @@ def design_slices(offsets: np.ndarray, columns: int) -> list[tuple[int, int]]:
         out.append((a, b))
         a = b
     return out
+
+
+def patsy_frame(table):
+    """``table`` as the pandas frame a formula is evaluated on: numpy types and objects,
+    not pandas' nullable types that the files' pandas metadata asks for (patsy fails
+    on a nullable boolean: "Cannot interpret 'BooleanDtype' as a data type"); a null
+    is then None, or NaN in a number column, which patsy takes as missing."""
+    return table.to_pandas(ignore_metadata=True)
+
+
+def _chunks_with_missing_text(table, offsets: np.ndarray) -> dict[int, str]:
+    """Chunk -> what it misses ("cat: 3 of 70 rows"), for chunks with nulls in a column
+    that is not a number (a number's null is a NaN, which the fit reports itself)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found: dict[int, str] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        t = column.type
+        if column.null_count == 0 or pa.types.is_integer(t) or pa.types.is_floating(t):
+            continue
+        nulls = np.add.reduceat(
+            np.append(pc.is_null(column).to_numpy(zero_copy_only=False), False).astype(np.int64),
+            offsets[:-1],
+        )
+        nulls[np.diff(offsets) == 0] = 0  # reduceat takes an empty chunk's next row
+        for i in np.flatnonzero(nulls).tolist():
+            rows = int(offsets[i + 1] - offsets[i])
+            said = f"{name!r}: {nulls[i]} of {rows} rows"
+            found[i] = f"{found[i]}; {said}" if i in found else said
+    return found
 
 
 def _isnull(a: np.ndarray) -> np.ndarray:
