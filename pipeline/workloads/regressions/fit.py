@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -187,6 +187,11 @@ def singular(p: Prepared, rank: int, X: np.ndarray | None = None) -> None:
 def _make_model(spec: ModelSpec, p: Prepared):
     import statsmodels.api as sm
 
+    if spec.formula is not None:
+        # In the column-major layout smf's models get (patsy's frame as an array): the
+        # iterative fits (quantreg, rlm, GLM) round otherwise, and stop a step apart
+        # (3e-7 relative on a quantreg estimate, 1.7e-4 on its p-value)
+        p = replace(p, X=np.asfortranarray(p.X))
     m = spec.model
     if m == "ols":
         return sm.OLS(p.y, p.X)
