@@ -30,7 +30,7 @@ from .errors import ConfigError
 from .layout import check_job_id, consolidated_manifest_key, inside_job_folder
 from .prices import worker_price
 from .report import write_report_page
-from .runner import completed_job, run_job
+from .runner import check_batch_space, completed_job, run_job
 from .storage import open_store
 from .summary import RunSummary
 from .usercode import add_import_paths
@@ -151,13 +151,14 @@ def _warn_misspelled_variables(environ: Mapping[str, str], loaded: list[type]) -
             )  # fmt: skip
 
 
-def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
+def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSummary]:
     """Run jobs in sequence on one cluster connection (that of the first job).
 
     Every job's inputs are validated before any task runs, so a bad second job fails
     the batch before the first one has spent an hour. The cluster starts meanwhile,
     unless every job's output looks complete already: a batch whose jobs are all
-    complete starts no cluster at all.
+    complete starts no cluster at all. ``on_summary(job, summary)`` is called as each
+    job ends, so that a job's summary is told even if a later one fails.
     """
     first = jobs[0].options
     _check_one_cluster(jobs)
@@ -182,6 +183,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             if workload.writes_output:
                 open_store(job.options.output).preflight()
         finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+        check_batch_space([(w, job.options) for job, w in zip(jobs, workloads, strict=True)])
         validation_seconds = time.perf_counter() - t0
     except BaseException:
         if start is not None:
@@ -194,6 +196,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             start.close()
         for job, summary in zip(jobs, finished, strict=True):
             _write_report(job, summary, echo)
+            if on_summary:
+                on_summary(job, summary)
         return finished
     summaries = []
     with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
@@ -215,6 +219,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print) -> list[RunSummary]:
             summary.startup, startup = startup, {}
             _write_report(job, summary, echo)
             summaries.append(summary)
+            if on_summary:
+                on_summary(job, summary)
     return summaries
 
 

@@ -153,6 +153,32 @@ def _held(workload: Workload, options: RunOptions):
         yield
 
 
+def check_batch_space(batch: list[tuple[Workload, RunOptions]]) -> None:
+    """Jobs run one after another that together would fill their output's disk fail
+    before any of them runs: the second job's check, in its own run, came after the
+    first had written (and its summary was never shown)."""
+    needed: dict[str, list[tuple[Workload, int]]] = {}
+    for workload, options in batch:
+        if not workload.writes_output:
+            continue
+        store = open_store(options.output)
+        units = workload.n_units
+        if not options.overwrite:
+            plan = load_plan(workload, options.units_per_task, store)
+            units -= _units_in(plan.tasks(units), _completed(store, workload.job_id))
+        if units:
+            needed.setdefault(store.url, []).append((workload, units))
+    for url, jobs in needed.items():
+        nbytes = sum(w.output_bytes(units) or 0 for w, units in jobs)
+        free = open_store(url).free_bytes() if nbytes else None
+        if free is not None and nbytes > free:
+            which = ", ".join(f"{w.job_id!r} {size(w.output_bytes(u) or 0)}" for w, u in jobs)
+            raise StorageError(
+                f"output {url}: {size(nbytes)} still to write (jobs {which}), {size(free)} "
+                "free on its disk; free some space or write elsewhere (--output)"
+            )
+
+
 def _check_space(workload: Workload, store: Store | None, units: int) -> None:
     """A job that would fill its disk fails now, not after an hour's tasks."""
     nbytes = workload.output_bytes(units) if store is not None and units else None

@@ -169,6 +169,31 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert "plan:" not in first.stdout and "probe" not in first.stdout
 
 
+def test_several_jobs_space_is_checked_before_any_and_each_summary_told_as_it_ends(
+    tmp_path, frames_dir
+):
+    from lock_holders import lock_held_elsewhere
+
+    def job(name: str, cubes: int) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'workload = "cubes"\nname = "{name}"\nframes = "{frames_dir}"\n'
+                        f'dim = 6\ncubes = {cubes}\noutput = "{tmp_path / "out"}"\n')  # fmt: skip
+        return path
+
+    # Together more than the disk holds: refused before the first job writes anything
+    # (the second's check came after the first had run, and its summary was lost).
+    too_much = pipeline("run", job("a", 40), job("b", 10**12))
+    assert too_much.returncode == 1
+    assert "still to write (jobs 'a' 69.1 kB, 'b' " in too_much.stderr, too_much.stderr
+    assert not (tmp_path / "out" / "a").exists()
+    # A later job failing after an earlier one ran: the earlier one's summary is told.
+    with lock_held_elsewhere(str(tmp_path / "out"), "b", "another run"):
+        proc = pipeline("run", job("a", 40), job("b", 40))
+    assert proc.returncode == 1
+    assert "cubes job 'a': 40 of 40 cubes in " in proc.stdout, proc.stdout
+    assert "job 'b' in " in proc.stderr and "is already running" in proc.stderr
+
+
 def test_a_damaged_output_is_repaired_by_verify_repair_and_a_rerun(tmp_path, frames_dir):
     args = ["run", "--frames", frames_dir, "--dim", 6, "--cubes", 40, "--cubes-per-shard", 8,
             "--units-per-task", 8, "--output", tmp_path]  # fmt: skip

@@ -171,21 +171,25 @@ def run_command(job_files, workload, **values) -> None:
     complete tasks resumes: only missing tasks run (--overwrite starts over).
     """
     signal.signal(signal.SIGINT, _interrupt)
-    try:
-        jobs = load_jobs(job_files, values, workload=workload)
-        summaries = run_jobs(jobs, echo=lambda m: click.echo(m, err=True))
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt as exc:
-        _exit_interrupted(exc)
     verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
     failed = False
-    for job, summary in zip(jobs, summaries, strict=True):
+
+    def told(job, summary) -> None:
+        # As each job ends: a later job's error must not hide what an earlier one did.
+        nonlocal failed
         for line, err in summary_lines(summary, verbose):
             click.echo(line, err=err)
         failed |= summary.units_failed > job.options.max_failures or (
             not summary.complete and summary.units_failed == 0
         )
+
+    try:
+        jobs = load_jobs(job_files, values, workload=workload)
+        run_jobs(jobs, echo=lambda m: click.echo(m, err=True), on_summary=told)
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        _exit_interrupted(exc)
     if failed:
         sys.exit(1)
 
