@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import ConfigError
 
@@ -111,8 +111,19 @@ _LOCAL_FILES = ("report", "profile", "profile_tasks", "price_file")
 class RunOptions:
     """How a job runs: where, with what parallelism, writing where."""
 
+    #: A setting of the embedded cluster, outranked by a remote scheduler: a workers
+    #: count exported for the embedded cluster gives way to a job's scheduler.
+    APPLIES_WITHOUT: ClassVar = {"workers": "scheduler"}
+
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.scheduler and self.workers:
+            # (it was ignored without a word: the run said "on 2 workers")
+            raise ConfigError(
+                f"workers = {self.workers} (--workers, PIPELINE_WORKERS) sizes the embedded "
+                f"cluster; the cluster at scheduler = {self.scheduler!r} has the workers "
+                "started for it (add some with `dask worker`): leave workers out"
+            )
         for name in _LOCAL_FILES:
             value = getattr(self, name)
             if isinstance(value, str) and "://" in value:
@@ -459,6 +470,9 @@ def _drop_outranked(cls, values: dict, from_env: set[str]) -> None:
                     del values[name]
     for name, needed in getattr(cls, "APPLIES_WITH", {}).items():
         if name in from_env and needed not in values:
+            del values[name]
+    for name, other in getattr(cls, "APPLIES_WITHOUT", {}).items():
+        if name in from_env and other in values:
             del values[name]
 
 

@@ -54,6 +54,15 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
         load_jobs([], {}, workload="regressions", environ={"PIPELINE_ALPHA": "1.5"})
 
 
+def test_workers_with_a_scheduler_is_refused_unless_an_exported_default(tmp_path):
+    # --workers sizes the embedded cluster: with a scheduler it was ignored unsaid.
+    with pytest.raises(ConfigError, match=r"workers = 7 \(--workers, PIPELINE_WORKERS\)"):
+        load_jobs([], {"scheduler": "tcp://127.0.0.1:8786", "workers": 7}, environ={})
+    path = write(tmp_path, 'scheduler = "tcp://127.0.0.1:8786"\n')
+    (job,) = load_jobs([path], {}, environ={"PIPELINE_WORKERS": "3"})
+    assert job.options.workers is None and job.options.scheduler == "tcp://127.0.0.1:8786"
+
+
 def test_a_misspelled_variable_is_warned_about(caplog):
     env = {"PIPELINE_WORKRES": "3", "PIPELINE_IMAGE": "x", "PIPELINE_FORMULA": "y ~ x"}
     (job,) = load_jobs([], {}, workload="regressions", environ=env)

@@ -223,6 +223,18 @@ def test_dask_delivery_from_its_own_embedded_cluster_does_not_warn_of_a_relay(fr
     assert got == expected_digests(job)
 
 
+def test_with_no_client_the_cluster_is_embedded_whatever_pipeline_scheduler_says(
+    frames_dir, monkeypatch
+):
+    # An exported PIPELINE_SCHEDULER (for runs) made the "embedded" cluster of
+    # iter_cubes and CubeStream(cluster=True) that remote one, whose workers on other
+    # hosts cannot build in this host's memory.
+    monkeypatch.setenv("PIPELINE_SCHEDULER", "tcp://127.0.0.1:9")  # nothing listens there
+    job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
+    got = {k: digest(c) for k, c in iter_cubes(job, delivery="shared-memory")}
+    assert got == expected_digests(job)
+
+
 def test_a_consumer_that_keeps_every_cube_gets_new_buffers_instead_of_waiting(frames_dir, client):
     # 3 slots per producer would hold 2 x 3 x 2 = 12 cubes: keeping 40 needs more.
     job = CubeJob(frames=str(frames_dir), cubes=40, dim=8, seed=9)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -109,8 +110,14 @@ def iter_cube_batches(
     with contextlib.ExitStack() as stack:
         embedded = client is None
         if embedded:
-            # (the run's settings of PIPELINE_* variables, as a run's: workers, TLS...)
-            client = stack.enter_context(connect(resolve(RunOptions, None, {})))
+            # The run's settings of PIPELINE_* variables (workers...), but always an
+            # embedded cluster: an exported PIPELINE_SCHEDULER connected to that one,
+            # whose workers on other hosts cannot build in this host's memory
+            options = resolve(RunOptions, None, {})
+            options = dataclasses.replace(
+                options, scheduler=None, tls_ca_file=None, tls_cert=None, tls_key=None
+            )
+            client = stack.enter_context(connect(options))
         try:  # a remote cluster may still be starting
             client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
         except TimeoutError as exc:
