@@ -315,6 +315,28 @@ def run_consumer(cluster, frames_dir, delivery, direct="0", rounds=1, pause=0.0,
 
 
 @pytest.mark.integration
+def test_a_scheduler_killed_mid_iteration_is_one_error_naming_it(tmp_path, frames_dir):
+    # It was four Dask tracebacks ending in CommClosedError: ConnectionPool.gather.
+    from cluster_procs import tls_cluster
+
+    with tls_cluster(tmp_path, n_workers=1) as cluster:
+        consumer = run_consumer(cluster, frames_dir, "dask", pause=0.05,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            assert consumer.stdout.readline().strip() == "consuming"
+            cluster.scheduler.kill()
+            _, err = consumer.communicate(timeout=120)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        "pipeline.errors.ClusterError: iter_cubes: lost the connection to the Dask scheduler at"
+    ), err[-3000:]
+    assert "During handling of the above exception" not in err
+
+
+@pytest.mark.integration
 def test_sigkilled_consumer_leaves_no_memory_behind(procs_cluster, frames_dir):
     shm_before = shm_files()
     with procs_cluster.client() as client:

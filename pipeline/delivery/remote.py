@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import ClusterError
 from ..workloads.cubes import CubeWorkload
 
 __all__ = ["RelayedThroughSchedulerWarning", "remote_batches"]
@@ -77,14 +78,39 @@ def remote_batches(client, workload: CubeWorkload, batch_cubes: int, *, warn=Tru
 
     first = itertools.islice(starts, IN_FLIGHT_PER_WORKER * n_workers)
     pending = as_completed([submit(start) for start in first])
+    delivered = 0
     try:
         for future in pending:
-            ids, batch = future.result()
-            future.release()
-            next_start = next(starts, None)
-            if next_start is not None:
-                pending.add(submit(next_start))
+            try:
+                ids, batch = future.result()
+                future.release()
+                next_start = next(starts, None)
+                if next_start is not None:
+                    pending.add(submit(next_start))
+            except Exception as exc:
+                if not _scheduler_lost(client, exc):
+                    raise  # a cube that failed to build: the worker's own error
+                raise ClusterError(
+                    f"iter_cubes: lost the connection to the Dask scheduler at "
+                    f"{client.scheduler.address} after {delivered:,} of {n:,} cubes (the "
+                    f"scheduler or the way to it failed: {type(exc).__name__}); the cubes "
+                    "are the same for the same job and seed, so a new iteration gives "
+                    "these again"
+                ) from None
+            delivered += len(ids)
             yield ids, batch
             del batch
     finally:
         pending.clear()
+
+
+def _scheduler_lost(client, exc: Exception) -> bool:
+    """Whether ``exc`` is the client's link to the scheduler failing (the scheduler
+    killed, the network down): Dask's own exceptions said that in four tracebacks."""
+    from distributed.comm.core import CommClosedError
+
+    return (
+        getattr(exc, "reason", None) == "scheduler-connection-lost"
+        or isinstance(exc, CommClosedError | ConnectionError)
+        or client.status != "running"
+    )
