@@ -51,7 +51,8 @@ def summary_text(table: str, result: pa.Table) -> str | None:
         if len(ok):
             lines.append(
                 f"  nobs median {ok['nobs'].median():.0f}; rsquared median "
-                f"{ok['rsquared'].median():.4g}; fit seconds total {ok['fit_seconds'].sum():.3g}"
+                f"{ok['rsquared'].median():.4g}; fit seconds total "
+                f"{frame['fit_seconds'].sum():.3g} ({ok['fit_seconds'].sum():.3g} of the fitted)"
             )
     else:
         stats = frame.groupby("term", sort=False).agg(
