@@ -262,6 +262,7 @@ def test_a_chunk_of_one_cluster_fails_saying_so(tmp_path):
     _, models = fit_all(workload(data, cov_type="cluster", cluster="g"))
     assert models.error_type[1] == "TooFewClusters", models.error_message[1]
     assert "1 cluster (g = " in models.error_message[1]
+    assert "np." not in models.error_message[1]  # numpy's repr of its scalar was shown
     assert "at least 2" in models.error_message[1]
     assert pd.isna(models.error_type[0]) and pd.isna(models.error_type[2])
 

@@ -103,6 +103,11 @@ def _count_bad(a: np.ndarray) -> tuple[int, int]:
     return nan, int(a.size - nan - np.isfinite(a).sum())
 
 
+def _plain(value):
+    """A numpy scalar as the Python value it holds: its repr is np.float64(4.0)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray | None:
     """Raise :class:`ChunkError` for a chunk that cannot be fitted; return X's singular values."""
     n, k = p.X.shape
@@ -139,8 +144,8 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
         if clusters < 2:  # statsmodels: "ZeroDivisionError: float division by zero"
             raise ChunkError(
                 "TooFewClusters",
-                f"1 cluster ({spec.cluster} = {p.groups[0]!r}) in this chunk: cluster-robust "
-                "errors need at least 2",
+                f"1 cluster ({spec.cluster} = {_plain(p.groups[0])!r}) in this chunk: "
+                "cluster-robust errors need at least 2",
             )
     X = p.X
     if p.weights is not None:
