@@ -612,6 +612,11 @@ def test_non_convergence_and_perfect_separation(tmp_path):
     assert models.error_type[1] == "PerfectSeparation", models.warnings[1]
     assert models.error_type[2] == "PerfectSeparation", models.error_message[2]
     assert "classify every observation" in models.error_message[2]
+    # another optimizer, which calls itself converged there
+    _, models = fit_all(workload(data, model="logit", formula="y_bin ~ x1 + x2",
+                                 fit_options="method=bfgs,maxiter=500"))  # fmt: skip
+    assert pd.isna(models.error_type[0])
+    assert list(models.error_type[1:]) == ["PerfectSeparation"] * 2, models.error_message
     _, models = fit_all(
         workload(data, model="logit", formula="y_bin ~ x1 + x2", fit_options="maxiter=1")
     )

@@ -265,7 +265,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             if spec.linear and model.rank < p.X.shape[1]:
                 singular(p, model.rank)
             out = _extract(spec, getattr(res, "_results", res), p, sv)
-            separated = _separated(spec, res, out.converged)
+            separated = _separated(spec, res)
             if separated:
                 out.converged = False
                 caught.append(
@@ -331,7 +331,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
     return out
 
 
-def _separated(spec: ModelSpec, res, converged: bool | None) -> str | None:
+def _separated(spec: ModelSpec, res) -> str | None:
     """Binary models: why the MLE does not exist, if the data are separated."""
     if spec.model not in ("logit", "probit") and not (
         spec.model == "glm" and spec.family == "binomial"
@@ -344,9 +344,10 @@ def _separated(spec: ModelSpec, res, converged: bool | None) -> str | None:
         return None
     if np.all((mu < 1e-6) | (mu > 1 - 1e-6)):
         return "all fitted probabilities are 0 or 1 (complete separation)"
-    # The iterations stopped on the way to infinity: estimates that classify every
-    # observation are a hyperplane separating the outcomes, so no maximum exists.
-    if converged is False and y.size and np.all((mu > 0.5) == (y > 0.5)):
+    # Estimates that classify every observation are a hyperplane separating the
+    # outcomes, so no maximum exists, whatever the optimizer said: bfgs "converged"
+    # there, on estimates of 1e3 with standard errors of 1e8.
+    if y.size and np.all((mu > 0.5) == (y > 0.5)):
         return "the estimates classify every observation (complete separation)"
     return None
 
