@@ -254,6 +254,20 @@ def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
     assert pd.isna(models.error_type[3])
 
 
+@pytest.mark.parametrize("engine", ["auto", "statsmodels"])
+def test_hc2_hc3_with_a_row_fitted_exactly_fail_the_chunk_saying_why(tmp_path, engine):
+    # A category level with one row has leverage 1: HC3 divides by 1 - h_ii, and the
+    # standard errors were rounding noise (16 % from statsmodels'), said as fitted.
+    df = panel(chunks=3, rows=60)
+    df.loc[df.index[df.chunk == 1][0], "sector"] = "Z"  # one row of its own level
+    data = write(df, tmp_path / "d")
+    coefs, models = fit_all(workload(data, cov_type="HC3", engine=engine))
+    assert models.error_type[1] == "HighLeverage", models.error_message[1]
+    assert "leverage 1" in models.error_message[1] and "HC1" in models.error_message[1]
+    for c in (0, 2):
+        assert_same(coefs, c, smf.ols(FORMULA, df[df.chunk == c]).fit(cov_type="HC3"))
+
+
 def test_a_chunk_of_one_cluster_fails_saying_so(tmp_path):
     # statsmodels' own error there: "ZeroDivisionError: float division by zero"
     df = panel(chunks=3, rows=60)

@@ -172,6 +172,25 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
     return sv
 
 
+def _check_leverage(spec: ModelSpec, model) -> None:
+    """HC2 and HC3 divide each squared residual by 1 - h_ii: a row fitted exactly
+    (h_ii = 1: the one row of a category) gives standard errors that are rounding
+    noise (16 % apart from statsmodels' own, from the same data), said as fitted."""
+    from .stack import MAX_LEVERAGE
+
+    pinv = getattr(model, "pinv_wexog", None)  # (not made by fit(method="qr"))
+    pinv = np.linalg.pinv(model.wexog) if pinv is None else pinv
+    h = np.einsum("ij,ji->i", model.wexog, pinv)  # as statsmodels' HC2/HC3 find them
+    row = int(np.argmax(h))
+    if h[row] > MAX_LEVERAGE:
+        raise ChunkError(
+            "HighLeverage",
+            f"row {row} of the chunk has leverage {h[row]:.6g}: it is fitted exactly (a "
+            f"category level with one row?), and {spec.cov_type} divides by 1 - h_ii; "
+            "HC1 or HC0 does not",
+        )
+
+
 def singular(p: Prepared, rank: int, X: np.ndarray | None = None) -> None:
     """Raise SingularDesign naming the collinear columns (of ``X``: the rows that
     count, when some weigh nothing)."""
@@ -264,6 +283,8 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             res = model.fit(**fit_kwargs(spec, p))
             if spec.linear and model.rank < p.X.shape[1]:
                 singular(p, model.rank)
+            if spec.linear and spec.cov_type in ("HC2", "HC3"):
+                _check_leverage(spec, model)
             out = _extract(spec, getattr(res, "_results", res), p, sv)
             separated = _separated(spec, res)
             if separated:
