@@ -390,12 +390,29 @@ def _file_rows(path: Path) -> list[dict]:
         if path.suffix.lower() == ".csv":
             from pyarrow import csv
 
-            return csv.read_csv(path).to_pylist()
+            return _empty_text_as_null(csv.read_csv(path)).to_pylist()
         from .storage import read_parquet
 
         return read_parquet(path.read_bytes()).to_pylist()
     except pa.ArrowException as exc:
         raise ValueError(str(exc)) from None
+
+
+def _empty_text_as_null(table):
+    """An empty CSV cell as missing (None) in a text column, as pyarrow reads it in a
+    number column: a point's ``b=''`` beside ``c=None`` for the same empty cell. (Not
+    through pyarrow's ``strings_can_be_null``: it would take text such as "NA" or
+    "null" for missing too.)"""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, column in enumerate(table.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            empty = pc.equal(column, "")
+            table = table.set_column(
+                i, table.field(i), pc.if_else(empty, pa.scalar(None, column.type), column)
+            )
+    return table
 
 
 def _table_rows(value: list | tuple, origin: str) -> list[dict]:

@@ -102,6 +102,28 @@ def test_a_list_of_points_runs_each_in_its_order(tmp_path, client):
     assert check.ok and check.units_ok == 3, check
 
 
+def test_an_empty_csv_cell_is_missing_whatever_its_columns_type(tmp_path, client):
+    """An empty cell reached the function as '' in a text column but as None in a
+    number column, and the job's record said "" and null."""
+    import json
+
+    from pipeline import load_jobs
+
+    (tmp_path / "pts.csv").write_text("a,b,c\n1,x,2.5\n2,,3\n3,z,\n")
+    cli = {"function": f"{FN}:reprs", "grid": str(tmp_path / "pts.csv")}
+    (job,) = load_jobs([], cli, workload="map", environ={})
+    assert job.settings.grid[1]["b"] is None and job.settings.grid[2]["c"] is None
+    w = MapWorkload(job.settings, "m")
+    options = RunOptions(output=str(tmp_path / "out"), units_per_task=3, progress=False)
+    assert run_job(w, options, client, echo=lambda m: None).complete
+    table = results_table(str(tmp_path / "out")).to_pydict()
+    assert table["b_repr"] == ["'x'", "None", "'z'"] and table["c_repr"] == ["2.5", "3.0", "None"]
+    assert table["b"] == ["x", None, "z"]
+    recorded = json.loads((tmp_path / "out" / "m" / "job.json").read_text())["fingerprint"]
+    assert [p["b"] for p in recorded["grid"]] == ["x", None, "z"]
+    assert [p["c"] for p in recorded["grid"]] == [2.5, 3.0, None]
+
+
 def test_many_listed_points_are_recorded_by_digest_and_still_compared(
     tmp_path, client, monkeypatch
 ):

@@ -244,3 +244,8 @@ def as_bytes(x):
 
 def rows_in(chunk: pd.DataFrame):
     return {"rows": len(chunk)}
+
+
+def reprs(**params):
+    """What the call got, as text: each parameter's repr."""
+    return {f"{k}_repr": repr(v) for k, v in params.items()}
