@@ -367,13 +367,21 @@ def _table_file(path: Path, name: str, origin: str, rows: bool = False) -> dict 
     suffix = path.suffix.lower()
     try:
         if rows and suffix in (".csv", ".parquet"):
-            return _table_rows(_file_rows(path), f"{origin}: file {path}")
+            listed = _file_rows(path)
+            if not listed:
+                raise ConfigError(
+                    f"{origin}: file {path} has no rows; expected a row per call "
+                    "(a header line and at least one row, for a CSV)"
+                )
+            return _table_rows(listed, f"{origin}: file {path}")
         if suffix == ".json":
             value = json.loads(_text(path))
         else:
             value = tomllib.loads(_text(path))
             if isinstance(value.get(name), dict) or (rows and isinstance(value.get(name), list)):
                 value = value[name]
+    except ConfigError:  # (a ValueError too) already names the file
+        raise
     except (ValueError, OSError) as exc:  # TOMLDecodeError and JSONDecodeError too
         raise ConfigError(f"{origin}: file {path} is not a table: {exc}") from None
     if rows and isinstance(value, list):

@@ -136,8 +136,13 @@ def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
     with pytest.raises(ConfigError, match=r"mixed.json: item 1 is \[2\] \(list\)"):
         load_jobs([], {"grid": str(tmp_path / "mixed.json")}, workload="map", environ={})
     (tmp_path / "empty.csv").write_text("alpha,n\n")
-    with pytest.raises(ConfigError, match=r"empty.csv: an empty list; expected at least one"):
+    # (it said "--grid: file empty.csv is not a table: --grid: file empty.csv: an empty list")
+    no_rows = r"no rows; expected a row per call \(a header line and at least one row, for a CSV\)$"
+    with pytest.raises(ConfigError, match=rf"^--grid: file \S*empty.csv has {no_rows}"):
         load_jobs([], {"grid": str(tmp_path / "empty.csv")}, workload="map", environ={})
+    pq.write_table(pa.table({"alpha": pa.array([], pa.float64())}), tmp_path / "none.parquet")
+    with pytest.raises(ConfigError, match=r"^--grid: file \S*none.parquet has no rows;"):
+        load_jobs([], {"grid": str(tmp_path / "none.parquet")}, workload="map", environ={})
 
 
 def test_a_value_of_another_setting_says_so(tmp_path):
