@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -98,7 +99,8 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
     store = open_store(url)
     url = store.url  # a local path made absolute: "data.parquet" has a parent folder too
     try:
-        keys = [k for k in store.list() if k and _is_data_key(k)]
+        under = store.list()
+        keys = [k for k in under if k and _is_data_key(k)]
         if not keys:
             parent, _, base = url.rstrip("/").rpartition("/")
             if parent and base:
@@ -111,6 +113,8 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
                 ]
                 if keys:
                     store = pstore
+                elif not under and not store.remote and not Path(url).exists():
+                    raise InputError(f"dataset {url}: no such folder or file")
     except OSError as exc:
         raise InputError(f"dataset {url}: cannot list it: {exc}") from exc
     if not keys:
@@ -121,6 +125,8 @@ def discover(url: str, chunk_by: tuple[str, ...] = ()) -> Dataset:
                 f"pd.read_csv({url.rstrip('/')!r}).to_parquet('data.parquet', "
                 "row_group_size=100_000)"
             )
+        if not under and store.remote:
+            raise InputError(f"dataset {url}: no objects there (nothing under {url}/)")
         raise InputError(
             f"dataset {url}: no .parquet files there (make a demo dataset with "
             "`pipeline data regressions`)"

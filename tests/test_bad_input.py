@@ -253,6 +253,17 @@ def test_a_dataset_file_in_the_working_directory_is_found(tmp_path, monkeypatch)
     assert ds.num_rows == 3 and ds.url == str(tmp_path)
 
 
+def test_a_missing_dataset_is_told_from_one_without_parquet_files(tmp_path):
+    from pipeline.dataset import discover
+
+    with pytest.raises(InputError, match=r"nosuchdir: no such folder or file$"):
+        discover(str(tmp_path / "nosuchdir"))  # "no .parquet files there", it said
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("x")
+    with pytest.raises(InputError, match=r"texts: no \.parquet files there"):
+        discover(str(tmp_path / "texts"))
+
+
 def test_a_csv_dataset_gets_told_to_become_parquet(tmp_path):
     from pipeline.dataset import discover
 

@@ -594,7 +594,7 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
         ({"function": f"{FN}:file_size", "files": "/no/such/folder"}, InputError,
          "no such folder"),
         ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},
-         InputError, "no .parquet files"),
+         InputError, "/no/such/data: no such folder or file"),
         ({"function": "power", "grid": {"x": [1]}}, ConfigError, "expected 'module:callable'"),
         ({"function": f"{FN}:power", "grid": {"x": [1], "unit": [2]}}, ConfigError,
          "grid key 'unit' has the name of the results' first column .* rename the key"),

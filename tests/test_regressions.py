@@ -708,7 +708,7 @@ def test_non_convergence_and_perfect_separation(tmp_path):
             "fails with them on the first chunk and not without them",
         ),
         ({"model": "rlm", "cov_type": "HC1"}, ConfigError, "own covariance"),
-        ({"data": "/no/such/place"}, InputError, "no .parquet files"),
+        ({"data": "/no/such/place"}, InputError, "no such folder or file"),
         # set where they do nothing, they were ignored (--maxlags gave nonrobust errors)
         ({"maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC, not nonrobust"),
         ({"cov_type": "HC1", "maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC"),
