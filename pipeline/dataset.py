@@ -208,7 +208,9 @@ class _Unified:
     def __init__(self):
         self.fields: dict[str, pa.Field] = {}
         self.index: dict[str, int] = {}
-        self.seen_in: dict[str, str] = {}  # column -> a file that has it, for messages
+        #: column -> a file that has it and the column's type there, for messages (the
+        #: field's type may be wider: another file's)
+        self.seen_in: dict[str, tuple[str, pa.DataType]] = {}
         self.absent: dict[str, str] = {}
         self.conflicts: dict[str, str] = {}
         self.widened: set[str] = set()
@@ -222,14 +224,15 @@ class _Unified:
                     self.absent.setdefault(fld.name, self.first_file)
                 self.fields[fld.name] = fld
                 self.index[fld.name] = len(self.index)
-                self.seen_in[fld.name] = where
+                self.seen_in[fld.name] = (where, fld.type)
             elif have.type != fld.type:
                 wider = _wider(have.type, fld.type)
                 if wider is None:
+                    first, its_type = self.seen_in[fld.name]
                     self.conflicts.setdefault(
                         fld.name,
                         f"column {fld.name!r} is {fld.type} in dataset file {where} and "
-                        f"{have.type} in {self.seen_in[fld.name]}",
+                        f"{its_type} in {first}",
                     )
                 else:
                     self.fields[fld.name] = have.with_type(wider)

@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import ConfigError, InputError, StorageError, load_jobs, run_jobs
@@ -262,6 +264,19 @@ def test_a_missing_dataset_is_told_from_one_without_parquet_files(tmp_path):
     (tmp_path / "texts" / "a.txt").write_text("x")
     with pytest.raises(InputError, match=r"texts: no \.parquet files there"):
         discover(str(tmp_path / "texts"))
+
+
+def test_a_column_of_another_type_is_named_with_each_files_own_type(tmp_path):
+    """int64 in a.parquet, double in b.parquet, text in c.parquet: the message said
+    a.parquet held double, the type the column had been widened to by b.parquet."""
+    from pipeline.dataset import check_columns, discover
+
+    pq.write_table(pa.table({"v": pa.array([1], pa.int64())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"v": pa.array([1.5])}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"v": pa.array(["s"])}), tmp_path / "c.parquet")
+    with pytest.raises(InputError, match=r"column 'v' is (large_)?string in dataset file "
+                       r"\S*c\.parquet and int64 in \S*a\.parquet \(needed by f\)"):  # fmt: skip
+        check_columns(discover(str(tmp_path)), {"v": "f"})
 
 
 def test_a_csv_dataset_gets_told_to_become_parquet(tmp_path):
