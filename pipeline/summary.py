@@ -226,8 +226,8 @@ def bottleneck(s: RunSummary) -> str | None:
         where = "S3-bound" if (s.output or "").startswith("s3://") else "disk-bound"
         built = f"; {unit}s were built at {s.units_run / (compute / w):,.0f}/s" if compute else ""
         return (
-            f"{where}: wrote {s.bytes_written / 1e9:.2f} GB at "
-            f"{s.bytes_written / 1e9 / s.wall_seconds:.2f} GB/s{built}"
+            f"{where}: wrote {size(s.bytes_written)} at "
+            f"{size(s.bytes_written / s.wall_seconds)}/s{built}"
         )
     if inputs > max(compute, writing, share):
         return f"input-bound: loading inputs took {seconds(inputs / w)} of each worker's time"

@@ -332,7 +332,10 @@ def test_the_summary_names_what_bound_the_run_and_reads_short_times():
     slow_reads = bottleneck(run(10.0, 9.0, inputs=6.0, compute=2.0, writing=1.0))
     assert slow_reads == "input-bound: loading inputs took 3.0 s of each worker's time"
     assert bottleneck(run(10.0, 19.0, compute=18.0, writing=1.0)).startswith("CPU-bound")
-    assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)).startswith("disk-bound")
+    # (small figures keep their digits: it said "wrote 0.00 GB at 0.00 GB/s")
+    assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)) == (
+        "disk-bound: wrote 1.0 MB at 100.0 kB/s; units were built at 2,000/s"
+    )
     # One unit of 20 s beside five quick ones: not "overhead-bound"
     slow_unit = run(20.1, 20.2, compute=20.2)
     slow_unit.task_timings = [{"index": 0, "seconds": 20.0, "units": 1},
