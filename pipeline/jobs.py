@@ -67,9 +67,10 @@ def load_jobs(
     # Users' own modules (a map job's function) import from the job file's folder and
     # the current directory, on the driver and on the embedded cluster's workers.
     add_import_paths(*(Path(p).parent for p in paths), os.getcwd())
-    files = [load_job_file(p, registry.DEFAULT_WORKLOAD) for p in paths] or [
-        JobFile(None, workload or registry.DEFAULT_WORKLOAD, {})
-    ]
+    # The workload resolves as settings do: --workload (a job from flags alone) or the
+    # job file's key, then PIPELINE_WORKLOAD, then the default.
+    default = _workload_from(environ)
+    files = [load_job_file(p, default) for p in paths] or [JobFile(None, workload or default, {})]
     jobs = []
     for jf in files:
         kind = jf.workload
@@ -85,6 +86,22 @@ def load_jobs(
     _check_distinct(jobs)
     _warn_misspelled_variables(environ, [type(job.settings) for job in jobs])
     return jobs
+
+
+#: The variable naming the workload of a job that does not name one.
+WORKLOAD_VARIABLE = f"{ENV_PREFIX}WORKLOAD"
+
+
+def _workload_from(environ: Mapping[str, str]) -> str:
+    name = environ.get(WORKLOAD_VARIABLE, "").strip()
+    if not name:
+        return registry.DEFAULT_WORKLOAD
+    if name not in registry.names():
+        raise ConfigError(
+            f"environment {WORKLOAD_VARIABLE}: {name!r} is not a workload, expected one of "
+            f"{', '.join(registry.names())}"
+        )
+    return name
 
 
 def _workloads_with(keys: set[str]) -> list[str]:
@@ -130,7 +147,7 @@ def _warn_misspelled_variables(environ: Mapping[str, str], loaded: list[type]) -
     def names(classes) -> set[str]:
         return {f.name.upper() for cls in classes for f in settings_of(cls)}
 
-    known = names([RunOptions, ProcessSettings, *loaded])
+    known = names([RunOptions, ProcessSettings, *loaded]) | {WORKLOAD_VARIABLE[len(ENV_PREFIX) :]}
     unknown = [v for v in sorted(environ)
                if v.startswith(ENV_PREFIX) and v[len(ENV_PREFIX) :] not in known]  # fmt: skip
     if not unknown:

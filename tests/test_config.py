@@ -28,6 +28,25 @@ def test_precedence_flag_over_file_over_env_over_default(tmp_path):
     assert job.job_id == "job"  # from the file name
 
 
+def test_the_workload_resolves_as_settings_do(tmp_path):
+    # PIPELINE_WORKLOAD was ignored: the job ran as cubes, and its map or regressions
+    # flags were refused as not applying to a 'cubes' job.
+    env = {"PIPELINE_WORKLOAD": "regressions"}
+    (job,) = load_jobs([], {"data": "d", "formula": "y ~ x", "chunk_by": "g"}, environ=env)
+    assert job.workload == "regressions" and job.settings.formula == "y ~ x"
+    (job,) = load_jobs([], {}, workload="map", environ=env)  # the flag first
+    assert job.workload == "map"
+    plain = write(tmp_path, 'data = "d"\nformula = "y ~ x"\n')  # a job file naming none
+    (job,) = load_jobs([plain], {}, environ=env)
+    assert job.workload == "regressions"
+    (tmp_path / "c.toml").write_text('workload = "cubes"\ncubes = 3\n')  # the file's own
+    (job,) = load_jobs([str(tmp_path / "c.toml")], {}, environ=env)
+    assert job.workload == "cubes" and job.settings.cubes == 3
+    with pytest.raises(ConfigError, match=r"^environment PIPELINE_WORKLOAD: 'regression' is "
+                       r"not a workload, expected one of cubes, "):  # fmt: skip
+        load_jobs([], {}, environ={"PIPELINE_WORKLOAD": "regression"})
+
+
 def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
     (job,) = load_jobs(
         [],

@@ -161,7 +161,8 @@ def _add_verbose_option(command: click.Command) -> None:
     "--workload",
     type=click.Choice(registry.names()),
     default=None,
-    help="Workload of a job given by flags alone (no job file). [default: cubes]",
+    help="Workload of a job given by flags alone (no job file). [env: PIPELINE_WORKLOAD, "
+    "also for a job file that names none; default: cubes]",
 )
 @_setting_options
 def run_command(job_files, workload, **values) -> None:
@@ -200,7 +201,8 @@ def run_command(job_files, workload, **values) -> None:
     "--workload",
     type=click.Choice(registry.names()),
     default=None,
-    help="Workload of a job given by flags alone (no job file). [default: cubes]",
+    help="Workload of a job given by flags alone (no job file). [env: PIPELINE_WORKLOAD, "
+    "also for a job file that names none; default: cubes]",
 )
 @click.option(
     "--fleet",
