@@ -26,7 +26,7 @@ from .config import (
     resolve,
     settings_of,
 )
-from .errors import ConfigError
+from .errors import ConfigError, PipelineError
 from .layout import check_job_id, consolidated_manifest_key, inside_job_folder
 from .prices import worker_price
 from .report import write_report_page
@@ -73,15 +73,16 @@ def load_jobs(
     files = [load_job_file(p, default) for p in paths] or [JobFile(None, workload or default, {})]
     jobs = []
     for jf in files:
-        kind = jf.workload
-        settings_cls = registry.load(kind).settings_class
-        if jf.path is not None:
-            check_unknown_keys(jf, RunOptions, settings_cls, owners=_workloads_with)
-        check_flags_apply(cli, kind, RunOptions, settings_cls)
-        options = resolve(RunOptions, jf, cli, environ)
-        settings = resolve(settings_cls, jf, cli, environ)
-        job_id = settings.name or jf.stem or kind
-        check_job_id(job_id)
+        with _naming_file(jf.path, len(files) > 1):
+            kind = jf.workload
+            settings_cls = registry.load(kind).settings_class
+            if jf.path is not None:
+                check_unknown_keys(jf, RunOptions, settings_cls, owners=_workloads_with)
+            check_flags_apply(cli, kind, RunOptions, settings_cls)
+            options = resolve(RunOptions, jf, cli, environ)
+            settings = resolve(settings_cls, jf, cli, environ)
+            job_id = settings.name or jf.stem or kind
+            check_job_id(job_id)
         jobs.append(Job(kind, options, settings, job_id, jf.path))
     _check_distinct(jobs)
     _warn_misspelled_variables(environ, [type(job.settings) for job in jobs])
@@ -180,11 +181,13 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
     first = jobs[0].options
     _check_one_cluster(jobs)
     _check_profile_paths(jobs)
+    several = len(jobs) > 1
+    workloads = []
     for job in jobs:
-        check_driver_paths(job.options, job.job_id)
-    workloads = [job.build() for job in jobs]
-    for job, workload in zip(jobs, workloads, strict=True):
-        check_inputs_outside(workload, job.options)
+        with _naming_file(job.source, several):
+            check_driver_paths(job.options, job.job_id)
+            workloads.append(job.build())
+            check_inputs_outside(workloads[-1], job.options)
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
     urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
@@ -195,11 +198,15 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
     try:
         t0 = time.perf_counter()
         for job, workload in zip(jobs, workloads, strict=True):
-            workload.preflight()
-            worker_price(job.options)  # a bad instance type or price file, before any task
-            if workload.writes_output:
-                open_store(job.options.output).preflight()
-        finished = [completed_job(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+            with _naming_file(job.source, several):
+                workload.preflight()
+                worker_price(job.options)  # a bad instance type or price file, before any task
+                if workload.writes_output:
+                    open_store(job.options.output).preflight()
+        finished = []
+        for job, workload in zip(jobs, workloads, strict=True):
+            with _naming_file(job.source, several):
+                finished.append(completed_job(workload, job.options))
         check_batch_space([(w, job.options) for job, w in zip(jobs, workloads, strict=True)])
         validation_seconds = time.perf_counter() - t0
     except BaseException:
@@ -239,6 +246,19 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
             if on_summary:
                 on_summary(job, summary)
     return summaries
+
+
+@contextlib.contextmanager
+def _naming_file(source: Path | None, several: bool):
+    """An error about one of several jobs names its job file (``badb.toml: function
+    fits:fit_one(alpha, n, seed) does not accept the grid key(s) 'm'``): the message
+    alone did not say which file to fix."""
+    try:
+        yield
+    except PipelineError as exc:
+        if several and source is not None and str(source) not in str(exc):
+            exc.args = (f"{source}: {exc}",)
+        raise
 
 
 def _write_report(job: Job, summary: RunSummary, echo) -> None:

@@ -176,6 +176,33 @@ def test_two_job_files_writing_one_job_folder_are_refused_before_either_runs(tmp
     assert [j.job_id for j in load_jobs([str(a), str(b)], out, environ={})] == ["grid", "other"]
 
 
+def test_an_error_about_one_of_several_jobs_names_its_file(tmp_path):
+    """`pipeline run grid.toml badb.toml` said what was wrong with a job's settings,
+    not in which of its files."""
+    (tmp_path / "fits.py").write_text("def fit_one(alpha, n, seed):\n    return alpha\n")
+    head = 'workload = "map"\nfunction = "fits:fit_one"\n[grid]\nalpha = [1]\n'
+    (tmp_path / "grid.toml").write_text(head + "n = [2]\n")
+    (tmp_path / "badb.toml").write_text(head + "m = [2]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", "grid.toml", "badb.toml", "--output", "out",
+         "--workers", "1"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "Error: badb.toml: function fits:fit_one(alpha, n, seed) does not accept the grid "
+        "key(s) 'm'; its parameters: alpha, n, seed"
+    ]
+    assert not (tmp_path / "out" / "grid").exists()  # nor the first job ran
+    # Settings resolved per file (a job's name), and a job alone: its file goes unsaid
+    (tmp_path / "badb.toml").write_text('name = "_b"\n' + head + "n = [2]\n")
+    paths = [str(tmp_path / "grid.toml"), str(tmp_path / "badb.toml")]
+    with pytest.raises(ConfigError, match=r"^\S*badb\.toml: job name '_b': a job's name is"):
+        load_jobs(paths, {}, environ={})
+    with pytest.raises(ConfigError, match=r"^job name '_b': a job's name is"):
+        load_jobs(paths[1:], {}, environ={})
+
+
 def test_job_file_with_its_keys_under_a_table(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[job]\nworkload = "map"\nfunction = "m:f"\ngrid = { a = [1] }\n')
