@@ -326,9 +326,11 @@ def _unwritable(path: Path, folder: bool) -> str | None:
     return None
 
 
+#: Run settings of the connection to a cluster (or of the embedded one it starts).
+CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
+                       "direct_to_workers")  # fmt: skip
 #: Run settings of the cluster, not of a job: the jobs of one run share the first's.
-CLUSTER_SETTINGS = ("scheduler", "workers", "dashboard", "profile", "tls_ca_file", "tls_cert",
-                    "tls_key", "direct_to_workers")  # fmt: skip
+CLUSTER_SETTINGS = (*CONNECTION_SETTINGS, "profile")
 
 
 def _check_one_cluster(jobs: Sequence[Job]) -> None:

@@ -434,6 +434,18 @@ def test_the_python_api_takes_settings_from_the_environment(tmp_path, client, mo
     assert (tmp_path / "given" / "power").is_dir()
 
 
+def test_cluster_settings_beside_a_client_are_refused(tmp_path, client):
+    # They were ignored: the run went to the client's cluster, unsaid.
+    refused = r"^pipeline\.map: scheduler='tls://10\.0\.0\.1:8786', workers=5 set up a cluster"
+    with pytest.raises(ConfigError, match=refused + ", but client= gives the cluster to run on"):
+        pipeline.map(userfns.power, grid={"x": [1]}, output=str(tmp_path), client=client,
+                     workers=5, scheduler="tls://10.0.0.1:8786")  # fmt: skip
+    assert not (tmp_path / "power").exists()
+    s = pipeline.map(userfns.power, grid={"x": [1]}, output=str(tmp_path), client=client,
+                     progress=False, units_per_task=1)  # fmt: skip
+    assert s.complete
+
+
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"

@@ -467,13 +467,21 @@ def run_map(
     from ``PIPELINE_OUTPUT``, else ``results``).
     """
     from ..config import RunOptions, resolve, settings_of
-    from ..jobs import run_workload
+    from ..jobs import CONNECTION_SETTINGS, run_workload
 
     run_keys = {f.name for f in settings_of(RunOptions)}
     map_keys = {f.name for f in settings_of(MapJob)}
     unknown = sorted(set(settings) - run_keys - map_keys)
     if unknown:
         raise ConfigError(f"pipeline.map: unknown setting(s) {', '.join(unknown)}")
+    ignored = [k for k in CONNECTION_SETTINGS if settings.get(k) is not None]
+    if client is not None and ignored:
+        # The run is on client's cluster: they would have been ignored, unsaid.
+        given = ", ".join(f"{k}={settings[k]!r}" for k in ignored)
+        raise ConfigError(
+            f"pipeline.map: {given} set up a cluster, but client= gives the cluster to run "
+            "on; leave them out (or the client, to have pipeline.map start or reach one)"
+        )
     given = {
         "name": name,
         "function": describe_function(fn),
