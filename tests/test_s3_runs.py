@@ -197,6 +197,50 @@ def test_a_map_over_files_on_s3_reads_them_with_open_file(s3, s3_bucket):
         assert f.read() == b"line\nline\n" and not isinstance(f.read(), str)
 
 
+#: Files under texts/, here and on S3; a glob matches the same of them in either place.
+TREE = ["f00.txt", "f01.txt", "f09.txt", "f10.txt", "f0.csv", "g.txt", ".hidden.txt",
+        "sub/h.txt", "sub/.x.txt", "sub/deep/i.txt", ".dot/j.txt", "f0x/k.txt"]  # fmt: skip
+GLOBS = ["*.txt", "f0?.txt", "f[01]*", "[!f]*", "f0*", "**/*.txt", "**", "sub/*", "*/*.txt",
+         ".hidden*", "sub/.x*", ".dot/*", "**/i.txt", "*/**/*.txt", "sub/**", "f0*/*"]  # fmt: skip
+
+
+def test_files_on_s3_are_globbed_as_local_files(s3, s3_bucket, tmp_path):
+    """A glob on S3 said "no files there", and so did a partial name (texts/f0 for
+    f00..f09), without saying what was looked for."""
+    import pipeline
+    from pipeline import ConfigError, InputError
+    from pipeline.workloads.map_inputs import FilesInput
+
+    texts = s3.url(prefix="texts")
+    store = pipeline.open_store(texts)
+    for name in TREE:
+        store.write_bytes(name, b"line\n" * len(name))
+        (tmp_path / "texts" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "texts" / name).write_bytes(b"line\n" * len(name))
+    here = str(tmp_path / "texts")
+
+    def names(where: str, root: str) -> list[str]:
+        return [p[len(root) + 1 :] for p in FilesInput(where).paths]
+
+    for pattern in GLOBS:
+        local = names(f"{here}/{pattern}", here)
+        assert local, pattern
+        assert names(f"{texts}/{pattern}", texts) == local, pattern
+    assert names(texts, texts) == names(here, here)  # a prefix, as a folder
+    assert [k for k, _ in store.listed_versions("f0")] == ["f0.csv", "f00.txt", "f01.txt",
+                                                           "f09.txt", "f0x/k.txt"]  # fmt: skip
+    assert FilesInput(f"{texts}/g.txt").paths == (f"{texts}/g.txt",)  # one object
+    with pytest.raises(InputError, match=rf"^files = '{texts}/f0': no files there \(an s3:// "
+                       rf"prefix is taken as a folder, and no object is under {texts}/f0/, nor "
+                       rf"named {texts}/f0\); for the files whose names begin with 'f0' "
+                       rf"\(f0\.csv, \.\.\.\), give a glob: {texts}/f0\*$"):  # fmt: skip
+        FilesInput(f"{texts}/f0")
+    with pytest.raises(InputError, match=r"no files match this glob \(of the objects under "):
+        FilesInput(f"{texts}/*.json")
+    with pytest.raises(ConfigError, match=r"the bucket of an s3:// glob is named as it is"):
+        FilesInput("s3://pipeline-*/texts/*.txt")
+
+
 def test_a_shard_deleted_on_s3_is_repaired_to_its_bytes(s3, s3_bucket, frames_dir):
     output = f"s3://{BUCKET}/repaired"
     with connect(RunOptions(workers=2)) as client:

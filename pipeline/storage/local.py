@@ -64,6 +64,12 @@ def _pwrite_direct(path: str, view: memoryview, offset: int) -> None:
         os.close(fd)
 
 
+def file_version(path: str | os.PathLike) -> str:
+    """A local file's :meth:`Store.version`: its size and modification time."""
+    st = os.stat(path)
+    return f"{st.st_size}-{st.st_mtime_ns}"
+
+
 class LocalStore(Store):
     remote = False
 
@@ -175,8 +181,7 @@ class LocalStore(Store):
         return self.path(key).stat().st_size
 
     def version(self, key: str) -> str:
-        st = os.stat(self._path_text(key))
-        return f"{st.st_size}-{st.st_mtime_ns}"
+        return file_version(self._path_text(key))
 
     def list(self, prefix: str = "") -> list[str]:
         base = self.path(prefix) if prefix else self.root

@@ -100,6 +100,12 @@ _STREAM_ERRORS = (
 )
 
 
+def _version(size: int, etag: str) -> str:
+    """An object's :meth:`Store.version`: its size, then its ETag (a HEAD's or a
+    listing's: the same)."""
+    return f"{size}-{etag.strip(chr(34))}"
+
+
 # --------------------------------------------------------------------------- store
 
 
@@ -359,7 +365,29 @@ class S3Store(Store):
 
     def version(self, key: str) -> str:
         head = self._head(key)
-        return f"{head['ContentLength']}-{head.get('ETag', '').strip(chr(34))}"
+        return _version(head["ContentLength"], head.get("ETag", ""))
+
+    def listed_versions(self, start: str = "", limit: int | None = None) -> list[tuple[str, str]]:
+        """``(key, version)`` of the objects whose key (under the store's prefix, as a
+        folder) begins with ``start``: any text, not only a folder's (``logs/2024-01-``
+        lists only those), in key order, at most ``limit``. The versions come with the
+        listing: a request per 1,000 objects, not a HEAD each."""
+        rel = str(start).lstrip("/")
+        if ".." in rel.split("/"):
+            raise StorageError(f"prefix {start!r} must not contain '..'")
+        full = f"{self.prefix}/{rel}" if self.prefix else rel
+        found: list[tuple[str, str]] = []
+        paginator = self._client().get_paginator("list_objects_v2")
+        pages = {"MaxItems": limit} if limit else {}
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, PaginationConfig=pages):
+                for obj in page.get("Contents", ()):
+                    if not obj["Key"].endswith("/"):  # a console's "folder" marker
+                        version = _version(obj["Size"], obj.get("ETag", ""))
+                        found.append((self._relative(obj["Key"]), version))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, rel or None) from exc
+        return found
 
     def _list_full(self, full_prefix: str) -> Iterator[str]:
         paginator = self._client().get_paginator("list_objects_v2")

@@ -6,21 +6,17 @@ first columns of the unit's result rows) and the arguments of the unit's call.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
 import json
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from ..errors import ConfigError, InputError
 from ..planning import json_value
-from ..storage import open_store
 
 __all__ = ["DataInput", "FilesInput", "GridInput"]
 
@@ -139,18 +135,20 @@ def _names(keys) -> str:
 
 
 class FilesInput:
-    """Every file in a folder (recursively), matching a glob, or under an s3:// prefix."""
+    """Every file in a folder (recursively), matching a glob, or under an s3:// prefix
+    (:mod:`.map_files`)."""
 
     kind = "files"
     key_names = ("file",)
 
     def __init__(self, where: str):
+        from .map_files import list_files
+
         self.where = where
-        self.paths = tuple(_list_files(where))
-        if not self.paths:
-            raise InputError(f"files = {where!r}: no files there")
+        listed = list_files(where)
+        self.paths = tuple(path for path, _ in listed)
+        self.versions = tuple(version for _, version in listed)
         self.n_units = len(self.paths)
-        self.versions: tuple[str, ...] = ()
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
         for unit in range(start, stop):
@@ -166,29 +164,6 @@ class FilesInput:
         return f"{self.n_units} files in {self.where}"
 
 
-def _list_files(where: str) -> list[str]:
-    if where.startswith("s3://"):
-        store = open_store(where)
-        try:
-            keys = store.list()
-        except OSError as exc:
-            raise InputError(f"files = {where!r}: cannot list it: {exc}") from exc
-        return [f"{store.url.rstrip('/')}/{k}" for k in keys if not _hidden(k)]
-    if any(c in where for c in "*?["):
-        return sorted(os.path.abspath(p) for p in glob.glob(where, recursive=True)
-                      if os.path.isfile(p))  # fmt: skip
-    root = Path(where).expanduser()
-    if root.is_file():
-        return [str(root.resolve())]
-    if not root.is_dir():
-        raise InputError(f"files = {where!r}: no such folder or file")
-    return sorted(
-        str(p.resolve())
-        for p in root.rglob("*")
-        if p.is_file() and not _hidden(str(p.relative_to(root)))
-    )
-
-
 def as_text(path: str) -> str:
     """``path`` as the ``file`` column holds it: a name's bytes that are not UTF-8 (which
     Python keeps as lone surrogates, and parquet cannot store) as ``\\xff`` escapes."""
@@ -197,10 +172,6 @@ def as_text(path: str) -> str:
     except UnicodeEncodeError:
         return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return path
-
-
-def _hidden(relative: str) -> bool:
-    return any(part.startswith(".") for part in relative.split("/"))
 
 
 class DataInput:
