@@ -27,7 +27,8 @@ from .config import (
     settings_of,
 )
 from .errors import ConfigError, PipelineError
-from .layout import check_job_id, consolidated_manifest_key, inside_job_folder
+from .globs import has_magic
+from .layout import check_job_id, consolidated_manifest_key, inside_job_folder, reads_below
 from .prices import worker_price
 from .report import write_report_page
 from .runner import check_batch_space, completed_job, run_job
@@ -294,15 +295,28 @@ def check_driver_paths(options: RunOptions, job_id: str) -> None:
 
 def check_inputs_outside(workload: Workload, options: RunOptions) -> None:
     """An input inside the job's own folder would be deleted by ``--overwrite`` (and
-    counted by ``verify`` as objects that are none of the job's)."""
+    counted by ``verify`` as objects that are none of the job's); an output inside an
+    input would be read by the job's next run, its results as inputs (and a resume
+    refused: its inputs changed)."""
     if not workload.writes_output:
         return
+    output = options.output.rstrip("/")
     for url in workload.input_urls():
         if inside_job_folder(url, options.output, workload.job_id):
             raise ConfigError(
                 f"{url}: this input is inside the job's own folder "
-                f"({options.output.rstrip('/')}/{workload.job_id}), which --overwrite empties; "
+                f"({output}/{workload.job_id}), which --overwrite empties; "
                 "move it, or give the job another name (--name)"
+            )
+        if reads_below(url, options.output):
+            where = (
+                f"this glob matches files inside the output ({output})"
+                if has_magic(url)
+                else f"the output ({output}) is inside this input"
+            )
+            raise ConfigError(
+                f"{url}: {where}, so the job's next run would read its results as inputs; "
+                "give another output (--output)"
             )
 
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigError, InputError
+from .globs import has_magic, reaches, split
 from .storage import join, open_store
 
 __all__ = [
     "check_job_id",
     "inside_job_folder",
+    "reads_below",
     "completed_tasks",
     "job_folder",
     "job_records",
@@ -67,15 +69,26 @@ def check_job_id(job_id: str) -> None:
 def inside_job_folder(url: str, output: str, job_id: str) -> bool:
     """Whether ``url`` (an input's folder or file) lies in the job's own folder, which
     ``--overwrite`` empties and ``verify`` checks object by object."""
+    folder = (*_parts(output), job_id)
+    return _parts(url)[: len(folder)] == folder
 
-    def parts(where: str) -> tuple[str, ...]:
-        if "://" in where:
-            scheme, rest = where.split("://", 1)
-            return (scheme, *(p for p in rest.split("/") if p))
-        return Path(where).expanduser().resolve().parts
 
-    folder = (*parts(output), job_id)
-    return parts(url)[: len(folder)] == folder
+def reads_below(url: str, folder: str) -> bool:
+    """Whether an input ``url`` (a folder, file, ``s3://`` prefix, or a glob of them)
+    takes in files below ``folder`` (a job's output: they would become its input)."""
+    if not has_magic(url):
+        top = _parts(url)
+        return _parts(folder)[: len(top)] == top
+    root, segments = split(url)
+    top, names = _parts(root or "."), _parts(folder)
+    return names[: len(top)] == top and reaches(segments, list(names[len(top) :]))
+
+
+def _parts(where: str) -> tuple[str, ...]:
+    if "://" in where:
+        scheme, rest = where.split("://", 1)
+        return (scheme, *(p for p in rest.split("/") if p))
+    return Path(where).expanduser().resolve().parts
 
 
 def job_records(store) -> dict[str, str]:

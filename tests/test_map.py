@@ -391,6 +391,31 @@ def test_files_and_dataset_chunks(tmp_path, client):
                                                                     [10, 12, 2]]  # fmt: skip
 
 
+def test_an_output_inside_a_files_input_is_refused(tmp_path, client):
+    """`--files in --output in/results`: the rerun listed the job's own results as its
+    inputs (and was refused, 'other settings (files)')."""
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    for name in ("a.txt", "b.txt", "sub/c.txt"):
+        (tmp_path / "in" / name).write_text("x\n")
+    import re
+
+    out = str(tmp_path / "in" / "results")
+    o = re.escape(out)
+    for files in (str(tmp_path / "in"), f"{tmp_path}/in/**"):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(files)}: (the output \({o}\) is "
+                           rf"inside this input|this glob matches files inside the output \({o}\)"
+                           "), so the job's next run would read its results as inputs; give "
+                           r"another output \(--output\)$"):  # fmt: skip
+            pipeline.map(userfns.file_size, files=files, output=out, client=client)
+    assert not (tmp_path / "in" / "results").exists()
+    # A glob that cannot reach the output: its results stay out of the next run's inputs
+    for _ in range(2):
+        s = pipeline.map(userfns.file_size, files=f"{tmp_path}/in/*.txt", output=out,
+                         client=client, progress=False)  # fmt: skip
+        assert s.complete and s.units == 2
+    assert s.units_run == 0
+
+
 def test_a_file_name_that_is_not_utf8_is_kept_escaped(tmp_path, client):
     files = tmp_path / "files"
     files.mkdir()

@@ -154,7 +154,7 @@ class MapWorkload(Workload):
 
     def input_urls(self) -> tuple[str, ...]:
         where = self.job.data or self.job.files
-        return (where,) if where and not any(c in where for c in "*?[") else ()
+        return (where,) if where else ()
 
     def preflight(self) -> None:
         if self.input is not None:
