@@ -241,6 +241,16 @@ def test_files_on_s3_are_globbed_as_local_files(s3, s3_bucket, tmp_path):
         FilesInput("s3://pipeline-*/texts/*.txt")
 
 
+def test_an_empty_prefix_as_a_dataset_says_it_holds_no_objects(s3, s3_bucket):
+    from mapfns.userfns import chunk_stats
+
+    import pipeline
+    from pipeline import InputError
+
+    with pytest.raises(InputError, match=rf"^dataset {s3.url(prefix='none')}: no objects there"):
+        pipeline.map(chunk_stats, data=s3.url(prefix="none"), chunk_rows=2, output=s3_bucket)
+
+
 def test_a_shard_deleted_on_s3_is_repaired_to_its_bytes(s3, s3_bucket, frames_dir):
     output = f"s3://{BUCKET}/repaired"
     with connect(RunOptions(workers=2)) as client:
