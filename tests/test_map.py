@@ -133,7 +133,7 @@ def test_many_listed_points_are_recorded_by_digest_and_still_compared(
 
     from pipeline.workloads import map_inputs
 
-    monkeypatch.setattr(map_inputs, "LISTED_POINTS_RECORDED", 3)
+    monkeypatch.setattr(map_inputs, "LISTED_RECORDED", 3)
     points = [{"x": x, "p": 2} for x in range(5)]
     assert run(client, tmp_path, function=f"{FN}:power", grid=points).complete
     recorded = json.loads((tmp_path / "m" / "job.json").read_text())["fingerprint"]["grid"]
@@ -389,6 +389,40 @@ def test_files_and_dataset_chunks(tmp_path, client):
     table = results_table(str(tmp_path / "r")).to_pandas()
     assert table[["row_start", "row_stop", "n"]].values.tolist() == [[0, 5, 5], [5, 10, 5],
                                                                     [10, 12, 2]]  # fmt: skip
+
+
+def test_a_resume_after_an_input_file_changed_is_refused(tmp_path, client, monkeypatch):
+    """A file's contents were not in the job's record (a dataset's files' versions
+    were): a resume after an edit kept the results of the old contents as complete."""
+    import json
+    import os
+
+    from pipeline.workloads import map_inputs
+
+    files = tmp_path / "texts"
+    files.mkdir()
+    for i in range(4):
+        (files / f"t{i}.txt").write_text("line\n" * i)
+    settings = {"function": f"{FN}:line_count", "files": str(files)}
+    assert run(client, tmp_path / "out", **settings).complete
+    recorded = json.loads((tmp_path / "out" / "m" / "job.json").read_text())["fingerprint"]
+    assert len(recorded["versions"]) == 4 and recorded["versions"][1].startswith("5-")
+    assert run(client, tmp_path / "out", **settings).units_run == 0  # unchanged: resumed
+    (files / "t1.txt").write_text("edited\n" * 7)
+    changed = r"holds job 'm' whose input files changed since"
+    with pytest.raises(ConfigError, match=changed):
+        run(client, tmp_path / "out", **settings)
+    # A long list is recorded by its digest (as a grid's points): still compared
+    monkeypatch.setattr(map_inputs, "LISTED_RECORDED", 3)
+    assert run(client, tmp_path / "long", **settings).complete
+    recorded = json.loads((tmp_path / "long" / "m" / "job.json").read_text())["fingerprint"]
+    assert recorded["files"]["files"] == 4 and recorded["versions"]["versions"] == 4
+    assert len(recorded["versions"]["sha256"]) == 64
+    assert run(client, tmp_path / "long", **settings).units_run == 0
+    stat = (files / "t2.txt").stat()  # the same size, another time
+    os.utime(files / "t2.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(ConfigError, match=changed):
+        run(client, tmp_path / "long", **settings)
 
 
 def test_an_output_inside_a_files_input_is_refused(tmp_path, client):

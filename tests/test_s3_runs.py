@@ -251,6 +251,31 @@ def test_an_empty_prefix_as_a_dataset_says_it_holds_no_objects(s3, s3_bucket):
         pipeline.map(chunk_stats, data=s3.url(prefix="none"), chunk_rows=2, output=s3_bucket)
 
 
+def test_a_resume_after_an_object_changed_on_s3_is_refused(s3, s3_bucket):
+    """A job over files resumes while they are the same; an object's new contents
+    went unnoticed (only its name was recorded)."""
+    from mapfns.userfns import line_count
+
+    import pipeline
+    from pipeline import ConfigError
+
+    texts = s3.url(prefix="texts")
+    store = pipeline.open_store(texts)
+    for name in ("f00.txt", "f01.txt", "f09.txt", "g.txt"):
+        store.write_bytes(name, b"line\n" * 7)
+    out = s3.url(prefix="out")
+    with pipeline.connect(RunOptions(workers=1)) as client:  # workers see moto's endpoint
+        for _ in range(2):
+            summary = pipeline.map(line_count, files=f"{texts}/f0?.txt", output=out,
+                                   client=client, progress=False)  # fmt: skip
+            assert summary.complete and summary.units == 3
+        assert summary.units_run == 0
+        assert pipeline.results_table(out).column("lines").to_pylist() == [7, 7, 7]
+        store.write_bytes("f01.txt", b"LINE\n" * 7)  # the same size, other contents
+        with pytest.raises(ConfigError, match="holds job 'line_count' whose input files changed"):
+            pipeline.map(line_count, files=f"{texts}/f0?.txt", output=out, client=client)
+
+
 def test_a_shard_deleted_on_s3_is_repaired_to_its_bytes(s3, s3_bucket, frames_dir):
     output = f"s3://{BUCKET}/repaired"
     with connect(RunOptions(workers=2)) as client:

@@ -93,13 +93,7 @@ class GridInput:
     def fingerprint(self) -> dict:
         if not self.listed:
             return {"grid": self.grid}
-        points = [self.unit(i) for i in range(self.n_units)]
-        if len(points) <= LISTED_POINTS_RECORDED:
-            return {"grid": points}
-        # The points' digest, not the points: a record of 300,000 was 16 MB, written
-        # each time the plan was (8 s each)
-        text = json.dumps(points, sort_keys=True, default=json_value).encode()
-        return {"grid": {"points": len(points), "sha256": hashlib.sha256(text).hexdigest()}}
+        return {"grid": _recorded([self.unit(i) for i in range(self.n_units)], "points")}
 
     def describe(self) -> str:
         if self.listed:
@@ -136,7 +130,7 @@ def _names(keys) -> str:
 
 class FilesInput:
     """Every file in a folder (recursively), matching a glob, or under an s3:// prefix
-    (:mod:`.map_files`)."""
+    (:mod:`.map_files`), with its version: a resume after one changed is refused."""
 
     kind = "files"
     key_names = ("file",)
@@ -150,6 +144,10 @@ class FilesInput:
         self.versions = tuple(version for _, version in listed)
         self.n_units = len(self.paths)
 
+    def __getstate__(self) -> dict:
+        # The versions are for the job's record, on the driver: not sent with each task
+        return {**self.__dict__, "versions": ()}
+
     def calls(self, start: int, stop: int) -> Iterator[Call]:
         for unit in range(start, stop):
             yield unit, (self.paths[unit],), {}
@@ -158,7 +156,10 @@ class FilesInput:
         return {"file": pa.array([as_text(self.paths[u]) for u in units], pa.string())}
 
     def fingerprint(self) -> dict:
-        return {"files": list(self.paths)}
+        # (the key "versions", as a data input's: a change of them alone is said to be
+        # the input files')
+        return {"files": _recorded(list(self.paths), "files"),
+                "versions": _recorded(list(self.versions), "versions")}  # fmt: skip
 
     def describe(self) -> str:
         return f"{self.n_units} files in {self.where}"
@@ -235,8 +236,18 @@ class DataInput:
         return object.__sizeof__(self) + self.index.nbytes
 
 
-#: Listed grid points a job's record holds as they are; beyond, their digest.
-LISTED_POINTS_RECORDED = 1000
+#: Listed grid points (or files) a job's record holds as they are; beyond, their digest.
+LISTED_RECORDED = 1000
+
+
+def _recorded(values: list, count: str) -> list | dict:
+    """``values`` as a job's record holds them: as they are, or beyond
+    :data:`LISTED_RECORDED` their number (named ``count``) and digest. A record of
+    300,000 grid points was 16 MB, written each time the plan was (8 s each)."""
+    if len(values) <= LISTED_RECORDED:
+        return values
+    text = json.dumps(values, sort_keys=True, default=json_value).encode()
+    return {count: len(values), "sha256": hashlib.sha256(text).hexdigest()}
 
 
 #: Python's default text of an object: its memory address, another in every process.
