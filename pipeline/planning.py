@@ -144,7 +144,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         what = (
             f"with other settings ({', '.join(settings)})"
             if settings
-            else "whose input files changed since (their sizes or times)"
+            else "whose input files changed since (their sizes, times or S3 ETags)"
         )
         raise ConfigError(
             f"{where} holds job {workload.job_id!r} {what}; use --overwrite to replace it, "
