@@ -220,7 +220,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
         if start is not None:
             start.close()
         for job, summary in zip(jobs, finished, strict=True):
-            _write_report(job, summary, echo)
+            _write_report(job.options, job.job_id, summary, echo)
             if on_summary:
                 on_summary(job, summary)
         return finished
@@ -242,7 +242,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
                 summary = run_job(workload, job.options, client, echo=echo)
             summary.cluster_seconds = startup.get("waited for the cluster", 0.0)
             summary.startup, startup = startup, {}
-            _write_report(job, summary, echo)
+            _write_report(job.options, job.job_id, summary, echo)
             summaries.append(summary)
             if on_summary:
                 on_summary(job, summary)
@@ -262,19 +262,18 @@ def _naming_file(source: Path | None, several: bool):
         raise
 
 
-def _write_report(job: Job, summary: RunSummary, echo) -> None:
+def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -> None:
     """The run's summary (JSON) and report page, with ``--report``; a job found
     complete ran nothing to report on, and says so."""
-    if not job.options.report:
+    if not options.report:
         return
     if summary.complete and not summary.units_run:
-        echo(f"  no report for job {job.job_id!r} in {job.options.report}: it was complete "
+        echo(f"  no report for job {job_id!r} in {options.report}: it was complete "
              "and nothing ran (--overwrite runs it again)")  # fmt: skip
         return
-    Path(job.options.report).mkdir(parents=True, exist_ok=True)
-    path = Path(job.options.report, f"{job.job_id}-summary.json")
-    path.write_text(summary.to_json())
-    write_report_page(summary, Path(job.options.report, f"{job.job_id}-report.html"))
+    Path(options.report).mkdir(parents=True, exist_ok=True)
+    Path(options.report, f"{job_id}-summary.json").write_text(summary.to_json())
+    write_report_page(summary, Path(options.report, f"{job_id}-report.html"))
 
 
 def check_driver_paths(options: RunOptions, job_id: str) -> None:
@@ -426,9 +425,13 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     check_inputs_outside(workload, options)
     workload.preflight()
     finished = completed_job(workload, options)
-    if finished is not None:
-        return finished
-    if client is not None:
-        return run_job(workload, options, client, echo=echo)
-    with connect(options) as embedded:
-        return run_job(workload, options, embedded, echo=echo)
+    if finished is None:
+        # The report and the driver's profile as `pipeline run` writes them: checked
+        # above, they were then left unwritten, unsaid
+        with contextlib.ExitStack() as stack, _profiled(options.profile):
+            if client is None:
+                client = stack.enter_context(connect(options))
+            with _performance_report(options.report, workload.job_id):
+                finished = run_job(workload, options, client, echo=echo)
+    _write_report(options, workload.job_id, finished, echo)
+    return finished

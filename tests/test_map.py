@@ -505,6 +505,23 @@ def test_cluster_settings_beside_a_client_are_refused(tmp_path, client):
     assert s.complete
 
 
+def test_the_python_api_writes_the_report_and_the_profile_it_is_given(tmp_path, client):
+    # Checked as writable, then never written: `pipeline run` alone wrote them.
+    import json
+    import pstats
+
+    report, profile = tmp_path / "report", tmp_path / "driver.pstats"
+    s = pipeline.map(userfns.power, grid={"x": [1, 2]}, output=str(tmp_path / "out"),
+                     client=client, report=str(report), profile=str(profile),
+                     progress=False)  # fmt: skip
+    assert s.complete
+    assert sorted(p.name for p in report.iterdir()) == [
+        "power-dask-report.html", "power-report.html", "power-summary.json"
+    ]  # fmt: skip
+    assert json.loads((report / "power-summary.json").read_text())["units"] == 2
+    assert pstats.Stats(str(profile)).total_calls > 0
+
+
 def test_a_return_of_another_type_fails_its_unit(tmp_path, client):
     s = run(client, tmp_path, function=f"{FN}:wrong_type", grid={"x": [1]})
     assert s.failures[0]["error_type"] == "TypeError"
