@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-__all__ = ["has_magic", "matches", "reaches", "split"]
+__all__ = ["fixed_start", "has_magic", "matches", "reaches", "split"]
 
 _MAGIC = re.compile(r"[*?[]")
 

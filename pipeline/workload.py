@@ -180,8 +180,10 @@ class Workload(ABC):
         """Driver: validate every input; raise ``InputError``/``ConfigError`` before any task."""
 
     def input_urls(self) -> Sequence[str]:
-        """Driver, before ``preflight``: where its tasks read (folders, ``s3://``
-        prefixes); the workers open these stores while the driver validates."""
+        """Driver, before ``preflight``: where its tasks read (folders, files, ``s3://``
+        prefixes, or globs of files); the workers open these stores while the driver
+        validates, and a job whose output is inside one (or its own folder holds
+        one) is refused."""
         return ()
 
     def prepare_cluster(self, client) -> None:
