@@ -469,7 +469,11 @@ def resolve(
         given = None
         try:
             if cli.get(f.name) is not None:
-                values[f.name] = _coerce(f, given := cli[f.name], f"--{flag_name(f)}")
+                # A flag that workloads of different types share comes as text: each
+                # workload's job parses it by its own type
+                given = cli[f.name]
+                text = isinstance(given, str)
+                values[f.name] = _coerce(f, given, f"--{flag_name(f)}", from_text=text)
             elif job is not None and f.name in job.values:
                 given = job.values[f.name]
                 values[f.name] = _coerce(f, given, f"job file {job.path}: key {f.name!r}")

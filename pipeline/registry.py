@@ -19,9 +19,11 @@ from importlib.metadata import EntryPoint, entry_points
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_WORKLOAD", "GROUP", "WorkloadEntry", "load", "names"]
+__all__ = ["DEFAULT_WORKLOAD", "GROUP", "WorkloadEntry", "describe", "load", "names"]
 
 GROUP = "pipeline.workloads"
+#: The distribution of the built-in workloads.
+BUILT_IN = "pipeline"
 #: The workload of a job that names none (a job file without ``workload``, or flags alone).
 DEFAULT_WORKLOAD = "cubes"
 
@@ -67,6 +69,12 @@ def entry(name: str) -> WorkloadEntry:
         ) from None
 
 
+def describe(name: str) -> str:
+    """How messages name a workload: ``workload 'x' (module:Class, from package p)``."""
+    e = _entries().get(name)
+    return f"workload {name!r}" + (f" ({e.target}, from package {e.package})" if e else "")
+
+
 @functools.cache
 def load(name: str):
     """The workload class registered as ``name``; a clear error when it cannot be imported."""
@@ -75,14 +83,12 @@ def load(name: str):
         cls = e.entry_point.load()
     except Exception as exc:
         raise ConfigError(
-            f"workload {name!r} ({e.target}, from package {e.package}) cannot be imported: "
-            f"{type(exc).__name__}: {exc}"
+            f"{describe(name)} cannot be imported: {type(exc).__name__}: {exc}"
         ) from exc
     for attribute in ("settings_class", "from_settings", "run_task", "kind"):
         if not hasattr(cls, attribute):
             raise ConfigError(
-                f"workload {name!r} ({e.target}, from package {e.package}) is not a "
-                f"pipeline workload: it has no {attribute!r}"
+                f"{describe(name)} is not a pipeline workload: it has no {attribute!r}"
             )
     from .config import RunOptions, settings_of
 
@@ -91,7 +97,35 @@ def load(name: str):
     if clash:
         # its --workers would replace the run's, for every workload's jobs
         raise ConfigError(
-            f"workload {name!r} ({e.target}, from package {e.package}): its setting(s) "
-            f"{', '.join(clash)} have the name of a run option; rename them in the plug-in"
+            f"{describe(name)}: its setting(s) {', '.join(clash)} have the name of a run "
+            "option; rename them in the plug-in"
         )
+    if e.package != BUILT_IN:
+        _check_flag_forms(name, cls)
     return cls
+
+
+def _check_flag_forms(name: str, cls) -> None:
+    """A plug-in's setting named like a built-in's is parsed by each workload's own
+    type, but one flag cannot both take a value and be an on/off switch: the
+    plug-in's would take the built-in's ``--plots`` away from it."""
+    from .config import flag_name, settings_of
+
+    mine = {f.name: f for f in settings_of(cls.settings_class)}
+    for other in names():
+        if other == name or entry(other).package != BUILT_IN:
+            continue
+        for theirs in settings_of(load(other).settings_class):
+            f = mine.get(theirs.name)
+            if f is None or (f.metadata["kind"] is bool) == (theirs.metadata["kind"] is bool):
+                continue
+            flag = flag_name(f)
+            forms = (
+                f"an on/off switch (--{flag}/--no-{flag})",
+                f"a flag that takes a value (--{flag} VALUE)",
+            )
+            mine_form, their_form = forms if f.metadata["kind"] is bool else forms[::-1]
+            raise ConfigError(
+                f"{describe(name)}: its setting {f.name} would be {mine_form}, but the built-in "
+                f"{other!r} workload's {f.name} is {their_form}; rename it in the plug-in"
+            )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -332,90 +335,143 @@ def test_workloads_come_from_the_entry_point_registry():
         registry.entry("nope")
 
 
-def test_a_plugin_that_does_not_import_is_named_with_its_error(tmp_path, monkeypatch):
-    from pipeline import registry
-
-    # A real distribution on sys.path whose entry point names a missing module.
-    dist = tmp_path / "broken_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[pipeline.workloads]\nbroken = no_such_module:W\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entries.cache_clear()
-    registry.load.cache_clear()
-    try:
-        assert "broken" in registry.names()
-        with pytest.raises(ConfigError) as info:
-            registry.load("broken")
-        message = str(info.value)
-        assert "from package broken-plugin" in message
-        assert "ModuleNotFoundError: No module named 'no_such_module'" in message
-    finally:
-        monkeypatch.undo()
-        registry._entries.cache_clear()
-        registry.load.cache_clear()
-
-
-def _plugin(where, name: str, target: str) -> None:
+def _plugin(where, name: str, target: str, source: str | None = None) -> None:
+    """A distribution in ``where`` registering ``target`` as workload ``name`` (and,
+    with ``source``, the module it names), as ``pip install`` would."""
     dist = where / f"{name}_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(f"[pipeline.workloads]\n{name} = {target}\n")
+    if source is not None:
+        (where / f"{target.split(':')[0]}.py").write_text(source)
+
+
+@pytest.fixture
+def install_plugin(tmp_path, monkeypatch):
+    """Installs plug-ins (:func:`_plugin`) into this process for the test alone."""
+    from pipeline import registry
+
+    def install(name: str, target: str, source: str | None = None) -> None:
+        _plugin(tmp_path, name, target, source)
+        registry._entries.cache_clear()
+        registry.load.cache_clear()
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield install
+    monkeypatch.undo()
+    registry._entries.cache_clear()
+    registry.load.cache_clear()
+
+
+def _pipeline(plugins, *args) -> subprocess.CompletedProcess:
+    """The ``pipeline`` command with the plug-ins in folder ``plugins`` installed."""
+    path = os.pathsep.join(p for p in (str(plugins), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)],
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+
+
+def test_a_plugin_that_does_not_import_is_named_with_its_error(install_plugin):
+    from pipeline import registry
+
+    # A real distribution on sys.path whose entry point names a missing module.
+    install_plugin("broken", "no_such_module:W")
+    assert "broken" in registry.names()
+    with pytest.raises(ConfigError) as info:
+        registry.load("broken")
+    message = str(info.value)
+    assert "from package broken-plugin" in message
+    assert "ModuleNotFoundError: No module named 'no_such_module'" in message
 
 
 def test_a_plugin_that_does_not_import_leaves_every_other_command_working(tmp_path):
     # The CLI loaded every workload for its flags: one broken plug-in made every
     # command, `pipeline --help` too, a traceback.
-    import os
-    import subprocess
-    import sys
-
     _plugin(tmp_path, "broken", "no_such_module:W")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-
-    def pipeline(*args):
-        return subprocess.run([sys.executable, "-m", "pipeline", *args], env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-
-    shown = pipeline("--help")
+    shown = _pipeline(tmp_path, "--help")
     assert shown.returncode == 0 and "workloads" in shown.stdout, shown.stderr
-    listed = pipeline("workloads")
+    listed = _pipeline(tmp_path, "workloads")
     assert listed.returncode == 0, listed.stderr
     assert "broken  (no_such_module:W, from package broken-plugin)\n  cannot be loaded: " in (
         listed.stdout
     )
-    assert "--function" in pipeline("run", "--workload", "map", "--help").stdout
+    assert "--function" in _pipeline(tmp_path, "run", "--workload", "map", "--help").stdout
 
 
-def test_a_plugin_setting_named_like_a_run_option_is_refused(tmp_path, monkeypatch):
+def test_a_plugin_setting_named_like_a_run_option_is_refused(install_plugin):
     # Its --workers (a string) replaced the run's, and `--workers 1` then failed
     # every job, the built-ins' too.
     from pipeline import registry
 
-    (tmp_path / "clashmod.py").write_text(
+    install_plugin("clash", "clashmod:ClashWorkload", plugin_source({"workers": "str"}))
+    with pytest.raises(ConfigError, match=r"workload 'clash' .*its setting\(s\) workers "
+                       "have the name of a run option"):  # fmt: skip
+        registry.load("clash")
+
+
+def plugin_source(settings: dict[str, str], preflight: str = "pass") -> str:
+    """A plug-in module: workload ``ClashWorkload``, its settings ``{name: type}`` (each
+    "The <name>.", None by default), and this preflight."""
+    fields = "".join(
+        f"    {name}: {kind} | None = setting(None, {kind}, 'The {name}.')\n"
+        for name, kind in settings.items()
+    )
+    return (
         "import dataclasses\n"
-        "from pipeline import Workload\n"
-        "from pipeline.config import check_settings, setting\n"
+        "from pipeline import InputError, Workload\n"
+        "from pipeline.config import setting\n"
         "@dataclasses.dataclass(frozen=True)\n"
         "class ClashJob:\n"
-        "    workers: str = setting('many', str, 'Named like the run option.')\n"
+        "    name: str | None = setting(None, str, 'Job id.')\n"
+        f"{fields}"
         "class ClashWorkload(Workload):\n"
         "    kind = 'clash'\n"
         "    settings_class = ClashJob\n"
-        "    from_settings = run_task = fingerprint = preflight = None\n"
+        "    run_task = fingerprint = None\n"
+        "    def __init__(self, job, job_id):\n"
+        "        self.job, self.job_id, self.n_units = job, job_id, 1\n"
+        "    @classmethod\n"
+        "    def from_settings(cls, settings, job_id, options=None):\n"
+        "        return cls(settings, job_id)\n"
+        "    def preflight(self):\n"
+        f"        {preflight}\n"
     )
-    _plugin(tmp_path, "clash", "clashmod:ClashWorkload")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entries.cache_clear()
-    registry.load.cache_clear()
-    try:
-        with pytest.raises(ConfigError, match=r"workload 'clash' .*its setting\(s\) workers "
-                           "have the name of a run option"):  # fmt: skip
-            registry.load("clash")
-    finally:
-        monkeypatch.undo()
-        registry._entries.cache_clear()
-        registry.load.cache_clear()
+
+
+def test_a_plugin_setting_named_like_a_builtins_is_parsed_by_each_ones_type(tmp_path, frames_dir):
+    # A plug-in's `dim: str` replaced the cubes' integer flag: `--dim 5` was refused
+    # for a cube job, and --help showed its help for the regressions' --model.
+    said = "raise InputError(f'tagger got dim={self.job.dim!r}, model={self.job.model!r}')"
+    _plugin(tmp_path, "tagger", "tagmod:ClashWorkload",
+            plugin_source({"dim": "str", "model": "str"}, said))  # fmt: skip
+    cubes = _pipeline(tmp_path, "run", "--workload", "cubes", "--frames", frames_dir, "--dim", 5,
+                      "--cubes", 10, "--output", tmp_path / "c", "--workers", 1)  # fmt: skip
+    assert cubes.returncode == 0 and "10 of 10 cubes" in cubes.stdout, cubes.stderr
+    tagger = _pipeline(tmp_path, "run", "--workload", "tagger", "--dim", 5, "--model", "bert",
+                       "--output", tmp_path / "t", "--workers", 1)  # fmt: skip
+    assert "Error: tagger got dim='5', model='bert'" in tagger.stderr, tagger.stderr
+    wrong = _pipeline(tmp_path, "run", "--workload", "cubes", "--dim", "big")
+    assert "Error: --dim: 'big' is not an integer" in wrong.stderr, wrong.stderr
+    regressions = _pipeline(tmp_path, "run", "--workload", "regressions", "--help").stdout
+    assert "--model [ols|" in regressions and "The model." not in regressions
+    assert "--dim" not in regressions
+    tagger_help = _pipeline(tmp_path, "run", "--workload", "tagger", "--help").stdout
+    assert "--dim TEXT" in tagger_help and "The dim." in tagger_help
+    every = " ".join(_pipeline(tmp_path, "run", "--help").stdout.split())
+    assert "--dim VALUE cubes: " in every and "; tagger: The dim. (str)" in every
+
+
+def test_a_plugin_switch_named_like_a_builtins_value_flag_is_refused(install_plugin):
+    # One flag cannot be both: the regressions' --plots switch would have become a
+    # flag taking a value (and `--plots job.toml` would have eaten the job file).
+    from pipeline import registry
+
+    install_plugin("clash", "switchmod:ClashWorkload", plugin_source({"plots": "str"}))
+    with pytest.raises(ConfigError, match=r"workload 'clash' \(switchmod:ClashWorkload, from "
+                       r"package clash-plugin\): its setting plots would be a flag that takes a "
+                       r"value \(--plots VALUE\), but the built-in 'regressions' workload's "
+                       r"plots is an on/off switch"):  # fmt: skip
+        registry.load("clash")
 
 
 def test_run_help_for_one_workload_lists_its_settings_and_the_runs():
