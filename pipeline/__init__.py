@@ -5,7 +5,14 @@ __version__ = "0.1.0"
 from .cluster import connect
 from .config import RunOptions
 from .delivery import iter_cube_batches, iter_cubes
-from .errors import ClusterError, ConfigError, InputError, JobRunning, PipelineError, StorageError
+from .errors import (
+    ClusterError,
+    ConfigError,
+    InputError,
+    JobRunning,
+    PipelineError,
+    StorageError,
+)
 from .jobs import Job, load_jobs, run_jobs
 from .results import IncompleteJob, results_table
 from .runner import run_job
@@ -13,7 +20,7 @@ from .storage import LocalStore, Store, open_file, open_store
 from .summary import RunSummary
 from .usercode import unit_seed
 from .verify import JobCheck, verify_output
-from .workload import Task, TaskOutput, UnitFailure, Workload
+from .workload import Task, TaskOutput, UnitFailure, Workload, checksum
 from .workloads.cubes import CubeJob, CubeWorkload
 from .workloads.cubes.shards import read_shard
 from .workloads.map import MapJob, MapWorkload
@@ -39,6 +46,7 @@ __all__ = [
     "TaskOutput",
     "UnitFailure",
     "Workload",
+    "checksum",
     "iter_cube_batches",
     "iter_cubes",
     "map",

@@ -33,7 +33,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-import xxhash
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .delivery.threads import thread_batches
@@ -41,6 +40,7 @@ from .errors import InputError, StorageError
 from .layout import consolidated_manifest_key, job_folder, job_record_key, read_job_record
 from .results import find_job
 from .storage import open_store, read_parquet
+from .workload import checksum
 from .workloads.cubes import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 from .workloads.cubes.shards import npy_header
 
@@ -227,7 +227,7 @@ class CubeShards(Dataset):
         shard, offset = self._shard[k], int(self._offset[k])
         raw = self._local_cube(shard, offset) if self._local else self._s3_cube(shard, offset)
         if self.verify:
-            actual = xxhash.xxh3_64_hexdigest(raw)
+            actual = checksum(raw)
             if actual != self._checksum[k]:
                 raise StorageError(
                     f"{self._open().describe(shard)}[{offset}] (cube {k}): checksum "

@@ -17,7 +17,6 @@ import socket
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import xxhash
 
 from . import registry
 from .errors import InputError
@@ -30,7 +29,7 @@ from .layout import (
     read_job_record,
 )
 from .storage import Store, join, open_store, read_parquet_object
-from .workload import Task
+from .workload import Task, checksum
 
 __all__ = ["JobCheck", "check_listed_objects", "read_manifest", "repair_job", "verify_output"]
 
@@ -259,7 +258,7 @@ def check_listed_objects(
             check.unverified.update(units)
             continue
         check.objects_checked += 1
-        actual = xxhash.xxh3_64_hexdigest(data)
+        actual = checksum(data)
         if actual != row.checksum:
             check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
             check.damaged_units.add(units.start)
@@ -312,7 +311,7 @@ def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
                     check.corrupt.append(f"{where}: no cube at offset {row.offset}")
                     check.damaged_units.add(int(row.cube_id))
                     continue
-                actual = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cubes[..., row.offset].T))
+                actual = checksum(np.ascontiguousarray(cubes[..., row.offset].T))
                 if actual != row.checksum:
                     check.damaged_units.add(int(row.cube_id))
                     check.corrupt.append(

@@ -15,6 +15,7 @@ __all__ = [
     "TaskReceipt",
     "UnitFailure",
     "Workload",
+    "checksum",
     "consolidate_manifest",
     "manifest_entries",
     "plan_tasks",
@@ -284,6 +285,16 @@ class Workload(ABC):
         text = f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
         nbytes = self.output_bytes(self.n_units) if self.writes_output else None
         return text + (f" ({size(nbytes)} of output)" if nbytes else "")
+
+
+def checksum(data) -> str:
+    """The checksum a manifest entry lists for an object (its ``checksum`` column): the
+    xxh3_64 of its bytes (or of any buffer), 16 hex digits. ``pipeline verify``
+    compares it with the bytes it reads back; the runner refuses an entry whose
+    checksums are not of this form."""
+    import xxhash
+
+    return xxhash.xxh3_64_hexdigest(data)
 
 
 def summed_fingerprint(values: Iterable[int]) -> str:

@@ -7,9 +7,8 @@ import os
 import time
 
 import pyarrow as pa
-import xxhash
 
-from pipeline import TaskOutput, UnitFailure, Workload
+from pipeline import TaskOutput, UnitFailure, Workload, checksum
 from pipeline.config import setting
 from pipeline.storage import join
 
@@ -71,7 +70,7 @@ class SquaresWorkload(Workload):
                            if u not in self.fail],
                 "unit_start": [task.start] * (len(task.units) - len(set(task.units) & self.fail)),
                 "unit_stop": [task.stop] * (len(task.units) - len(set(task.units) & self.fail)),
-                "checksum": [xxhash.xxh3_64_hexdigest(b"%d" % (u * u)) for u in task.units
+                "checksum": [checksum(b"%d" % (u * u)) for u in task.units
                              if u not in self.fail],
             }
         )  # fmt: skip

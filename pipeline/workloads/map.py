@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import xxhash
 
 from ..config import check_settings, setting
 from ..errors import ConfigError, InputError
@@ -51,6 +50,7 @@ from ..workload import (
     TaskOutput,
     UnitFailure,
     Workload,
+    checksum,
     consolidate_manifest,
 )
 from .map_inputs import DataInput, FilesInput, GridInput, has_address
@@ -317,7 +317,7 @@ class MapWorkload(Workload):
         payload = sink.getvalue()
         key = _part(self.job_id, table, task.index)
         out.bytes_written += store.write_bytes(key, payload)
-        return key, table, len(payload), xxhash.xxh3_64_hexdigest(payload)
+        return key, table, len(payload), checksum(payload)
 
     def _previous(self, store: Store | None, task: Task):
         """An earlier attempt's rows by unit, and the units it recorded as failed; or

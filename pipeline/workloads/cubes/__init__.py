@@ -31,6 +31,7 @@ from ...workload import (
     TaskOutput,
     UnitFailure,
     Workload,
+    checksum,
     manifest_entries,
     summed_fingerprint,
 )
@@ -235,8 +236,8 @@ class CubeWorkload(Workload):
                     cols = self.columns(cube_id)
                     out = array[..., i].T  # C-contiguous (column, row, frame) view
                     build_cube(layout, cols, out)
-                    checksum = xxhash.xxh3_64_hexdigest(out)
-                    rows.append((cube_id, i, cols.reshape(-1).astype(np.int32), checksum))
+                    digest = checksum(out)
+                    rows.append((cube_id, i, cols.reshape(-1).astype(np.int32), digest))
                 return rows
 
             yield self._shard_key(s), (d, d, d, len(ids)), self.job.dtype, fill
@@ -260,12 +261,12 @@ class CubeWorkload(Workload):
                 out.failures.extend(UnitFailure.from_exception(c, error) for c in ids_of[key])
                 continue
             out.bytes_written += nbytes
-            for cube_id, offset, cols, checksum in rows:
+            for cube_id, offset, cols, digest in rows:
                 manifest["cube_id"].append(cube_id)
                 manifest["shard"].append(key)
                 manifest["offset"].append(offset)
                 manifest["columns"].append(cols)
-                manifest["checksum"].append(checksum)
+                manifest["checksum"].append(digest)
         out.manifest = pa.table(
             {
                 "cube_id": pa.array(manifest["cube_id"], pa.int64()),

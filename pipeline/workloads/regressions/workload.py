@@ -23,7 +23,6 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
 from ...chunks import ChunkIndex, plan_chunks
 from ...dataset import Dataset, check_columns, discover
@@ -31,7 +30,7 @@ from ...errors import ConfigError, InputError
 from ...layout import part_key
 from ...storage import Store, join, read_parquet_tables
 from ...task_rows import read_task_rows
-from ...workload import Task, TaskOutput, UnitFailure, Workload, consolidate_manifest
+from ...workload import Task, TaskOutput, UnitFailure, Workload, checksum, consolidate_manifest
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
@@ -227,7 +226,7 @@ class RegressionWorkload(Workload):
             rows["chunk_start"].append(task.start)
             rows["chunk_stop"].append(task.stop)
             rows["size"].append(len(data))
-            rows["checksum"].append(xxhash.xxh3_64_hexdigest(data))
+            rows["checksum"].append(checksum(data))
         out.manifest = pa.table(
             {
                 "object": pa.array(rows["object"], pa.string()),
