@@ -12,6 +12,7 @@ from .errors import (
     JobRunning,
     PipelineError,
     StorageError,
+    WorkloadError,
 )
 from .jobs import Job, load_jobs, run_jobs
 from .results import IncompleteJob, results_table
@@ -66,4 +67,5 @@ __all__ = [
     "JobRunning",
     "PipelineError",
     "StorageError",
+    "WorkloadError",
 ]

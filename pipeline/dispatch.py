@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .contract import check_output
 from .errors import ClusterError
 from .layout import manifest_key
 from .storage import Store, open_store, write_parquet
@@ -37,7 +38,8 @@ def execute_task(
     try:
         store = open_store(store_url) if store_url else None
         out = workload.run_task(task, store)
-        if not out.failures and store is not None and out.manifest is not None:
+        check_output(workload, task, out, writes=store is not None)
+        if not out.failures and store is not None:
             # Last, so that an entry exists only for a task whose data is all written.
             t_write = time.perf_counter()
             out.bytes_written += write_parquet(

@@ -16,6 +16,7 @@ __all__ = [
     "JobRunning",
     "PipelineError",
     "StorageError",
+    "WorkloadError",
 ]
 
 
@@ -37,6 +38,11 @@ class StorageError(PipelineError, OSError):
 
 class ClusterError(PipelineError, RuntimeError):
     """The Dask cluster could not be started or reached."""
+
+
+class WorkloadError(PipelineError, RuntimeError):
+    """A workload (a plug-in) did not keep the workload contract: the message names it
+    and what the contract expects."""
 
 
 class JobRunning(PipelineError, RuntimeError):

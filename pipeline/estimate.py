@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .config import RunOptions
+from .contract import preflight
 from .cost import Fleet, JobSample, Projection, project, projection_lines
 from .dispatch import TaskRunner, count_workers
 from .errors import PipelineError
@@ -90,7 +91,7 @@ def estimate(
     with place as scratch:
         opts = dataclasses.replace(options, output=scratch, overwrite=True, progress=False)
         workload = build(opts)
-        workload.preflight()
+        preflight(workload)
         store = open_output(workload, opts, echo=lambda m: None)
         n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)

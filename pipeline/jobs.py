@@ -26,6 +26,7 @@ from .config import (
     resolve,
     settings_of,
 )
+from .contract import preflight
 from .errors import ConfigError, PipelineError
 from .globs import has_magic
 from .layout import check_job_id, consolidated_manifest_key, inside_job_folder, reads_below
@@ -200,7 +201,7 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
         t0 = time.perf_counter()
         for job, workload in zip(jobs, workloads, strict=True):
             with _naming_file(job.source, several):
-                workload.preflight()
+                preflight(workload)
                 worker_price(job.options)  # a bad instance type or price file, before any task
                 if workload.writes_output:
                     open_store(job.options.output).preflight()
@@ -423,7 +424,7 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     echo = echo or (lambda message: None)
     check_driver_paths(options, workload.job_id)
     check_inputs_outside(workload, options)
-    workload.preflight()
+    preflight(workload)
     finished = completed_job(workload, options)
     if finished is None:
         # The report and the driver's profile as `pipeline run` writes them: checked

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .contract import recorded_fingerprint
 from .errors import ConfigError
 from .layout import completed_tasks, job_record_key, read_job_record
 from .sizing import (
@@ -121,7 +122,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     if store is None or not store.exists(key):
         plan = Plan(units_per_task=requested)
         if store is not None:
-            plan.fingerprint = _as_recorded(workload.fingerprint())
+            plan.fingerprint = recorded_fingerprint(workload)
         if requested:
             save_plan(workload, store, plan)
         return plan
@@ -133,7 +134,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
             f"{where}/job.json has plan format {fmt!r}, newer than this version reads "
             f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
         )
-    recorded, current = record.get("fingerprint", {}), _as_recorded(workload.fingerprint())
+    recorded, current = record.get("fingerprint", {}), recorded_fingerprint(workload)
     free = set(workload.resume_may_change)
     # (A key the record lacks is one an older version did not record: not compared.)
     changed = sorted(k for k in recorded if k not in free and recorded.get(k) != current.get(k))
@@ -182,26 +183,6 @@ def missing_tasks(store: Store, job_id: str, record: dict) -> list[Task]:
     return [t for t in Plan.from_record(record).tasks(record["units"]) if t.index not in done]
 
 
-def _as_recorded(fingerprint: dict) -> dict:
-    """The fingerprint as its JSON record reads back: settings may hold dates and
-    times (a TOML grid of days), written as ISO text, and objects (from Python),
-    written as their repr."""
-    return json.loads(json.dumps(fingerprint, sort_keys=True, default=json_value))
-
-
-def json_value(value):
-    """A setting's value as a job's JSON record writes it."""
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "tolist"):  # numpy scalars and arrays
-        return value.tolist()
-    if isinstance(value, bytes):
-        return value.hex()
-    # Objects (an estimator in a grid from Python): their repr, which for most says
-    # their parameters
-    return repr(value)
-
-
 def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
     """Record ``plan`` before any task it adds runs."""
     if store is None:
@@ -210,7 +191,7 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
         "plan_format": PLAN_FORMAT,
         "workload": workload.kind,
         "job_id": workload.job_id,
-        "fingerprint": plan.fingerprint or _as_recorded(workload.fingerprint()),
+        "fingerprint": plan.fingerprint or recorded_fingerprint(workload),
         "head": plan.head,
         "units_per_task": plan.units_per_task,
         "stops": plan.stops,

@@ -69,9 +69,13 @@ def entry(name: str) -> WorkloadEntry:
         ) from None
 
 
-def describe(name: str) -> str:
-    """How messages name a workload: ``workload 'x' (module:Class, from package p)``."""
+def describe(name: str, cls: type | None = None) -> str:
+    """How messages name a workload: ``workload 'x' (module:Class, from package p)``.
+    With ``cls``, the class at fault: one not registered as ``name`` is named by its
+    module alone."""
     e = _entries().get(name)
+    if cls is not None and (e is None or e.target != f"{cls.__module__}:{cls.__qualname__}"):
+        return f"workload {name!r} ({cls.__module__}:{cls.__qualname__})"
     return f"workload {name!r}" + (f" ({e.target}, from package {e.package})" if e else "")
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, replace
 
 from .config import RunOptions
+from .contract import preflight
 from .cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
 from .errors import ClusterError, Interrupted, JobRunning, StorageError
@@ -125,7 +126,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     :class:`JobRunning` when another run of the job is writing the same output.
     """
     check_job_id(workload.job_id)
-    workload.preflight()
+    preflight(workload)
     price = worker_price(options)  # a bad price setting fails before any task
     with _held(workload, options):
         return _run_job(workload, options, client, price, echo)

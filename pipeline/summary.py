@@ -261,7 +261,11 @@ def failure_lines(s: RunSummary) -> list[str]:
     by_type = collections.Counter(f["error_type"] for f in s.failures)
     kinds = ", ".join(f"{n} {t}" for t, n in by_type.most_common())
     recorded = s.units_failed - s.units_retryable
-    if s.units_retryable:
+    if "WorkloadError" in by_type:
+        # (a plug-in's mistake: running it again fails the same way)
+        advice = "the workload did not keep the workload contract, as said below; a rerun fails "
+        advice += "the same way until it is mended"
+    elif s.units_retryable:
         advice = "run the same command again to retry the " + (
             f"{s.units_retryable} that failed in their task" if recorded else "failed ones"
         )

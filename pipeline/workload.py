@@ -92,7 +92,10 @@ class TaskOutput:
     """What ``Workload.run_task`` returns on the worker.
 
     ``manifest`` (a ``pyarrow.Table``) is the task's manifest entry, which the
-    runner writes after everything else, and only when no unit failed.
+    runner writes after everything else, and only when no unit failed: its objects
+    (``object``, ``kind``), their units (``unit_start``, ``unit_stop``: the task's
+    range, or ranges that split it) and their :func:`checksum`. The runner checks it
+    (:mod:`pipeline.contract`): a task without a valid entry fails.
     """
 
     manifest: Any = None

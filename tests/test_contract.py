@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,6 +21,7 @@ from pipeline.errors import JobRunning, StorageError
 from pipeline.layout import consolidated_manifest_key, lock_key, manifest_key
 from pipeline.results import concat_parts, job_tables
 from pipeline.storage import LocalStore
+from pipeline.summary import summary_lines
 from pipeline.verify import verify_output
 
 
@@ -253,3 +255,58 @@ def test_the_example_plugin_records_an_unreadable_file_and_completes(tmp_path, c
     assert check.ok and check.units_ok == 7, check
     again = run(client, build("wordcount", tmp_path, frames_dir, fail=True), out)
     assert again.units_run == 0 and again.units_failed == 1
+
+
+PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
+
+
+@pytest.mark.parametrize(
+    "mistake, said",
+    [
+        # pyarrow's "Must pass at least one table" at the job's end
+        ("no units", "its preflight left n_units = 0; a job has at least one unit"),
+        # a bare traceback, naming no plug-in
+        ("a ValueError in preflight", "its preflight failed: ValueError: threshold must be"),
+        # recorded as a memory address: every rerun was refused "with other settings"
+        ("an object in the fingerprint", r"fingerprint\(\) key 'obj' holds <workloads.Opaque "
+         r"object at 0x[0-9a-f]+>, which the job's record \(JSON\) cannot keep"),
+    ],
+)  # fmt: skip
+def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, client):
+    from workloads import MistakenWorkload
+
+    from pipeline import WorkloadError
+
+    with pytest.raises(WorkloadError, match=f"^{PLUGIN}: {said}"):
+        run(client, MistakenWorkload("job", 12, mistake), tmp_path / "out")
+    assert not (tmp_path / "out" / "job" / "values").exists()  # no task ran
+
+
+@pytest.mark.parametrize(
+    "mistake, said",
+    [
+        # FileNotFoundError of the entry, in the driver, at the job's end
+        ("no manifest entry", r"no manifest entry \(TaskOutput.manifest\)"),
+        # "6 of 6", then verify's AttributeError
+        ("objects alone", "a manifest entry without checksum, unit_start, unit_stop"),
+        # "12 of 12", then verify: every object corrupt, and --repair and reruns for ever
+        ("sha256 checksums", r"a manifest entry whose checksum is not pipeline.checksum\(data\)"),
+        # "12 of 12", and only verify found units duplicated
+        (
+            "overlapping ranges",
+            r"a manifest entry whose ranges \(unit_start..unit_stop: (\d+)..\d+\) "
+            r"do not cover the task's, \1..\d+, once each",
+        ),
+    ],
+)
+def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp_path, client):
+    from workloads import MistakenWorkload
+
+    s = run(client, MistakenWorkload("job", 12, mistake), tmp_path / "out", units_per_task=3)
+    assert not s.complete and s.units_failed == 12 and s.units_ok == 0, s
+    first = s.failures[0]
+    assert first["error_type"] == "WorkloadError", first
+    assert re.match(f"{PLUGIN}: task [0-3] returned {said}", first["message"]), first["message"]
+    assert not (tmp_path / "out" / consolidated_manifest_key("job")).exists()
+    failed = next(line for line, _ in summary_lines(s) if line.startswith("  FAILED"))
+    assert "did not keep the workload contract, as said below; a rerun fails" in failed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 
@@ -74,4 +75,46 @@ class SquaresWorkload(Workload):
                              if u not in self.fail],
             }
         )  # fmt: skip
+        return out
+
+
+class Opaque:
+    """An object whose text is its memory address (no ``__repr__``)."""
+
+
+class MistakenWorkload(SquaresWorkload):
+    """Squares with one of a plug-in author's mistakes, ``mistake``: the runner names
+    them, where it tripped over them or ran "complete" into a broken output."""
+
+    kind = "mistaken"
+
+    def __init__(self, job_id, n_units, mistake):
+        super().__init__(job_id, n_units)
+        self.mistake = mistake
+
+    def preflight(self):
+        if self.mistake == "no units":
+            self.n_units = 0
+        elif self.mistake == "a ValueError in preflight":
+            raise ValueError("threshold must be positive")
+
+    def fingerprint(self):
+        if self.mistake == "an object in the fingerprint":
+            return {**super().fingerprint(), "obj": Opaque()}
+        return super().fingerprint()
+
+    def run_task(self, task, store):
+        out = super().run_task(task, store)
+        entry = out.manifest
+        if self.mistake == "no manifest entry":
+            out.manifest = None
+        elif self.mistake == "objects alone":
+            out.manifest = entry.select(["object"])
+        elif self.mistake == "sha256 checksums":
+            digests = [hashlib.sha256(store.read_bytes(k)).hexdigest()
+                       for k in entry.column("object").to_pylist()]  # fmt: skip
+            out.manifest = entry.set_column(3, "checksum", pa.array(digests))
+        elif self.mistake == "overlapping ranges":
+            stops = pa.array([task.stop + 1] * entry.num_rows, pa.int64())
+            out.manifest = entry.set_column(2, "unit_stop", stops)
         return out

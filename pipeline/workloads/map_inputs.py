@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract import as_recorded, json_value
 from ..errors import ConfigError, InputError
-from ..planning import json_value
 
 __all__ = ["DataInput", "FilesInput", "GridInput"]
 
@@ -91,9 +91,12 @@ class GridInput:
         return out
 
     def fingerprint(self) -> dict:
+        # Objects (from Python) as their repr, which says their parameters: checked
+        # to hold no memory address (_check_stable_text)
         if not self.listed:
-            return {"grid": self.grid}
-        return {"grid": _recorded([self.unit(i) for i in range(self.n_units)], "points")}
+            return {"grid": as_recorded(self.grid)}
+        points = as_recorded([self.unit(i) for i in range(self.n_units)])
+        return {"grid": _recorded(points, "points")}
 
     def describe(self) -> str:
         if self.listed:

@@ -1,0 +1,215 @@
+"""Checks that a workload keeps the workload contract (``pipeline.Workload``), where
+the runner takes what it gives: what its preflight leaves, its fingerprint (kept in
+the job's record) and each task's manifest entry.
+
+A plug-in's mistake there was a traceback from deep in the runner, or a run that
+said it completed what ``pipeline verify`` then found broken. It is now a
+:class:`WorkloadError` naming the workload and what the contract expects: before
+any task where that is knowable, else failing the task whose output it is.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+
+from . import registry
+from .errors import PipelineError, WorkloadError
+from .workload import Task, TaskOutput, Workload
+
+__all__ = [
+    "as_recorded",
+    "check_entry",
+    "check_output",
+    "describe",
+    "json_value",
+    "preflight",
+    "recorded_fingerprint",
+]
+
+#: The manifest entry the contract asks of a task, as docs/plugins.md gives it.
+ENTRY = (
+    "a task's entry is a pyarrow.Table with object, kind, unit_start, unit_stop and "
+    "checksum (pipeline.checksum of the object's bytes); see docs/plugins.md"
+)
+
+#: The unit ranges an entry may list its objects with.
+RANGES = (("unit_start", "unit_stop"), ("chunk_start", "chunk_stop"))
+
+#: A checksum as :func:`pipeline.checksum` writes it: xxh3_64, 16 hex digits.
+CHECKSUM = "^[0-9a-f]{16}$"
+
+
+def describe(workload: Workload) -> str:
+    """How messages name the workload: ``workload 'x' (module:Class, from package p)``."""
+    return registry.describe(workload.kind, type(workload))
+
+
+def preflight(workload: Workload) -> None:
+    """``workload.preflight()``, and what it must leave: ``n_units``, at least 1."""
+    try:
+        workload.preflight()
+    except PipelineError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(
+            f"{describe(workload)}: its preflight failed: {type(exc).__name__}: {exc} (a "
+            "workload's preflight raises pipeline.InputError or ConfigError, naming the "
+            "input or setting at fault)"
+        ) from exc
+    n = getattr(workload, "n_units", None)
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+        # (no units made pyarrow's "Must pass at least one table" at the job's end)
+        raise WorkloadError(
+            f"{describe(workload)}: its preflight left n_units = {n!r}; a job has at least one "
+            "unit (a workload whose input has none raises pipeline.InputError saying so)"
+        )
+
+
+def _plain(value):
+    """A value JSON does not have, as a job's record writes it: dates and times as ISO
+    text, numpy values as numbers and lists, bytes as hex; else TypeError."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(repr(value)[:80])
+
+
+def json_value(value):
+    """A value as a job's JSON record writes it: :func:`_plain`, and other objects
+    (an estimator in a grid from Python) as their repr, which for most says their
+    parameters (the map refuses one that is a memory address)."""
+    try:
+        return _plain(value)
+    except TypeError:
+        return repr(value)
+
+
+def as_recorded(value):
+    """``value`` as its JSON record reads back (objects as their repr)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=json_value))
+
+
+def recorded_fingerprint(workload: Workload) -> dict:
+    """The workload's fingerprint as its job record reads it back. A value JSON cannot
+    hold (beyond dates, numpy values and bytes) is refused, naming the key: written as
+    its repr, an object's memory address, every resume was refused as a job "with
+    other settings"."""
+    fingerprint = workload.fingerprint()
+    if not isinstance(fingerprint, dict):
+        raise WorkloadError(
+            f"{describe(workload)}: fingerprint() returned {type(fingerprint).__name__}; a dict "
+            "of the settings that decide the output's bytes is expected"
+        )
+    try:
+        return json.loads(json.dumps(fingerprint, sort_keys=True, default=_plain))
+    except (TypeError, ValueError) as exc:
+        key, why = None, exc
+        for k, v in fingerprint.items():
+            try:
+                json.dumps(v, sort_keys=True, default=_plain)
+            except (TypeError, ValueError) as value_exc:
+                key, why = k, value_exc
+                break
+        where = f"key {key!r} holds" if key is not None else "holds"
+        raise WorkloadError(
+            f"{describe(workload)}: fingerprint() {where} {why}, which the job's record (JSON) "
+            "cannot keep from run to run; give text, numbers, true/false, lists and dicts "
+            "of them (dates, numpy values and bytes are taken too)"
+        ) from None
+
+
+def check_output(workload: Workload, task: Task, out, *, writes: bool) -> None:
+    """Worker: what ``run_task`` returned is a ``TaskOutput`` and, for a task whose units
+    all succeeded in a job that ``writes`` output, has a manifest entry to write
+    (:func:`check_entry`)."""
+    if not isinstance(out, TaskOutput):
+        raise WorkloadError(
+            f"{describe(workload)}: task {task.index}'s run_task returned "
+            f"{type(out).__name__}, not a pipeline.TaskOutput"
+        )
+    if writes and not out.failures:
+        check_entry(workload, task, out.manifest)
+
+
+def check_entry(workload: Workload, task: Task, manifest) -> None:
+    """Worker, before the task's entry is written: raise :class:`WorkloadError` unless
+    ``manifest`` is an entry that resume, consolidation and ``pipeline verify`` can use.
+    A few checks of its columns: nothing beside the task's own work."""
+    import pyarrow as pa
+
+    said = f"{describe(workload)}: task {task.index} returned"
+    if manifest is None:
+        raise WorkloadError(f"{said} no manifest entry (TaskOutput.manifest); {ENTRY}")
+    if not isinstance(manifest, pa.Table):
+        raise WorkloadError(f"{said} a manifest entry of type {type(manifest).__name__}; {ENTRY}")
+    columns = manifest.column_names
+    ranges = next((r for r in RANGES if set(r) <= set(columns)), None)
+    # A workload without a verify_job of its own is verified by its entries' objects,
+    # checksums and unit ranges: without them `pipeline verify` was a traceback.
+    generic = type(workload).verify_job.__func__ is Workload.verify_job.__func__
+    if generic:
+        lacking = [c for c in ("object", "checksum") if c not in columns]
+        lacking += [] if ranges else ["unit_start", "unit_stop"]
+        if lacking:
+            raise WorkloadError(
+                f"{said} a manifest entry without {', '.join(lacking)} (its columns: "
+                f"{', '.join(columns) or 'none'}); {ENTRY}"
+            )
+    if "object" in columns and _not_text(manifest.column("object")):
+        raise WorkloadError(f"{said} a manifest entry whose objects are not all keys; {ENTRY}")
+    if "checksum" in columns:
+        _check_checksums(said, manifest.column("checksum"))
+    if ranges and (manifest.num_rows or generic):
+        _check_ranges(said, task, manifest, ranges)
+
+
+def _not_text(column) -> bool:
+    import pyarrow as pa
+
+    return column.null_count > 0 or not (
+        pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    )
+
+
+def _check_checksums(said: str, column) -> None:
+    import pyarrow.compute as pc
+
+    if not _not_text(column):
+        bad = pc.invert(pc.match_substring_regex(column, CHECKSUM))
+        if not pc.any(bad).as_py():
+            return
+        first = repr(column.filter(bad)[0].as_py())
+    else:
+        first = f"a column of {column.type}" + (" with nulls" if column.null_count else "")
+    # Another hash (sha256) ran "complete", and verify then called every object corrupt
+    raise WorkloadError(
+        f"{said} a manifest entry whose checksum is not pipeline.checksum(data) of its "
+        f"object ({first[:80]}); the checksum is the xxh3_64 of the object's bytes in 16 "
+        "hex digits, what `pipeline verify` compares"
+    )
+
+
+def _check_ranges(said: str, task: Task, manifest, ranges: tuple[str, str]) -> None:
+    """The entry's distinct unit ranges cover the task's units, each once: ranges that
+    overlapped ran "complete", and only `pipeline verify` found the units duplicated."""
+    start, stop = ranges
+    pairs = sorted(set(zip(*(manifest.column(c).to_pylist() for c in ranges), strict=True)))
+    at = task.start
+    for a, b in pairs:
+        if not all(isinstance(v, int) for v in (a, b)) or a != at or b <= a:
+            break
+        at = b
+    else:
+        if at == task.stop:
+            return
+    shown = ", ".join(f"{a}..{b}" for a, b in pairs[:6]) + (" ..." if len(pairs) > 6 else "")
+    raise WorkloadError(
+        f"{said} a manifest entry whose ranges ({start}..{stop}: {shown or 'none'}) do not "
+        f"cover the task's, {task.start}..{task.stop}, once each; each object's range "
+        "is that of its task, or one of ranges that split it (verify counts the units of "
+        "ranges that overlap as duplicated, those of none as missing)"
+    )
