@@ -266,6 +266,10 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     # (a task rerun for its failed units keeps its others: they did not run again)
     summary.units_run = sum(r.units - kept.get(r.index, 0) for r in receipts)
     summary.units_failed = summary.units_retryable = summary.units_failed_in_run = len(failures)
+    # A task with failed units writes no entry: its other units are not stored either
+    summary.units_not_kept = sum(
+        max(0, r.units - kept.get(r.index, 0) - len(r.failures)) for r in receipts if r.failures
+    )
     summary.failures = [asdict(f) for f in failures]
     summary.bytes_written = sum(r.bytes_written for r in receipts)
     summary.busy_seconds = sum(r.busy_seconds for r in receipts)
@@ -311,8 +315,9 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         _add_recorded(
             summary, [f for r in receipts for f in r.recorded or ()], workload, in_run=True
         )
-    ok_units = summary.units_run - summary.units_failed_in_run
-    summary.units_per_second = ok_units / summary.wall_seconds if summary.wall_seconds else 0.0
+    summary.units_per_second = (
+        summary.units_ok / summary.wall_seconds if summary.wall_seconds else 0.0
+    )
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
     summary.task_timings = task_timings(receipts, t_epoch)
     add_run_cost(summary, price, remote=bool(options.scheduler))

@@ -46,6 +46,9 @@ class RunSummary:
     reruns_failed_units: bool = False
     #: Of the units this run ran, those that failed (either way).
     units_failed_in_run: int = 0
+    #: Of the units this run ran, those that succeeded in a task that failed (beside a
+    #: unit of ``TaskOutput.failures``): not stored, they run again with their task.
+    units_not_kept: int = 0
     failures: list[dict] = field(default_factory=list)
     wall_seconds: float = 0.0
     #: Seconds the driver waited for the cluster, after validating the inputs.
@@ -87,8 +90,8 @@ class RunSummary:
 
     @property
     def units_ok(self) -> int:
-        """Units this run completed without failing."""
-        return self.units_run - self.units_failed_in_run
+        """Units this run completed and stored."""
+        return self.units_run - self.units_failed_in_run - self.units_not_kept
 
 
 def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]]:
@@ -277,4 +280,10 @@ def failure_lines(s: RunSummary) -> list[str]:
         lines.append(f"    {s.unit_name} {which}: {f['error_type']}: {f['message']}")
     if len(s.failures) > 5:
         lines.append(f"    ... and {len(s.failures) - 5} more")
+    if s.units_not_kept:
+        # A task with a failed unit writes no entry: its other units are not stored
+        lines.append(
+            f"  not kept: {count(s.units_not_kept, s.unit_name)} that succeeded in the tasks "
+            "of failed ones, which run again whole"
+        )
     return lines

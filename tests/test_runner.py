@@ -32,6 +32,25 @@ def test_unit_failures_are_data_and_the_run_finishes(tmp_path, client):
     assert len(values) == 30 - 4  # every other unit ran and wrote its output
 
 
+def test_the_units_of_a_task_with_a_failed_unit_are_not_counted_as_stored(tmp_path, client):
+    # A unit in TaskOutput.failures leaves its whole task to run again: the summary said
+    # "39 of 40", where 20 were stored (verify: 20 of 40).
+    from pipeline import verify_output
+    from pipeline.summary import summary_lines
+
+    s = run_job(SquaresWorkload("sq", 40, fail={5}), options(tmp_path, units_per_task=20),
+                client, echo=lambda m: None)  # fmt: skip
+    assert (s.units_run, s.units_ok, s.units_failed, s.units_not_kept) == (40, 20, 1, 19)
+    lines = [line for line, _ in summary_lines(s)]
+    assert lines[0].startswith("squares job 'sq': 20 of 40 squares in ")
+    assert "  FAILED: 1 square (1 ValueError); run the same command again to retry" in lines[-3]
+    assert lines[-1] == (
+        "  not kept: 19 squares that succeeded in the tasks of failed ones, which run again whole"
+    )
+    (check,) = verify_output(str(tmp_path))
+    assert check.units_ok == 20
+
+
 def test_resume_runs_only_tasks_without_a_manifest_entry(tmp_path, client):
     run_job(
         SquaresWorkload("sq", 30, fail={4}),
