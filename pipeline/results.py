@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from . import registry
 from .errors import ConfigError, InputError
 from .layout import (
+    completed_tasks,
     consolidated_manifest_key,
     job_folder,
     job_record_key,
@@ -163,12 +164,15 @@ class IncompleteJob(UserWarning):
 
 def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
     """What is missing from a job whose run has not finished, or None once it has."""
-    from .planning import missing_tasks
+    from .planning import Plan
 
-    missing = missing_tasks(store, job_id, record)
-    if not missing and store.exists(consolidated_manifest_key(job_id)):
+    # Counted from the tasks that are there: a run stopped before it had planned
+    # every task (while probing) has units in none of those it planned
+    tasks = Plan.from_record(record).tasks(record["units"])
+    done = completed_tasks(store, job_id)
+    if all(t.index in done for t in tasks) and store.exists(consolidated_manifest_key(job_id)):
         return None
-    units = record["units"] - sum(t.stop - t.start for t in missing)
+    units = sum(t.stop - t.start for t in tasks if t.index in done)
     return (
         f"the job's run has not finished: these are the rows of {units:,} of its "
         f"{record['units']:,} units; run the job again to finish it"

@@ -225,6 +225,25 @@ def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
     assert f"\nincomplete: {note}; run the job again to finish it\n" in summarize(str(tmp_path))
 
 
+def test_the_results_of_a_run_stopped_while_probing_count_only_its_complete_tasks(tmp_path, client):
+    # The units of tasks not planned yet were counted as there: "the rows of 100 of its
+    # 200 units", where verify found 35.
+    from workloads import stopped_while_probing
+
+    from pipeline.results import IncompleteJob, summarize
+
+    grid = {"x": list(range(200))}
+    run(client, tmp_path / "full", units_per_task=None, function=f"{FN}:power", grid=grid)
+    head = stopped_while_probing(tmp_path / "full", tmp_path / "out", "m")
+    have = sum(head[:-1])
+    note = f"the job's run has not finished: these are the rows of {have:,} of its 200 units"
+    with pytest.warns(IncompleteJob, match=note):
+        assert results_table(str(tmp_path / "out")).num_rows == have
+    assert f"\nincomplete: {note}; run the job again" in summarize(str(tmp_path / "out"))
+    (check,) = verify_output(str(tmp_path / "out"))
+    assert check.units_ok == have
+
+
 def test_a_grid_of_seeds_passes_its_own(tmp_path, client):
     # The derived seed is for functions that want randomness; a sweep over seeds
     # asked for these ones.

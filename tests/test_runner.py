@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from workloads import SquaresWorkload
+from workloads import SquaresWorkload, stopped_while_probing
 
 from pipeline import RunOptions, connect, run_job
 from pipeline.workload import plan_tasks
@@ -143,16 +143,8 @@ def test_the_client_sends_a_rounds_tasks_without_waiting_for_dasks_next_batch(tm
 def test_probes_interrupted_before_the_rest_was_sized_resume(tmp_path, client):
     full = tmp_path / "full"
     run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), options(full), client, echo=print)
-    # The state a driver killed mid-probing leaves: probes recorded, the rest not sized,
-    # some probes' entries missing.
     out = tmp_path / "out"
-    shutil.copytree(full, out)
-    record = json.loads((out / "sq" / "job.json").read_text())
-    head = record["head"]
-    record["stops"] = None
-    (out / "sq" / "job.json").write_text(json.dumps(record))
-    for part in _manifest_parts(out)[len(head) - 1 :]:
-        (out / "sq" / "manifest" / part).unlink()
+    head = stopped_while_probing(full, out, "sq")
     shutil.rmtree(out / "sq" / "values")
 
     s = run_job(SquaresWorkload("sq", 300), options(out), client, echo=print)

@@ -1,11 +1,15 @@
-"""Small workloads for testing the runner itself through its public Workload interface."""
+"""Small workloads for testing the runner itself through its public Workload interface,
+and the state a run stopped part way leaves."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
+import shutil
 import time
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -118,3 +122,18 @@ class MistakenWorkload(SquaresWorkload):
             stops = pa.array([task.stop + 1] * entry.num_rows, pa.int64())
             out.manifest = entry.set_column(2, "unit_stop", stops)
         return out
+
+
+def stopped_while_probing(full: Path, out: Path, job_id: str) -> list[int]:
+    """A copy at ``out`` of the complete output ``full`` as a driver killed while probing
+    leaves it: the probes recorded, the rest not sized, the last probe's entry missing
+    and nothing consolidated. Returns the probes' sizes."""
+    shutil.copytree(full, out)
+    job = out / job_id
+    record = json.loads((job / "job.json").read_text())
+    record["stops"] = None
+    (job / "job.json").write_text(json.dumps(record))
+    for part in sorted((job / "manifest").iterdir())[len(record["head"]) - 1 :]:
+        part.unlink()
+    (job / "manifest.parquet").unlink()
+    return record["head"]
