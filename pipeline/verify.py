@@ -58,6 +58,12 @@ class JobCheck:
     damaged_entries: list[str] = field(default_factory=list)
     #: The tasks ``repair`` marked to run again.
     repaired: list[Task] = field(default_factory=list)
+    #: Units the output records as failed as data (not damage: ``ok`` stands), and the
+    #: table that lists them (``Workload.failures_table``).
+    failed_units: int = 0
+    failures_table: str | None = None
+    #: Whether the job's next run calls them again (``Workload.reruns_failed_units``).
+    reruns_failed_units: bool = False
 
     @property
     def ok(self) -> bool:
@@ -96,6 +102,7 @@ def verify_output(
         if not (check.incomplete or check.damaged_manifest):
             check.incomplete = _entries_missing(store, job_id, record)
         listed = workload.verify_job(store, job_id, record, manifest, check)
+        _count_failures(workload, store, job_id, manifest, check)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
         if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):
@@ -104,6 +111,20 @@ def verify_output(
             )
         checks.append(check)
     return checks
+
+
+def _count_failures(workload, store: Store, job_id: str, manifest, check: JobCheck) -> None:
+    """The units that failed as data, from the parts of the workload's failures table
+    its manifest lists: verify said "OK: 6 of 6 units verified" of a job whose run
+    had exited 1 for 2 of them, and nothing of them."""
+    table = getattr(workload, "failures_table", None)
+    if not table or manifest is None or not {"kind", "object"} <= set(manifest.columns):
+        return
+    parts = sorted(set(manifest.loc[manifest["kind"] == table, "object"]))
+    if parts:
+        check.failed_units = workload.count_failures(store, job_id, parts)
+        check.failures_table = table
+        check.reruns_failed_units = bool(getattr(workload, "reruns_failed_units", False))
 
 
 def repair_job(

@@ -253,6 +253,28 @@ class Workload(ABC):
         output, so a rerun would not change them)."""
         return []
 
+    #: The table that lists the units that failed as data (what ``recorded_failures``
+    #: reads back): ``pipeline verify`` counts them (``count_failures``) and points
+    #: there. A job whose units all succeeded may have no part of it.
+    failures_table: ClassVar[str | None] = "failures"
+
+    @classmethod
+    def count_failures(cls, store: Store, job_id: str, parts: list[str]) -> int:
+        """``pipeline verify``: units that failed as data in ``parts`` (the keys of the
+        job's ``failures_table`` that its manifest lists; verify reports a damaged one).
+        The default counts their rows, one a unit, reading their footers alone."""
+        import pyarrow as pa
+
+        from .storage import per_object, read_parquet_file
+
+        def rows(key: str) -> int:
+            try:
+                return read_parquet_file(store, key).metadata.num_rows
+            except (pa.ArrowException, OSError, ValueError):
+                return 0  # missing or damaged: verify says so
+
+        return sum(per_object(store, rows, parts))
+
     #: The table ``pipeline results`` shows when none is named.
     default_table: str | None = None
     #: Tables a job may have no part of (a map job whose units all succeeded has no

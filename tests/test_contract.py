@@ -253,6 +253,7 @@ def test_the_example_plugin_records_an_unreadable_file_and_completes(tmp_path, c
     assert results_table(str(out), "failures").column("file").to_pylist() == ["t3.txt"]
     (check,) = verify_output(str(out))
     assert check.ok and check.units_ok == 7, check
+    assert (check.failed_units, check.failures_table) == (1, "failures")
     again = run(client, build("wordcount", tmp_path, frames_dir, fail=True), out)
     assert again.units_run == 0 and again.units_failed == 1
 

@@ -318,6 +318,27 @@ def test_a_results_part_lost_before_the_job_completes_is_said_with_its_repair(tm
     pd.testing.assert_frame_equal(results_table(str(tmp_path)).to_pandas(), clean)
 
 
+def test_verify_says_how_many_units_failed_as_data_and_where_they_are(tmp_path, client):
+    # It said "OK: 6 of 6 units verified" of a job whose run exited 1 for 2 of them,
+    # and nothing of them.
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    s = run(client, tmp_path, function=f"{FN}:odd_fails", grid={"x": [1, 2, 3, 4, 6, 8]})
+    assert s.complete and s.units_failed == 2
+    shown = CliRunner().invoke(main, ["verify", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output  # its objects are whole
+    lines = shown.output.splitlines()
+    assert lines[0].startswith("m (map): OK: 6 of 6 units verified in 5 objects;"), lines
+    assert lines[1] == (
+        "  failed: 2 units failed as data, recorded in the output (not damage): `pipeline "
+        f"results {tmp_path} --table failures` lists them; the job's command, run again, "
+        "calls them again"
+    )
+    assert results_table(str(tmp_path), "failures").num_rows == 2
+
+
 def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
     flag.touch()

@@ -769,6 +769,7 @@ def test_run_resume_results_and_verify(tmp_path, client):
 
     (check,) = verify_output(str(out))
     assert check.ok and check.units_ok == 7, check
+    assert (check.failed_units, check.failures_table) == (4, "models")
     # Resume: remove task 1's entry and tables; only it runs again, same bytes.
     before = (out / "reg/coefficients/part-000001.parquet").read_bytes()
     (out / "reg/manifest/part-000001.parquet").unlink()

@@ -11,6 +11,7 @@ import click
 from .. import registry
 from ..config import env_name, flag_name, settings_of
 from ..errors import PipelineError
+from ..summary import count
 
 
 @click.command("workloads")
@@ -166,6 +167,16 @@ def verify_command(output, jobs, repair) -> None:
             f"{len(c.extra)} extra, {len(c.corrupt)} corrupt, "
             f"{len(c.duplicated)} duplicated"
         )
+        if c.failed_units:
+            job = f" --job {c.job_id}" if len(checks) > 1 else ""
+            again = ""
+            if c.reruns_failed_units:
+                again = "; the job's command, run again, calls them again"
+            click.echo(
+                f"  failed: {count(c.failed_units, 'unit')} failed as data, recorded in the "
+                f"output (not damage): `pipeline results {output}{job} --table "
+                f"{c.failures_table}` lists them{again}"
+            )
         for label, items in (
             ("missing", c.missing),
             ("extra", c.extra),

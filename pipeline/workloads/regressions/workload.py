@@ -28,7 +28,7 @@ from ...chunks import ChunkIndex, plan_chunks
 from ...dataset import Dataset, check_columns, discover
 from ...errors import ConfigError, InputError
 from ...layout import part_key
-from ...storage import Store, join, read_parquet_tables
+from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
 from ...task_rows import read_task_rows
 from ...workload import Task, TaskOutput, UnitFailure, Workload, checksum, consolidate_manifest
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
@@ -316,6 +316,19 @@ class RegressionWorkload(Workload):
 
     final_objects = ("coefficients-summary.pdf",)
     default_table = "models"
+    #: A chunk whose fit failed is a row of the models table with its error_type.
+    failures_table = "models"
+
+    @classmethod
+    def count_failures(cls, store: Store, job_id: str, parts: list[str]) -> int:
+        def failed(key: str) -> int:
+            try:
+                errors = read_parquet_object(store, key, ["error_type"]).column(0)
+            except (pa.ArrowException, OSError, ValueError):
+                return 0  # missing or damaged: verify says so
+            return len(errors) - errors.null_count
+
+        return sum(per_object(store, failed, parts))
 
     @classmethod
     def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):
