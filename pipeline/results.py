@@ -131,8 +131,10 @@ class _JobTable:
                       ", written when its run completes"))
             )  # fmt: skip
         if table not in tables and table not in workload.optional_tables:
+            # Those it may have no part of too: `--table failures` is one of a map job's
+            named = [*tables, *(t for t in workload.optional_tables if t not in tables)]
             raise InputError(
-                f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(tables)}"
+                f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(named)}"
             )
         if table in tables:
             parts = [(first, _read_part(store, key, output)) for first, key in tables[table]]
@@ -245,7 +247,12 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     custom = workload.summarize_table(found.name, result)
     if custom:
         return custom + (f"\nincomplete: {note}" if note else "")
-    lines = [f"{found.where}: table {found.name!r}, {result.num_rows:,} rows"]
+    if result.num_rows:
+        lines = [f"{found.where}: table {found.name!r}, {result.num_rows:,} rows"]
+    else:
+        # (pandas printed "Empty DataFrame", and ten index entries for a table of no columns)
+        columns = f" (its columns: {', '.join(result.column_names)})" if result.num_columns else ""
+        lines = [f"{found.where}: table {found.name!r} is empty: no rows{columns}"]
     if note:
         lines.append(f"incomplete: {note}")
     failures = found.tables.get("failures", []) if found.name != "failures" else []
@@ -253,5 +260,6 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     if failed:
         units = "unit" if failed == 1 else "units"
         lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
-    lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
+    if result.num_rows:
+        lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
     return "\n".join(lines)

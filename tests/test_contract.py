@@ -256,6 +256,10 @@ def test_the_example_plugin_records_an_unreadable_file_and_completes(tmp_path, c
     assert (check.failed_units, check.failures_table) == (1, "failures")
     again = run(client, build("wordcount", tmp_path, frames_dir, fail=True), out)
     assert again.units_run == 0 and again.units_failed == 1
+    # A job whose files were all read has no failures: an empty table, not an unknown one
+    clean = tmp_path / "clean"
+    run(client, build("wordcount", clean, frames_dir), clean / "out")
+    assert results_table(str(clean / "out"), "failures").num_rows == 0
 
 
 PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"

@@ -515,7 +515,29 @@ def test_a_job_whose_every_unit_failed_has_an_empty_results_table(tmp_path, clie
     assert table.num_rows == 0 and "unit" in table.column_names
     from pipeline.results import summarize
 
-    assert "failed: 2 units, not in this table" in summarize(str(tmp_path / "out"))
+    shown = summarize(str(tmp_path / "out"))
+    assert shown.splitlines()[0].endswith(
+        "/out/m: table 'results' is empty: no rows (its columns: unit, x, p, flag)"
+    )
+    assert "failed: 2 units, not in this table" in shown and "Empty DataFrame" not in shown
+
+
+def test_results_name_every_table_a_job_has_and_an_empty_one_in_a_line(tmp_path, client):
+    # `--table nope` listed "results" alone; `--table failures` of a job without
+    # failures printed pandas' "Empty DataFrame", with ten index entries for no rows.
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    run(client, tmp_path, function=f"{FN}:power", grid={"x": [1, 2, 3]})
+    nope = CliRunner().invoke(main, ["results", str(tmp_path), "--table", "nope"])
+    assert nope.exit_code == 1
+    assert nope.output.endswith("/m: no table 'nope'; its tables: results, failures\n")
+    empty = CliRunner().invoke(main, ["results", str(tmp_path), "--table", "failures"])
+    assert (
+        empty.exit_code == 0
+        and empty.output == f"{tmp_path}/m: table 'failures' is empty: no rows\n"
+    )
 
 
 def test_the_python_api_takes_settings_from_the_environment(tmp_path, client, monkeypatch):
