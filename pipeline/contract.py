@@ -200,7 +200,8 @@ def _check_ranges(said: str, task: Task, manifest, ranges: tuple[str, str]) -> N
     pairs = sorted(set(zip(*(manifest.column(c).to_pylist() for c in ranges), strict=True)))
     at = task.start
     for a, b in pairs:
-        if not all(isinstance(v, int) for v in (a, b)) or a != at or b <= a:
+        whole = all(isinstance(v, int | float) and v == int(v) for v in (a, b))
+        if not whole or a != at or b <= a:
             break
         at = b
     else:

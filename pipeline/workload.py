@@ -264,12 +264,14 @@ class Workload(ABC):
         job's ``failures_table`` that its manifest lists; verify reports a damaged one).
         The default counts their rows, one a unit, reading their footers alone."""
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        from .storage import per_object, read_parquet_file
+        from .storage import per_object
 
         def rows(key: str) -> int:
             try:
-                return read_parquet_file(store, key).metadata.num_rows
+                with store.open_input(key) as f:
+                    return pq.ParquetFile(f).metadata.num_rows
             except (pa.ArrowException, OSError, ValueError):
                 return 0  # missing or damaged: verify says so
 
