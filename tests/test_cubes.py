@@ -94,6 +94,35 @@ def test_frames_whose_first_column_is_a_date_build_cubes(tmp_path, client):
         run(cube_job(tmp_path / "out2", folder, cubes=8), client)
 
 
+def test_a_pandas_index_stored_in_the_frames_is_never_drawn(tmp_path, client, caplog):
+    # DataFrame.to_parquet keeps an index that is not a plain range as a last column,
+    # __index_level_0__: it was drawn as data, in 49 of 50 cubes (values from 1000 up).
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(12):
+        df = pd.DataFrame(rng.random((30, 12)), columns=[f"c{j}" for j in range(12)])
+        df.index = np.arange(30) * 7 + 1000
+        df.to_parquet(folder / f"f{i:03d}.parquet")
+    out = tmp_path / "out"
+    with caplog.at_level("INFO", logger="pipeline.cubes"):
+        assert run(cube_job(out, folder, dim=11, cubes=50), client).complete
+    assert "'__index_level_0__' are not data: left out" in caplog.text
+    assert "column 0, 'c0', is not drawn either" in caplog.text
+    dfs = frames(folder)  # as pandas reads them back: the index is no column
+    for row in load_manifest(out).itertuples():
+        cols = np.asarray(row.columns)
+        assert ((cols >= 1) & (cols <= 11)).all()
+        cube = read_shard((out / row.shard).read_bytes())[row.offset]
+        expected = np.stack([dfs[f].iloc[:11, cols].to_numpy() for f in range(11)])
+        np.testing.assert_array_equal(cube, expected)
+        assert cube.max() < 1
+    # Without its index, a frame of 12 columns is too narrow for cubes of 12.
+    with pytest.raises(InputError, match=r"has 12 columns besides its pandas index "
+                       r"\('__index_level_0__'\); .* needs at least 13"):  # fmt: skip
+        run(cube_job(tmp_path / "out2", folder, dim=12), client)
+
+
 @pytest.mark.parametrize("sink", ["store", "none"])
 def test_the_workers_busy_time_covers_loading_the_frames(tmp_path, frames_dir, client, sink):
     # A task's busy time began after its frames were loaded: an input-bound run was

@@ -22,7 +22,7 @@ from ...storage import Store, join, open_store
 
 log = logging.getLogger("pipeline.cubes")
 
-__all__ = ["FrameSet", "inspect_frames", "load_layout", "write_frames"]
+__all__ = ["FrameSet", "data_columns", "inspect_frames", "load_layout", "write_frames"]
 
 #: Rows per parquet row group: a worker that needs the first d rows reads
 #: only the row groups that hold them.
@@ -64,7 +64,7 @@ class FrameSet:
 
     url: str
     keys: tuple[str, ...]
-    n_cols: int
+    n_cols: int  # data columns (:func:`data_columns`), the same in every used frame
     n_rows: int  # the fewest rows of any used frame
     versions: tuple[str, ...] = ()  # size and mtime or ETag: a changed frame is reloaded
 
@@ -103,6 +103,7 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
         return cached
     n_cols = None
     n_rows = None
+    left_out: dict[str, str] = {}  # pandas index columns left out, and column 0 then
     for key in used:
         where = store.describe(key)
         try:
@@ -113,7 +114,13 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
                 schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"frame {where}: not a readable parquet file ({exc})") from exc
-        for fld in list(schema)[1:]:  # column 0 (a date, an index) is never drawn
+        names = data_columns(schema)
+        index = [n for n in schema.names if n not in names]
+        if index and names:
+            left_out.update(dict.fromkeys(index, names[0]))
+        besides = f" besides its pandas index ({', '.join(map(repr, index))})" if index else ""
+        for name in names[1:]:  # column 0 (a date, an index) is never drawn
+            fld = schema.field(name)
             if not (pa.types.is_floating(fld.type) or pa.types.is_integer(fld.type)):
                 raise InputError(
                     f"frame {where}: column {fld.name!r} has type {fld.type}; "
@@ -124,24 +131,47 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
                 f"frame {where} has {meta.num_rows} rows; a cube of dimension "
                 f"{dim} needs at least {dim}"
             )
-        if len(schema) - 1 < dim:
+        if len(names) - 1 < dim:
             raise InputError(
-                f"frame {where} has {len(schema)} columns; a cube of dimension "
+                f"frame {where} has {len(names)} columns{besides}; a cube of dimension "
                 f"{dim} draws {dim} columns from columns 1..ncols-1, so it needs "
                 f"at least {dim + 1}"
             )
-        if n_cols is not None and len(schema) != n_cols:
+        if n_cols is not None and len(names) != n_cols:
             raise InputError(
-                f"frame {where} has {len(schema)} columns; expected {n_cols} "
+                f"frame {where} has {len(names)} columns{besides}; expected {n_cols} "
                 f"like {store.describe(used[0])}"
             )
-        n_cols = len(schema)
+        n_cols = len(names)
         n_rows = meta.num_rows if n_rows is None else min(n_rows, meta.num_rows)
+    if left_out:
+        log.info(
+            "frames %s: the pandas index column(s) %s are not data: left out (columns are "
+            "counted as pd.read_parquet gives them back, so column 0, %s, is not drawn either)",
+            store.url,
+            ", ".join(map(repr, left_out)),
+            " or ".join(map(repr, dict.fromkeys(left_out.values()))),
+        )
     frames = FrameSet(
         url=store.url, keys=tuple(used), n_cols=n_cols, n_rows=n_rows, versions=versions
     )
     _INSPECTED[inspected] = frames
     return frames
+
+
+def data_columns(schema: pa.Schema) -> list[str]:
+    """A frame's columns as ``pd.read_parquet`` gives them back: without the index
+    columns pandas stored beside them (``DataFrame.to_parquet`` keeps any index but a
+    plain range as a last column, ``__index_level_0__`` or the index's name), which
+    are row labels, not data."""
+    try:
+        meta = schema.pandas_metadata
+    except ValueError:  # metadata under the pandas key that is not JSON: not pandas'
+        meta = None
+    index = meta.get("index_columns") if isinstance(meta, dict) else None
+    # (a range index is a description, {"kind": "range", ...}, not a column)
+    stored = {name for name in index or () if isinstance(name, str)}
+    return [name for name in schema.names if name not in stored]
 
 
 #: Frame sets already inspected by this process, by folder, dimension and the frames'
@@ -269,7 +299,7 @@ def _read_layout(
             while rows < dim:
                 groups.append(len(groups))
                 rows += pf.metadata.row_group(groups[-1]).num_rows
-            names = pf.schema_arrow.names[1:]
+            names = data_columns(pf.schema_arrow)[1:]
             table = pf.read_row_groups(groups, columns=names, use_threads=False).slice(0, dim)
         layers[f] = np.column_stack([c.to_numpy() for c in table.columns]).T
 
