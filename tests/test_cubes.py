@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -121,6 +122,42 @@ def test_a_pandas_index_stored_in_the_frames_is_never_drawn(tmp_path, client, ca
     with pytest.raises(InputError, match=r"has 12 columns besides its pandas index "
                        r"\('__index_level_0__'\); .* needs at least 13"):  # fmt: skip
         run(cube_job(tmp_path / "out2", folder, dim=12), client)
+
+
+def test_frames_in_subfolders_are_not_the_folders_frames(tmp_path, client, caplog):
+    # The recursive listing took 2023-old/frame-*.parquet, which sorts ahead of the
+    # folder's own frame-*.parquet: every cube was from the old subfolder.
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
+
+    folder = tmp_path / "frames"
+    write_frames(LocalStore(folder), "", count=12, rows=30, cols=20, seed=5)
+    write_frames(LocalStore(folder / "2023-old"), "", count=12, rows=30, cols=20, seed=6)
+    out = tmp_path / "out"
+    with caplog.at_level("INFO", logger="pipeline.cubes"):
+        assert run(cube_job(out, folder, cubes=8), client).complete
+    assert "the 12 .parquet files in its subfolders (2023-old/) are not frames" in caplog.text
+    record = json.loads((out / "cubes" / "job.json").read_text())
+    assert record["fingerprint"]["frames"] == [f"frame-{i:05d}.parquet" for i in range(10)]
+    # Too few of its own, or none: the subfolder's files are said not to count.
+    with pytest.raises(InputError, match=r"has 12 frames; a cube of dimension 13 needs at "
+                       r"least 13 \(the 12 \.parquet files in its subfolders \(2023-old/\) "
+                       r"are not frames\)"):  # fmt: skip
+        run(cube_job(tmp_path / "o2", folder, dim=13), client)
+    write_frames(LocalStore(tmp_path / "above" / "2024"), "", count=3, rows=5, cols=6, seed=5)
+    with pytest.raises(InputError, match=r"has no \.parquet files of its own \(the 3 "
+                       r"\.parquet files in its subfolders \(2024/\) are not frames"):  # fmt: skip
+        run(cube_job(tmp_path / "o3", tmp_path / "above", dim=3), client)
+
+
+def test_frames_in_s3_subfolders_are_not_the_prefixs_frames(s3, s3_bucket):
+    from pipeline.storage import open_store
+    from pipeline.workloads.cubes.frames import inspect_frames, write_frames
+
+    write_frames(open_store(s3_bucket), "frames", count=3, rows=5, cols=6, seed=1)
+    write_frames(open_store(s3_bucket), "frames/2023-old", count=3, rows=5, cols=6, seed=2)
+    frames = inspect_frames(f"{s3_bucket}/frames", 3)
+    assert frames.keys == ("frame-00000.parquet", "frame-00001.parquet", "frame-00002.parquet")
 
 
 @pytest.mark.parametrize("sink", ["store", "none"])

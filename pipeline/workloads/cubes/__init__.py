@@ -35,7 +35,14 @@ from ...workload import (
     manifest_entries,
     summed_fingerprint,
 )
-from .frames import FrameSet, cached_layout, inspect_frames, load_layout, write_frames
+from .frames import (
+    FrameSet,
+    cached_layout,
+    frame_keys,
+    inspect_frames,
+    load_layout,
+    write_frames,
+)
 from .shards import ShardSpec, read_shard, write_shards
 
 __all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
@@ -333,7 +340,7 @@ def ensure_auto_frames(output: str, dim: int, seed: int, echo=print) -> str:
     """Make the default input frames under the output once, and return their URL."""
     url = auto_frames_url(output, dim, seed)
     store = open_store(url)
-    if len([k for k in store.list() if k.endswith(".parquet")]) < dim:
+    if len(frame_keys(store.list())[0]) < dim:
         echo(
             f"no --frames given: writing {dim} frames of {AUTO_FRAME_ROWS}x{AUTO_FRAME_COLS} "
             f"to {url}"

@@ -22,7 +22,14 @@ from ...storage import Store, join, open_store
 
 log = logging.getLogger("pipeline.cubes")
 
-__all__ = ["FrameSet", "data_columns", "inspect_frames", "load_layout", "write_frames"]
+__all__ = [
+    "FrameSet",
+    "data_columns",
+    "frame_keys",
+    "inspect_frames",
+    "load_layout",
+    "write_frames",
+]
 
 #: Rows per parquet row group: a worker that needs the first d rows reads
 #: only the row groups that hold them.
@@ -81,11 +88,17 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
             f"frames {url} is a file; frames are a folder of parquet files, one per frame "
             "(or an s3:// prefix)"
         )
-    # Files named _* or .* are not frames (a writer's _SUCCESS, _tmp or .crc): a broken
-    # _tmp.parquet failed the job
-    keys = [k for k in listed if k.endswith(".parquet") and k.rsplit("/", 1)[-1][0] not in "_."]
+    keys, nested = frame_keys(listed)
+    folders = sorted({k.rsplit("/", 1)[0] + "/" for k in nested})
+    subfolders = ", ".join(folders[:3]) + (", ..." if len(folders) > 3 else "")
+    nested_text = f"the {len(nested)} .parquet files in its subfolders ({subfolders})"
     if not keys:
         what = "has no .parquet files" if listed else "is missing or empty"
+        if nested:
+            what = (
+                f"has no .parquet files of its own ({nested_text} are not frames: give "
+                "the folder that holds the frames themselves)"
+            )
         raise InputError(
             f"frames folder {url} {what}; expected at least {dim} parquet "
             "frames (make some with `pipeline data frames`)"
@@ -93,8 +106,10 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
     if len(keys) < dim:
         raise InputError(
             f"frames folder {url} has {len(keys)} frames; a cube of dimension "
-            f"{dim} needs at least {dim}"
+            f"{dim} needs at least {dim}" + (f" ({nested_text} are not frames)" if nested else "")
         )
+    if nested:
+        log.info("frames folder %s: %s are not frames, only its own files", url, nested_text)
     used = keys[:dim]
     versions = tuple(store.version(key) for key in used)
     inspected = (store.url, dim, tuple(used), versions)
@@ -157,6 +172,20 @@ def inspect_frames(url: str, dim: int) -> FrameSet:
     )
     _INSPECTED[inspected] = frames
     return frames
+
+
+def frame_keys(listed: list[str], prefix: str = "") -> tuple[list[str], list[str]]:
+    """Of the keys ``listed`` under folder ``prefix``: its frames (its own .parquet
+    files, in name order) and the .parquet files in its subfolders, which are not
+    frames (an older set kept in a subfolder sorted ahead of the folder's own)."""
+    own, nested = [], []
+    for key in listed:
+        rel = key[len(prefix) :].lstrip("/") if prefix else key
+        # Files named _* or .* are not frames (a writer's _SUCCESS, _tmp or .crc): a
+        # broken _tmp.parquet failed the job
+        if rel.endswith(".parquet") and rel.rsplit("/", 1)[-1][0] not in "_.":
+            (nested if "/" in rel else own).append(key)
+    return own, nested
 
 
 def data_columns(schema: pa.Schema) -> list[str]:
