@@ -168,9 +168,7 @@ def make_certificates(
     if not overwrite:
         for path in files.values():
             if path.exists():
-                raise FileExistsError(
-                    f"{path} already exists (use overwrite to replace the TLS files)"
-                )
+                raise FileExistsError(f"{path} already exists (--overwrite replaces the TLS files)")
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     now = _dt.datetime.now(_dt.UTC)
