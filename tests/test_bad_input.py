@@ -76,6 +76,36 @@ def test_files_named_as_a_writers_own_are_not_frames(tmp_path):
     assert keys == tuple(f"frame-{i:05d}.parquet" for i in range(4)), keys  # (they sort first)
 
 
+def test_data_frames_refuses_a_folder_of_frames_unless_overwrite(tmp_path):
+    # It overwrote the first frames silently, even with another shape: 3 frames of 5x5
+    # and 9 of 30x20 were left in one folder.
+    def frames(*args):
+        argv = [sys.executable, "-m", "pipeline", "data", "frames", "--out", str(path), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    path = tmp_path / "fr"
+    assert frames("--count", "12", "--rows", "30", "--cols", "20").returncode == 0
+    (path / "old").mkdir()
+    (path / "old" / "frame-00000.parquet").write_bytes(b"not a frame of this folder")
+    (path / "notes.txt").write_text("kept")
+    before = (path / "frame-00000.parquet").read_bytes()
+    small = ["--count", "3", "--rows", "5", "--cols", "5"]
+    refused = frames(*small)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().endswith(
+        f"Error: {path} already holds 12 frames (frame-00000.parquet...); give --overwrite "
+        "to replace them, or another --out"
+    ), refused.stderr
+    assert (path / "frame-00000.parquet").read_bytes() == before
+    replaced = frames(*small, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    # The folder's frames replaced wholly; what is not one of its frames is kept.
+    frame_files = sorted(p.name for p in path.glob("*.parquet"))
+    assert frame_files == [f"frame-{i:05d}.parquet" for i in range(3)]
+    assert {pd.read_parquet(path / f).shape for f in frame_files} == {(5, 5)}
+    assert (path / "notes.txt").exists() and (path / "old" / "frame-00000.parquet").exists()
+
+
 def test_fewer_frames_than_dim(tmp_path):
     with pytest.raises(InputError, match=r"has 3 frames; a cube of dimension 4 needs at least 4"):
         run_cubes(tmp_path, frames_in(tmp_path, count=3))

@@ -287,7 +287,7 @@ def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, cli
     shutil.copytree(frames_dir, frames)
     run(cube_job(out, frames), client)
     (out / "cubes" / "manifest.parquet").unlink()  # as a run killed before its end
-    write_frames(LocalStore(frames), "", count=12, rows=40, cols=30, seed=8)
+    write_frames(LocalStore(frames), "", count=12, rows=40, cols=30, seed=8, overwrite=True)
     with pytest.raises(ConfigError, match=r"holds job 'cubes' whose input files changed since"):
         run(cube_job(out, frames), client)
     # Other frames, or another dim, change the versions too: the setting is named, and
@@ -363,7 +363,7 @@ def test_changed_frames_are_reloaded_not_served_from_the_layout_cache(tmp_path, 
     assert first.complete
     cache = os.environ["PIPELINE_CACHE_DIR"]
     before = set(os.listdir(os.path.join(cache, "layouts")))
-    write_frames(LocalStore(frames_dir), "", count=10, rows=12, cols=15, seed=2)
+    write_frames(LocalStore(frames_dir), "", count=10, rows=12, cols=15, seed=2, overwrite=True)
     run(cube_job(tmp_path / "b", frames_dir, cubes=4), client)
     assert len(set(os.listdir(os.path.join(cache, "layouts"))) - before) >= 1
     row = load_manifest(tmp_path / "b").iloc[0]

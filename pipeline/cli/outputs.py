@@ -40,14 +40,22 @@ def data_group() -> None:
 @click.option("--cols", type=int, default=1000, show_default=True, help="Columns per frame.")
 @click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-def frames_command(count, rows, cols, out, seed) -> None:
-    """Write parquet frames of random floats rounded to 10 decimals."""
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the frames OUT holds (all of them: none is left from an earlier, larger count).",
+)
+def frames_command(count, rows, cols, out, seed, overwrite) -> None:
+    """Write parquet frames of random floats rounded to 10 decimals. A folder that
+    already holds frames is refused unless --overwrite."""
     from ..storage import open_store
     from ..workloads.cubes.frames import write_frames
 
     try:
         store = open_store(out)
-        keys = write_frames(store, "", count=count, rows=rows, cols=cols, seed=seed)
+        keys = write_frames(
+            store, "", count=count, rows=rows, cols=cols, seed=seed, overwrite=overwrite
+        )
     except PipelineError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")

@@ -345,5 +345,14 @@ def ensure_auto_frames(output: str, dim: int, seed: int, echo=print) -> str:
             f"no --frames given: writing {dim} frames of {AUTO_FRAME_ROWS}x{AUTO_FRAME_COLS} "
             f"to {url}"
         )
-        write_frames(store, "", count=dim, rows=AUTO_FRAME_ROWS, cols=AUTO_FRAME_COLS, seed=seed)
+        # (frames of an interrupted first run, the same bytes again)
+        write_frames(
+            store,
+            "",
+            count=dim,
+            rows=AUTO_FRAME_ROWS,
+            cols=AUTO_FRAME_COLS,
+            seed=seed,
+            overwrite=True,
+        )
     return url

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from ...errors import InputError
+from ...errors import ConfigError, InputError, StorageError
 from ...storage import Store, join, open_store
 
 log = logging.getLogger("pipeline.cubes")
@@ -37,13 +37,34 @@ ROW_GROUP_ROWS = 100
 
 
 def write_frames(
-    store: Store, prefix: str, *, count: int, rows: int, cols: int, seed: int
+    store: Store,
+    prefix: str,
+    *,
+    count: int,
+    rows: int,
+    cols: int,
+    seed: int,
+    overwrite: bool = False,
 ) -> list[str]:
     """Write ``count`` parquet frames of ``rows`` x ``cols`` random floats in [0, 1),
-    rounded to 10 decimals. Frame i depends only on (seed, i)."""
+    rounded to 10 decimals. Frame i depends only on (seed, i).
+
+    A folder that holds frames already (:func:`frame_keys`) is refused unless
+    ``overwrite``; then its frames are replaced wholly: those this call does not
+    write again (a larger count's) are deleted, so no stale frame remains."""
     for name, value in (("count", count), ("rows", rows), ("cols", cols)):
         if value < 1:
             raise InputError(f"--{name} must be at least 1, got {value}")
+    try:
+        existing, _nested = frame_keys(store.list(prefix), prefix)
+    except OSError as exc:
+        raise StorageError(f"{store.describe(prefix)}: cannot list it: {exc}") from exc
+    if existing and not overwrite:
+        raise ConfigError(
+            f"{store.describe(prefix)} already holds {len(existing)} frames "
+            f"({existing[0].rsplit('/', 1)[-1]}...); give --overwrite to replace them, or "
+            "another --out"
+        )
     names = [str(c) for c in range(cols)]
 
     def write(i: int) -> str:
@@ -62,7 +83,10 @@ def write_frames(
 
     # numpy and parquet let go of the GIL: frames are made a core each
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(write, range(count)))
+        written = list(pool.map(write, range(count)))
+    for stale in sorted(set(existing) - set(written)):
+        store.delete_prefix(stale)  # (a key naming an object deletes that object alone)
+    return written
 
 
 @dataclass(frozen=True)
