@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .planning import is_small_job
+from .planning import Plan, is_small_job, requested_units_per_task
 from .prices import (
     DEFAULT_SCHEDULER_INSTANCE,
     Instance,
@@ -161,7 +161,8 @@ def project(
     units_per_task: int | None = None,
 ) -> Projection:
     """The whole job's wall time, cost and runs per day on ``fleet``, and what binds.
-    Tasks are cut as the planner would for the fleet's workers, or of ``units_per_task``."""
+    Tasks are cut as the planner would for the fleet's workers, or of ``units_per_task``
+    (rounded up to whole groups, as a run does)."""
     n, w, model = layout.n, fleet.workers, sample.model
     if fleet.instance is not None:
         # The overhead the probes measured is this cluster's, whose scheduler may share
@@ -182,7 +183,9 @@ def project(
         )
         probing = sample.seconds
     if units_per_task:
-        stops = [min(n, s) for s in range(units_per_task, n + units_per_task, units_per_task)]
+        # the runner's tasks: of whole groups (a cube job's shards), as load_plan cuts them
+        size = requested_units_per_task(units_per_task, layout.granularity)
+        stops = [t.stop for t in Plan(units_per_task=size).tasks(n)]
     elif small:
         stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), w, 1.0, rounds=1)
     else:

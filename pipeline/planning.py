@@ -117,7 +117,7 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     asked = f"{requested}" if not requested or requested % g == 0 else (
         f"{requested} (rounded up to {round_up(requested, g)}, whole groups of {g} units)"
     )  # fmt: skip
-    requested = round_up(requested, g) if requested else None
+    requested = requested_units_per_task(requested, g)
     key = job_record_key(workload.job_id)
     if store is None or not store.exists(key):
         plan = Plan(units_per_task=requested)
@@ -174,6 +174,12 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         plan.units_per_task = requested
         save_plan(workload, store, plan)
     return plan
+
+
+def requested_units_per_task(requested: int | None, granularity: int) -> int | None:
+    """``--units-per-task`` as tasks are cut with it: rounded up to whole groups of
+    ``granularity`` units (a cube job's shards), None when not given."""
+    return round_up(requested, granularity) if requested else None
 
 
 def missing_tasks(store: Store, job_id: str, record: dict) -> list[Task]:

@@ -225,6 +225,25 @@ def test_an_estimate_stops_probing_once_a_round_measured_enough(tmp_path, client
     assert 0.045 < est.sample.model.per_unit < 0.07, est.sample.model
 
 
+def test_an_estimate_of_units_per_task_cuts_whole_shards_as_the_run_does(
+    tmp_path, client, frames_dir
+):
+    # --units-per-task 20 on shards of 16 cubes: the run's tasks are of 32 cubes (7 for
+    # 200 cubes); the projection cut tasks of 20 (10), as 30 for 27 of 3,000 cubes.
+    from pipeline import load_jobs
+
+    (job,) = load_jobs([], {"output": str(tmp_path / "out"), "frames": str(frames_dir),
+                            "cubes": 200, "dim": 10, "units_per_task": 20,
+                            "progress": False}, environ={})  # fmt: skip
+    est = estimate(lambda o: dataclasses.replace(job, options=o).build(), job.options, client, [])
+    s = run_job(job.build(), job.options, client, echo=lambda m: None)
+    assert s.complete and (s.tasks, s.units_per_task) == (7, 32)
+    assert est.projections[0].tasks == s.tasks
+    sample = _sample(per_unit=0.001)
+    assert project(make_layout(3000, granularity=16), sample, est.projections[0].fleet,
+                   units_per_task=100).tasks == 27  # fmt: skip
+
+
 def test_spread_takes_the_middles_of_equal_stretches():
     from pipeline.estimate import _spread
     from pipeline.workload import Task
