@@ -15,7 +15,7 @@ the largest of four floors on the wall time:
   out to the fleet's workers (:func:`pipeline.sizing.makespan`);
 - network: the bytes the units read and write through each instance's NIC;
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
-  writes under one prefix);
+  writes under one prefix; one that writes no output has no such floor);
 - the scheduler: its seconds per task, one task after another: on this cluster
   what the probes measured (a burst of no-op tasks), on a fleet
   :data:`SCHEDULER_SECONDS_PER_TASK` (its scheduler has an instance of its own).
@@ -130,6 +130,9 @@ class JobSample:
     probe_tasks: int = 0
     #: The tasks' CPU seconds over their wall seconds (None: not measured).
     cpu_share: float | None = None
+    #: Whether the job writes output (cubes with ``sink = "none"`` write nothing, not
+    #: even a manifest entry per task).
+    writes_output: bool = True
 
 
 @dataclass
@@ -197,7 +200,7 @@ def project(
     if fleet.instance is not None and moved:
         per_instance = moved / fleet.count
         limits["network"] = per_instance * 8 / (fleet.instance.network_gbps * 1e9)
-    if fleet.s3:
+    if fleet.s3 and sample.writes_output:
         puts = n * sample.objects_per_unit + tasks + 1  # + a manifest entry per task, job.json
         limits["s3"] = puts / S3_PUTS_PER_SECOND
     limits["scheduler"] = tasks * model.overhead

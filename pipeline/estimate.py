@@ -165,6 +165,7 @@ def estimate(
             probed=not small and not options.units_per_task,
             probe_tasks=len(probing),
             cpu_share=sum(r.cpu_seconds for r in done) / max(1e-9, sum(r.seconds for r in done)),
+            writes_output=store is not None,
         )
         here = Fleet(
             None,

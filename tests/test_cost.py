@@ -14,7 +14,7 @@ from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
 from pipeline.cost import Fleet, JobSample, parse_fleet, project
 from pipeline.errors import ConfigError
-from pipeline.estimate import estimate
+from pipeline.estimate import estimate, estimate_lines
 from pipeline.prices import load_prices, worker_price
 from pipeline.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, make_layout
 from pipeline.summary import summary_lines, usd
@@ -175,7 +175,6 @@ def test_an_estimate_says_when_the_units_it_ran_failed(tmp_path, client):
     # failures' time projected as the job's, exit 0); for some, said nothing either.
     from pipeline import MapJob, MapWorkload
     from pipeline.errors import PipelineError
-    from pipeline.estimate import estimate_lines
 
     def job(grid):
         return lambda opts: MapWorkload(MapJob(function="mapfns.userfns:odd_fails", grid=grid), "m")
@@ -242,6 +241,22 @@ def test_an_estimate_of_units_per_task_cuts_whole_shards_as_the_run_does(
     sample = _sample(per_unit=0.001)
     assert project(make_layout(3000, granularity=16), sample, est.projections[0].fleet,
                    units_per_task=100).tasks == 27  # fmt: skip
+
+
+def test_an_estimate_of_a_job_that_writes_nothing_has_no_s3_floor(tmp_path, client, frames_dir):
+    # --sink none writes nothing, no manifest entry either: a fleet's floor counted one
+    # PUT per task all the same ("S3 request rate 0.137 s" beside 0.00 objects a cube).
+    from pipeline import load_jobs
+
+    (job,) = load_jobs([], {"output": str(tmp_path / "out"), "frames": str(frames_dir),
+                            "cubes": 300, "dim": 10, "sink": "none",
+                            "progress": False}, environ={})  # fmt: skip
+    fleet = parse_fleet("c5.24xlarge:5", load_prices())
+    est = estimate(lambda o: dataclasses.replace(job, options=o).build(), job.options, client,
+                   [fleet])  # fmt: skip
+    assert est.sample.objects_per_unit == 0
+    assert [p.limits["s3"] for p in est.projections] == [None, None]
+    assert "S3 request rate" not in "\n".join(estimate_lines(est))
 
 
 def test_spread_takes_the_middles_of_equal_stretches():
