@@ -11,8 +11,10 @@ measured (:mod:`pipeline.sizing`: fixed + per-unit seconds per task), cuts the
 whole job into tasks for the fleet's workers as the planner would, and takes
 the largest of four floors on the wall time:
 
-- CPU: the probing phase (as long as it lasted here), then the other tasks handed
-  out to the fleet's workers (:func:`pipeline.sizing.makespan`);
+- the tasks: the probing phase (as long as it lasted here), then the other tasks
+  handed out to the fleet's workers (:func:`pipeline.sizing.makespan`), named by
+  what bound the probes' tasks as a run's summary would name it
+  (:func:`pipeline.summary.task_bound`: CPU, writing, loading inputs, waits);
 - network: the bytes the units read and write through each instance's NIC;
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
   writes under one prefix; one that writes no output has no such floor);
@@ -35,7 +37,7 @@ from .prices import (
     WorkerPrice,
 )
 from .sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
-from .summary import RunSummary, count, seconds, usd
+from .summary import RunSummary, TaskTime, count, seconds, task_bound, usd
 
 __all__ = [
     "Fleet",
@@ -128,8 +130,12 @@ class JobSample:
     #: Whether a run of the job probes (False: a job too small to, or --units-per-task).
     probed: bool = True
     probe_tasks: int = 0
-    #: The tasks' CPU seconds over their wall seconds (None: not measured).
-    cpu_share: float | None = None
+    #: Where the probes' time went (None: not measured): what bound them, cold start
+    #: included (a cube job's first tasks load the frames).
+    spent: TaskTime | None = None
+    #: The same of the full-size tasks the estimate ran after the probes, on warm
+    #: workers (None: none ran): what binds the rest of the job.
+    steady: TaskTime | None = None
     #: Whether the job writes output (cubes with ``sink = "none"`` write nothing, not
     #: even a manifest entry per task).
     writes_output: bool = True
@@ -146,13 +152,26 @@ class Projection:
     #: The floor on the wall time each limit sets, in seconds (None: does not apply).
     limits: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: What bound the tasks (:func:`pipeline.summary.task_bound`), for the "tasks" limit.
+    task_bound: str = "CPU-bound"
+    #: Why, in a few words ("" for CPU-bound).
+    task_bound_why: str = ""
 
 
 LIMIT_NAMES = {
-    "cpu": "CPU",
+    "tasks": "the tasks",
     "network": "the network (each instance's NIC)",
     "s3": "S3 request rate (PUTs per prefix)",
     "scheduler": "the scheduler's task rate",
+}
+
+#: The tasks' limit by what bound them, as a run's summary names it.
+TASK_BOUND_NAMES = {
+    "CPU-bound": "CPU",
+    "wait-bound": "the tasks' waits",
+    "input-bound": "loading inputs",
+    "S3-bound": "writing to S3",
+    "disk-bound": "writing to disk",
 }
 
 
@@ -195,7 +214,7 @@ def project(
         stops = cut_tasks(layout, start, model, w, task_seconds)
     tasks = probe_tasks + len(stops)
     rest = makespan(layout, start, stops, model, w) if stops else 0.0
-    limits: dict[str, float | None] = {"cpu": probing + rest, "network": None, "s3": None}
+    limits: dict[str, float | None] = {"tasks": probing + rest, "network": None, "s3": None}
     moved = n * (sample.bytes_written_per_unit + sample.bytes_read_per_unit)
     if fleet.instance is not None and moved:
         per_instance = moved / fleet.count
@@ -204,17 +223,27 @@ def project(
         puts = n * sample.objects_per_unit + tasks + 1  # + a manifest entry per task, job.json
         limits["s3"] = puts / S3_PUTS_PER_SECOND
     limits["scheduler"] = tasks * model.overhead
-    # Ties go to the narrower resource: the CPU makespan has the scheduler's floor in it.
-    order = [k for k in ("scheduler", "s3", "network", "cpu") if limits[k] is not None]
+    # Ties go to the narrower resource: the tasks' makespan has the scheduler's floor in it.
+    order = [k for k in ("scheduler", "s3", "network", "tasks") if limits[k] is not None]
     binding = max(order, key=lambda k: limits[k])
     wall = float(limits[binding])
+    # Named by the tasks that make most of the makespan: the probing phase, as it was
+    # measured (a small job, or a large fleet), else the full-size tasks
+    steady = sample.steady is not None and rest > probing
+    measured = sample.steady if steady else sample.spent
+    bound, why = _task_bound(measured, steady)
     notes = []
-    if binding == "cpu" and sample.cpu_share is not None and sample.cpu_share < 0.5:
+    if binding == "tasks" and bound == "wait-bound":
         notes.append(
-            f"the probes' tasks were on the CPU {sample.cpu_share:.0%} of their time (they "
-            "waited: sleep, network, disk, or processes they started, whose CPU is not "
-            "counted), so the workers' time binds, not their cores: more workers than "
-            "cores would overlap the waits"
+            "the tasks waited (sleep, network, disk, or processes they started, whose CPU "
+            "is not counted), so the workers' time binds, not their cores: more workers "
+            "than cores would overlap the waits"
+        )
+    if bound in ("S3-bound", "disk-bound") and measured and fleet.s3 != measured.s3:
+        here, there = ("S3", "a disk") if measured.s3 else ("a disk", "S3")
+        notes.append(
+            f"the tasks' writes were timed to {here} (this estimate's output); this fleet "
+            f"writes to {there}, at a rate of its own"
         )
     if w > SCHEDULER_WORKER_WALL:
         notes.append(
@@ -230,7 +259,36 @@ def project(
         binding,
         limits,
         notes,
+        bound,
+        why,
     )
+
+
+def _task_bound(spent: TaskTime | None, steady: bool) -> tuple[str, str]:
+    """What bound the probes' tasks (or the full-size ones: ``steady``), and why in a
+    few words."""
+    if spent is None or not spent.seconds:
+        return "CPU-bound", ""
+    bound = task_bound(spent)
+    share = {
+        "S3-bound": ("writing was", spent.phases.get("writing", 0.0)),
+        "disk-bound": ("writing was", spent.phases.get("writing", 0.0)),
+        "input-bound": ("loading inputs was", spent.phases.get("inputs", 0.0)),
+        "wait-bound": ("on the CPU", spent.cpu),
+    }.get(bound)
+    if share is None:
+        return bound, ""
+    which = "the full-size tasks'" if steady else "the probes' tasks'"
+    return bound, f"{share[0]} {share[1] / spent.seconds:.0%} of {which} time"
+
+
+def limit_name(p: Projection, key: str, full: bool = False) -> str:
+    """Limit ``key`` of ``p`` as its lines say it; ``full``: as the line of the one that
+    binds says it (with what bound the tasks and why)."""
+    if key == "tasks":
+        name = TASK_BOUND_NAMES[p.task_bound]
+        return f"{name} ({p.task_bound}: {p.task_bound_why})" if full and p.task_bound_why else name
+    return LIMIT_NAMES[key] if full else LIMIT_NAMES[key].split(" (")[0]
 
 
 def _duration(value: float) -> str:
@@ -242,13 +300,11 @@ def _duration(value: float) -> str:
 def projection_lines(p: Projection) -> list[str]:
     per_day = f"{p.runs_per_day:,.0f} runs/day" if p.runs_per_day else "no runs/day figure"
     floors = ", ".join(
-        f"{LIMIT_NAMES[k].split(' (')[0]} {_duration(v)}"
-        for k, v in p.limits.items()
-        if v is not None
+        f"{limit_name(p, k)} {_duration(v)}" for k, v in p.limits.items() if v is not None
     )
     lines = [
         f"  {p.fleet.label}: {_duration(p.wall_seconds)}, {usd(p.cost_usd)}, {per_day} "
-        f"({count(p.tasks, 'task')}); bound by {LIMIT_NAMES[p.binding]}",
+        f"({count(p.tasks, 'task')}); bound by {limit_name(p, p.binding, full=True)}",
         f"    floors: {floors}",
     ]
     lines.extend(f"    note: {note}" for note in p.notes)

@@ -33,7 +33,7 @@ from .probing import probe
 from .runner import open_output
 from .sizing import CostModel, ProbeSample, fit_costs
 from .storage import open_store
-from .summary import count
+from .summary import TaskTime, count
 from .workload import Workload, unit_label
 
 __all__ = ["Estimate", "estimate", "estimate_lines"]
@@ -154,6 +154,8 @@ def estimate(
         done = [r for r in receipts if r.complete]
         units = max(1, sum(r.units for r in done))
         probing = receipts[: len(receipts) - len(full)]
+        sized = [r for r in receipts[len(probing) :] if r.complete]
+        s3 = opts.output.startswith("s3://")
         sample = JobSample(
             model,
             sum(r.units for r in probing),
@@ -164,7 +166,8 @@ def estimate(
             workers=workers,
             probed=not small and not options.units_per_task,
             probe_tasks=len(probing),
-            cpu_share=sum(r.cpu_seconds for r in done) / max(1e-9, sum(r.seconds for r in done)),
+            spent=TaskTime.of([r for r in probing if r.complete], s3=s3),
+            steady=TaskTime.of(sized, s3=s3) if sized else None,
             writes_output=store is not None,
         )
         here = Fleet(

@@ -30,7 +30,7 @@ from .probing import probe
 from .report import task_timings
 from .sizing import longest_first
 from .storage import Store, open_store
-from .summary import RunSummary, size
+from .summary import RunSummary, TaskTime, size
 from .workload import Task, TaskReceipt, UnitFailure, Workload, summed_fingerprint
 
 __all__ = ["completed_job", "open_output", "run_job"]
@@ -271,12 +271,9 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
         max(0, r.units - kept.get(r.index, 0) - len(r.failures)) for r in receipts if r.failures
     )
     summary.failures = [asdict(f) for f in failures]
-    summary.bytes_written = sum(r.bytes_written for r in receipts)
-    summary.busy_seconds = sum(r.busy_seconds for r in receipts)
-    summary.cpu_seconds = sum(r.cpu_seconds for r in receipts)
-    for r in receipts:
-        for phase, seconds in r.phases.items():
-            summary.phases[phase] = summary.phases.get(phase, 0.0) + seconds
+    spent = TaskTime.of(receipts, s3=options.output.startswith("s3://"))
+    summary.bytes_written, summary.busy_seconds = spent.bytes_written, spent.seconds
+    summary.cpu_seconds, summary.phases = spent.cpu, spent.phases
     if summary.wall_seconds and receipts:
         summary.parallel_efficiency = summary.busy_seconds / (
             summary.wall_seconds * summary.workers

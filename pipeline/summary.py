@@ -16,10 +16,69 @@ from typing import Any
 
 from .workload import unit_label
 
-__all__ = ["PHASES", "RunSummary", "cost_line", "summary_lines", "usd"]
+__all__ = ["PHASES", "RunSummary", "TaskTime", "cost_line", "summary_lines", "task_bound", "usd"]
 
 #: What a task's time is spent on, as workloads report it (worker-seconds).
 PHASES = ("inputs", "compute", "writing")
+
+
+@dataclass(frozen=True)
+class TaskTime:
+    """Where tasks' time went, summed over them (worker-seconds): what tells a run's
+    summary, and an estimate from its probes, what bound the tasks."""
+
+    #: The tasks' busy seconds.
+    seconds: float
+    #: Seconds by :data:`PHASES`.
+    phases: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds of the worker processes during the tasks (0: not measured).
+    cpu: float = 0.0
+    bytes_written: int = 0
+    #: Whether they wrote to S3 (else to a disk).
+    s3: bool = False
+
+    @classmethod
+    def of(cls, receipts, s3: bool) -> TaskTime:
+        """The sums over task receipts (:class:`pipeline.workload.TaskReceipt`)."""
+        phases: dict[str, float] = {}
+        for r in receipts:
+            for phase, value in r.phases.items():
+                phases[phase] = phases.get(phase, 0.0) + value
+        return cls(
+            seconds=sum(r.busy_seconds for r in receipts),
+            phases=phases,
+            cpu=sum(r.cpu_seconds for r in receipts),
+            bytes_written=sum(r.bytes_written for r in receipts),
+            s3=s3,
+        )
+
+
+def phase_bound(t: TaskTime, span: float) -> str | None:
+    """ "S3-bound" or "disk-bound" when writing took most of the tasks' time,
+    "input-bound" when loading inputs did, else None. A phase binds when it dominates
+    and fills a quarter of ``span`` at least (a run's wall time x its workers):
+    otherwise idle workers say more than how the little busy time was split."""
+    inputs, compute, writing = (t.phases.get(p, 0.0) for p in PHASES)
+    share = 0.25 * span
+    if writing > max(compute, inputs, share) and t.bytes_written:
+        return "S3-bound" if t.s3 else "disk-bound"
+    if inputs > max(compute, writing, share):
+        return "input-bound"
+    return None
+
+
+def cpu_bound(t: TaskTime) -> str:
+    """ "wait-bound" when the tasks were on the CPU under half their time, else
+    "CPU-bound"."""
+    if t.cpu and t.cpu < 0.5 * t.seconds:
+        return "wait-bound"
+    return "CPU-bound"
+
+
+def task_bound(t: TaskTime) -> str:
+    """What bound tasks that kept their workers busy (an estimate's probes, the tasks a
+    projection hands out): :func:`phase_bound`, else :func:`cpu_bound`."""
+    return phase_bound(t, t.seconds) or cpu_bound(t)
 
 
 @dataclass
@@ -87,6 +146,10 @@ class RunSummary:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def task_time(self) -> TaskTime:
+        s3 = (self.output or "").startswith("s3://")
+        return TaskTime(self.busy_seconds, self.phases, self.cpu_seconds, self.bytes_written, s3)
 
     @property
     def units_ok(self) -> int:
@@ -220,19 +283,17 @@ def bottleneck(s: RunSummary) -> str | None:
     if not s.units_run or not s.wall_seconds:
         return None
     w = max(1, s.workers)
-    inputs, compute, writing = (s.phases.get(p, 0.0) for p in PHASES)
+    t = s.task_time()
+    inputs, compute = t.phases.get("inputs", 0.0), t.phases.get("compute", 0.0)
     unit = s.unit_name
-    # A phase binds when it dominates the busy time and fills a good part of the run;
-    # otherwise idle workers say more than how the little busy time was split.
-    share = 0.25 * s.wall_seconds * w
-    if writing > max(compute, inputs, share) and s.bytes_written:
-        where = "S3-bound" if (s.output or "").startswith("s3://") else "disk-bound"
+    bound = phase_bound(t, s.wall_seconds * w)
+    if bound in ("S3-bound", "disk-bound"):
         built = f"; {unit}s were built at {s.units_run / (compute / w):,.0f}/s" if compute else ""
         return (
-            f"{where}: wrote {size(s.bytes_written)} at "
+            f"{bound}: wrote {size(s.bytes_written)} at "
             f"{size(s.bytes_written / s.wall_seconds)}/s{built}"
         )
-    if inputs > max(compute, writing, share):
+    if bound == "input-bound":
         return f"input-bound: loading inputs took {seconds(inputs / w)} of each worker's time"
     eff = s.parallel_efficiency or 0.0
     longest = max(s.task_timings, key=lambda t: t["seconds"], default=None)
@@ -249,11 +310,10 @@ def bottleneck(s: RunSummary) -> str | None:
             f"overhead-bound: the workers were busy {eff:.0%} of the run (start-up, "
             "scheduling, or too little work for the workers)"
         )
-    tasks_seconds = s.busy_seconds or 0.0
-    if s.cpu_seconds and s.cpu_seconds < 0.5 * tasks_seconds:
+    if cpu_bound(t) == "wait-bound":
         return (
             f"wait-bound: {w} workers busy {eff:.0%} of the run, on the CPU "
-            f"{s.cpu_seconds / tasks_seconds:.0%} of that time (the tasks waited: sleep, "
+            f"{t.cpu / t.seconds:.0%} of that time (the tasks waited: sleep, "
             "network, disk, or processes they started, whose CPU is not counted); more "
             "workers (--workers, even beyond the cores) would overlap more waits"
         )

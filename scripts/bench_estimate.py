@@ -63,6 +63,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipeline.cluster import connect
+    from pipeline.cost import limit_name
     from pipeline.estimate import estimate
     from pipeline.jobs import load_jobs
     from pipeline.runner import run_job
@@ -93,8 +94,9 @@ def main() -> None:
             ratio = here.wall_seconds / s.wall_seconds
             print(
                 f"{est.workload:12s} {est.units:6,} {est.unit_name}s: projected "
-                f"{here.wall_seconds:6.1f} s ({here.binding}), measured {s.wall_seconds:6.1f}"
-                f" s, ratio {ratio:.2f}; the estimate took {est_seconds:.1f} s, it ran "
+                f"{here.wall_seconds:6.1f} s ({limit_name(here, here.binding)}), measured "
+                f"{s.wall_seconds:6.1f} s, ratio {ratio:.2f}; the estimate took "
+                f"{est_seconds:.1f} s, it ran "
                 f"{est.sampled / est.units:.0%} of the units; run cost "
                 f"{usd(s.cost_usd or 0)} (busy worker-seconds), projected {usd(here.cost_usd)} "
                 "(workers x wall)"

@@ -12,12 +12,12 @@ from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
-from pipeline.cost import Fleet, JobSample, parse_fleet, project
+from pipeline.cost import Fleet, JobSample, parse_fleet, project, projection_lines
 from pipeline.errors import ConfigError
 from pipeline.estimate import estimate, estimate_lines
 from pipeline.prices import load_prices, worker_price
 from pipeline.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, make_layout
-from pipeline.summary import summary_lines, usd
+from pipeline.summary import TaskTime, summary_lines, usd
 
 
 def options(out, **kw):
@@ -119,7 +119,7 @@ def test_the_projection_names_the_limit_that_binds():
     layout = make_layout(1_000_000)
     # 10 ms of CPU per unit, nothing written: 10,000 worker-seconds on 480 workers.
     cpu = project(layout, _sample(), fleet)
-    assert cpu.binding == "cpu" and cpu.wall_seconds >= 10_000 / 480
+    assert cpu.binding == "tasks" and cpu.wall_seconds >= 10_000 / 480
     assert cpu.cost_usd == pytest.approx(cpu.wall_seconds / 3600 * fleet.usd_per_hour)
     assert any("480" in note for note in cpu.notes) is False
     # A cube job storing 8 MB per unit at 1 ms each: 8 TB through 5 NICs of 25 Gbps.
@@ -147,11 +147,37 @@ def test_the_projection_names_the_limit_that_binds():
 
 def test_a_projection_of_waiting_tasks_says_the_cores_are_not_what_binds():
     here = Fleet(None, 1, 2, 0.085, "this cluster")
-    waits = dataclasses.replace(_sample(per_unit=0.2), cpu_share=0.08)
-    (note,) = project(make_layout(200), waits, here).notes
-    assert note.startswith("the probes' tasks were on the CPU 8% of their time")
-    computes = dataclasses.replace(_sample(per_unit=0.2), cpu_share=0.95)
-    assert project(make_layout(200), computes, here).notes == []
+    waited = TaskTime(10.0, {"compute": 10.0}, cpu=0.8)
+    p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=waited), here)
+    assert projection_lines(p)[0].endswith(
+        "bound by the tasks' waits (wait-bound: on the CPU 8% of the probes' tasks' time)"
+    )
+    (note,) = p.notes
+    assert note.startswith("the tasks waited (sleep, network, disk")
+    computed = dataclasses.replace(waited, cpu=9.5)
+    p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=computed), here)
+    assert p.notes == [] and projection_lines(p)[0].endswith("bound by CPU")
+
+
+def test_the_tasks_floor_is_named_by_the_tasks_that_make_most_of_it():
+    # Probes that loaded a cube job's frames cold, then full-size tasks that wrote
+    cold = TaskTime(4.0, {"inputs": 3.0, "compute": 0.5, "writing": 0.5}, 3.5, 10**6)
+    warm = TaskTime(4.0, {"compute": 1.0, "writing": 3.0}, 1.5, 10**8)
+    sample = dataclasses.replace(_sample(per_unit=0.001), spent=cold, steady=warm)
+    here = Fleet(None, 1, 2, 0.085, "this cluster", s3=False)
+    big = project(make_layout(100_000), sample, here)  # the probing phase a second of 50
+    assert (big.binding, big.task_bound, big.notes) == ("tasks", "disk-bound", [])
+    assert projection_lines(big)[0].endswith(
+        "bound by writing to disk (disk-bound: writing was 75% of the full-size tasks' time)"
+    )
+    small = project(make_layout(200), sample, here)  # mostly the probing phase
+    assert projection_lines(small)[0].endswith(
+        "bound by loading inputs (input-bound: loading inputs was 75% of the probes' tasks' time)"
+    )
+    # A fleet writes to S3: the writes were timed to a disk, which the projection says.
+    fleet = project(make_layout(10**6), sample, parse_fleet("c5.24xlarge:1", load_prices()))
+    assert fleet.task_bound == "disk-bound"
+    assert "the tasks' writes were timed to a disk (this estimate's output)" in fleet.notes[0]
 
 
 def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, client):
@@ -286,7 +312,7 @@ def test_the_projection_matches_a_real_run_on_two_workers(tmp_path, client):
     assert not out.exists()  # none of the job's output was written
     assert est.sample.units <= est.sampled < n / 4  # a sample, not the job
     here, fleet = est.projections
-    assert here.fleet.workers == 2 and here.binding == "cpu"
+    assert here.fleet.workers == 2 and here.binding == "tasks"
     assert fleet.fleet.workers == 96 and fleet.wall_seconds < here.wall_seconds
     s = run_job(SquaresWorkload("sq", n, unit_seconds=unit_seconds), options(out), client,
                 echo=lambda m: None)  # fmt: skip
@@ -339,6 +365,25 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
     here = est.projections[0]
     assert here.limits["s3"] is not None and here.limits["s3"] >= 200 / 3500
     assert bucket.list("root") == ["root/other-job/keep.txt"]
+
+
+@pytest.mark.integration
+def test_an_estimate_names_the_bound_as_the_runs_summary_does(s3, s3_bucket, frames_dir):
+    # Shards to S3 (here moto): the run said "S3-bound: ... writing 12.2 s per worker of
+    # 13.3 s", its estimate "bound by CPU", calling the tasks' makespan CPU whatever
+    # they spent it on. Both now name it from the same phases.
+    from pipeline import connect, load_jobs
+    from pipeline.summary import bottleneck
+
+    (job,) = load_jobs([], {"output": s3_bucket, "frames": str(frames_dir), "cubes": 1600,
+                            "dim": 12, "progress": False, "workers": 2}, environ={})  # fmt: skip
+    with connect(job.options) as c:
+        est = estimate(lambda o: dataclasses.replace(job, options=o).build(), job.options, c, [])
+        s = run_job(job.build(), job.options, c, echo=lambda m: None)
+    assert s.complete and bottleneck(s).startswith("S3-bound: "), bottleneck(s)
+    here = est.projections[0]
+    assert (here.binding, here.task_bound) == ("tasks", "S3-bound"), projection_lines(here)
+    assert "bound by writing to S3 (S3-bound: writing was " in projection_lines(here)[0]
 
 
 def test_the_summary_names_what_bound_the_run_and_reads_short_times():
