@@ -168,6 +168,7 @@ LIMIT_NAMES = {
 #: The tasks' limit by what bound them, as a run's summary names it.
 TASK_BOUND_NAMES = {
     "CPU-bound": "CPU",
+    "CPU-contended": "CPU, contended",
     "wait-bound": "the tasks' waits",
     "input-bound": "loading inputs",
     "S3-bound": "writing to S3",
@@ -239,6 +240,12 @@ def project(
             "is not counted), so the workers' time binds, not their cores: more workers "
             "than cores would overlap the waits"
         )
+    if binding == "tasks" and bound == "CPU-contended":
+        notes.append(
+            "the tasks were runnable but waiting for a core much of their time (this "
+            "machine's cores were busy with other work): the per-unit seconds, and so these "
+            "projections, are this loaded machine's; more workers would only wait longer"
+        )
     if bound in ("S3-bound", "disk-bound") and measured and fleet.s3 != measured.s3:
         here, there = ("S3", "a disk") if measured.s3 else ("a disk", "S3")
         notes.append(
@@ -275,6 +282,7 @@ def _task_bound(spent: TaskTime | None, steady: bool) -> tuple[str, str]:
         "disk-bound": ("writing was", spent.phases.get("writing", 0.0)),
         "input-bound": ("loading inputs was", spent.phases.get("inputs", 0.0)),
         "wait-bound": ("on the CPU", spent.cpu),
+        "CPU-contended": ("waiting for a core", spent.runq or 0.0),
     }.get(bound)
     if share is None:
         return bound, ""

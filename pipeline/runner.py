@@ -274,6 +274,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     spent = TaskTime.of(receipts, s3=options.output.startswith("s3://"))
     summary.bytes_written, summary.busy_seconds = spent.bytes_written, spent.seconds
     summary.cpu_seconds, summary.phases = spent.cpu, spent.phases
+    summary.runq_seconds, summary.remote = spent.runq, bool(options.scheduler)
     if summary.wall_seconds and receipts:
         summary.parallel_efficiency = summary.busy_seconds / (
             summary.wall_seconds * summary.workers

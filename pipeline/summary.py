@@ -36,6 +36,8 @@ class TaskTime:
     bytes_written: int = 0
     #: Whether they wrote to S3 (else to a disk).
     s3: bool = False
+    #: Seconds they were runnable but waiting for a core (None: not measured).
+    runq: float | None = None
 
     @classmethod
     def of(cls, receipts, s3: bool) -> TaskTime:
@@ -44,17 +46,21 @@ class TaskTime:
         for r in receipts:
             for phase, value in r.phases.items():
                 phases[phase] = phases.get(phase, 0.0) + value
+        # (tasks that never ran, or ran where the kernel does not say, are left out)
+        queued = [r.runq_seconds for r in receipts if r.runq_seconds is not None]
         return cls(
             seconds=sum(r.busy_seconds for r in receipts),
             phases=phases,
             cpu=sum(r.cpu_seconds for r in receipts),
             bytes_written=sum(r.bytes_written for r in receipts),
             s3=s3,
+            runq=sum(queued) if queued else None,
         )
 
 
 def phase_bound(t: TaskTime, span: float) -> str | None:
-    """ "S3-bound" or "disk-bound" when writing took most of the tasks' time,
+    """The phase that bound the tasks: "S3-bound" or "disk-bound" when writing took
+    most of their time,
     "input-bound" when loading inputs did, else None. A phase binds when it dominates
     and fills a quarter of ``span`` at least (a run's wall time x its workers):
     otherwise idle workers say more than how the little busy time was split."""
@@ -68,11 +74,15 @@ def phase_bound(t: TaskTime, span: float) -> str | None:
 
 
 def cpu_bound(t: TaskTime) -> str:
-    """ "wait-bound" when the tasks were on the CPU under half their time, else
-    "CPU-bound"."""
-    if t.cpu and t.cpu < 0.5 * t.seconds:
-        return "wait-bound"
-    return "CPU-bound"
+    """Whether the tasks computed: "CPU-bound" when they were on the CPU half their
+    time at least; "CPU-contended" when not, but they were runnable and waiting for a
+    core most of the rest (the machine's cores busy with other work); else
+    "wait-bound" (sleep, network, disk, locks, or that is not measured)."""
+    if not t.cpu or t.cpu >= 0.5 * t.seconds:
+        return "CPU-bound"
+    if t.runq is not None and t.runq >= 0.5 * (t.seconds - t.cpu):
+        return "CPU-contended"
+    return "wait-bound"
 
 
 def task_bound(t: TaskTime) -> str:
@@ -120,6 +130,11 @@ class RunSummary:
     busy_seconds: float = 0.0
     #: CPU seconds the worker processes used during this run's tasks.
     cpu_seconds: float = 0.0
+    #: Seconds the tasks were runnable but waiting for a core (None: not measured).
+    runq_seconds: float | None = None
+    #: Whether the run was on a remote cluster (--scheduler), whose workers --workers
+    #: does not start.
+    remote: bool = False
     #: Worker-seconds by :data:`PHASES`, summed over this run's tasks.
     phases: dict[str, float] = field(default_factory=dict)
     workers: int = 0
@@ -149,7 +164,14 @@ class RunSummary:
 
     def task_time(self) -> TaskTime:
         s3 = (self.output or "").startswith("s3://")
-        return TaskTime(self.busy_seconds, self.phases, self.cpu_seconds, self.bytes_written, s3)
+        return TaskTime(
+            self.busy_seconds,
+            self.phases,
+            self.cpu_seconds,
+            self.bytes_written,
+            s3,
+            self.runq_seconds,
+        )
 
     @property
     def units_ok(self) -> int:
@@ -296,7 +318,7 @@ def bottleneck(s: RunSummary) -> str | None:
     if bound == "input-bound":
         return f"input-bound: loading inputs took {seconds(inputs / w)} of each worker's time"
     eff = s.parallel_efficiency or 0.0
-    longest = max(s.task_timings, key=lambda t: t["seconds"], default=None)
+    longest = max(s.task_timings, key=lambda r: r["seconds"], default=None)
     if eff < 0.75 and longest and longest["seconds"] >= 0.6 * s.wall_seconds and w > 1:
         # One long task (a slow unit, or few tasks): the other workers ran out of work
         return (
@@ -310,12 +332,38 @@ def bottleneck(s: RunSummary) -> str | None:
             f"overhead-bound: the workers were busy {eff:.0%} of the run (start-up, "
             "scheduling, or too little work for the workers)"
         )
-    if cpu_bound(t) == "wait-bound":
+    busy = t.seconds
+    on_cpu, queued = t.cpu / busy if busy else 0.0, (t.runq or 0.0) / busy if busy else 0.0
+    bound = cpu_bound(t)
+    if bound == "CPU-contended":
         return (
-            f"wait-bound: {w} workers busy {eff:.0%} of the run, on the CPU "
-            f"{t.cpu / t.seconds:.0%} of that time (the tasks waited: sleep, "
-            "network, disk, or processes they started, whose CPU is not counted); more "
-            "workers (--workers, even beyond the cores) would overlap more waits"
+            f"CPU-contended: {w} workers busy {eff:.0%} of the run, on the CPU {on_cpu:.0%} "
+            f"of that time and waiting for a core {queued:.0%} (the machine's cores were "
+            "busy with other work: other processes, or more workers than cores); more "
+            "workers would only wait longer"
+        )
+    if bound == "wait-bound":
+        more = (
+            "more worker processes (dask worker --nworkers, even beyond the cores)"
+            if s.remote
+            else "more workers (--workers, even beyond the cores)"
+        )
+        if t.runq is None:  # not measured: a core held by other work looks the same
+            why = (
+                "network, disk, processes they started, whose CPU is not counted, or cores "
+                "busy with other work"
+            )
+            more = "unless other work held the cores, " + more
+        else:
+            why = "network, disk, or processes they started, whose CPU is not counted"
+        return (
+            f"wait-bound: {w} workers busy {eff:.0%} of the run, on the CPU {on_cpu:.0%} of "
+            f"that time (the tasks waited: sleep, {why}); {more} would overlap more waits"
+        )
+    if queued >= 0.2:
+        return (
+            f"CPU-bound: {w} workers busy {eff:.0%} of the run, waiting for a core "
+            f"{queued:.0%} of that time (other processes, or more workers than cores)"
         )
     return f"CPU-bound: {w} workers busy {eff:.0%} of the run"
 

@@ -145,6 +145,9 @@ class TaskReceipt:
     #: CPU time of the worker process during the task: against ``seconds``, whether
     #: the task computed or waited (sleep, network, disk).
     cpu_seconds: float = 0.0
+    #: Seconds the task's thread was runnable but waiting for a core (the machine's
+    #: cores busy with other work); None where not measured (not Linux).
+    runq_seconds: float | None = None
 
     @property
     def complete(self) -> bool:

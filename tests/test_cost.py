@@ -157,6 +157,16 @@ def test_a_projection_of_waiting_tasks_says_the_cores_are_not_what_binds():
     computed = dataclasses.replace(waited, cpu=9.5)
     p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=computed), here)
     assert p.notes == [] and projection_lines(p)[0].endswith("bound by CPU")
+    # Not on the CPU, but runnable: the machine's cores were busy with other work, which
+    # more workers would not overlap (the note said they would).
+    queued = dataclasses.replace(waited, cpu=2.5, runq=7.0)
+    p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=queued), here)
+    assert projection_lines(p)[0].endswith(
+        "bound by CPU, contended (CPU-contended: waiting for a core 70% of the probes' tasks' time)"
+    )
+    (note,) = p.notes
+    assert "this machine's cores were busy with other work" in note
+    assert note.endswith("more workers would only wait longer")
 
 
 def test_the_tasks_floor_is_named_by_the_tasks_that_make_most_of_it():
@@ -411,6 +421,12 @@ def test_the_summary_names_what_bound_the_run_and_reads_short_times():
     slow_reads = bottleneck(run(10.0, 9.0, inputs=6.0, compute=2.0, writing=1.0))
     assert slow_reads == "input-bound: loading inputs took 3.0 s of each worker's time"
     assert bottleneck(run(10.0, 19.0, compute=18.0, writing=1.0)).startswith("CPU-bound")
+    contended = run(10.0, 19.0, compute=19.0)
+    contended.cpu_seconds, contended.runq_seconds = 12.0, 6.0
+    assert bottleneck(contended) == (
+        "CPU-bound: 2 workers busy 95% of the run, waiting for a core 32% of that time (other "
+        "processes, or more workers than cores)"
+    )
     # (small figures keep their digits: it said "wrote 0.00 GB at 0.00 GB/s")
     assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)) == (
         "disk-bound: wrote 1.0 MB at 100.0 kB/s; units were built at 2,000/s"

@@ -854,18 +854,57 @@ def test_results_name_the_job_to_pick_or_say_there_is_none(tmp_path, client):
     assert check.job_id == "j1" and check.ok
 
 
+def _pin_threads(cpus) -> list[int]:
+    """Every thread of this (worker) process onto ``cpus``; the CPUs it had."""
+    import os
+
+    before = sorted(os.sched_getaffinity(0))
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpus)
+    return before
+
+
+#: A busy loop on one core, for at most a minute.
+SPIN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n" \
+       "end = time.time() + 60\nwhile time.time() < end:\n    pass\n"  # fmt: skip
+
+
 def test_the_summary_tells_waiting_tasks_from_computing_ones(tmp_path, client):
+    import dataclasses
+    import os
+
     from pipeline.summary import bottleneck
 
-    # Units long enough (8 x 0.2 s on 2 workers) that the run is not overhead-bound.
-    grid = {"x": ["wait"], "i": list(range(8)), "seconds": [0.2]}
+    # Units long enough (8 x 0.4 s on 2 workers) that the run is neither overhead- nor
+    # straggler-bound (a worker's task starting late on a loaded host: 0.2 s ones were).
+    grid = {"x": ["wait"], "i": list(range(8)), "seconds": [0.4]}
     waited = run(client, tmp_path / "w", function=f"{FN}:waits", grid=grid, units_per_task=4)
     assert waited.cpu_seconds < 0.5 * waited.busy_seconds
-    assert bottleneck(waited).startswith("wait-bound: 2 workers busy"), bottleneck(waited)
-    grid = {"x": ["spin"], "i": list(range(8)), "seconds": [0.2]}
-    spun = run(client, tmp_path / "s", function=f"{FN}:waits", grid=grid, units_per_task=4)
-    assert spun.cpu_seconds > 0.7 * spun.busy_seconds
-    assert not (bottleneck(spun) or "").startswith("wait-bound")
+    said = bottleneck(waited)
+    assert said.startswith("wait-bound: 2 workers busy") and said.endswith(
+        "; more workers (--workers, even beyond the cores) would overlap more waits"
+    ), said
+    # On a remote cluster --workers starts none: its workers' own count is the advice.
+    remote = bottleneck(dataclasses.replace(waited, remote=True))
+    assert "--workers" not in remote and "(dask worker --nworkers, even beyond" in remote
+    # Work that computes, on a core taken by two busy loops: the workers were on the
+    # CPU a quarter of the time, runnable the rest. That was called "wait-bound", with
+    # advice (more workers) that makes it worse.
+    core = max(os.sched_getaffinity(0))
+    before = client.run(_pin_threads, {core})
+    loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(core)]) for _ in range(2)]
+    try:
+        grid = {"x": ["spin"], "i": list(range(8)), "seconds": [0.1]}
+        spun = run(client, tmp_path / "s", function=f"{FN}:waits", grid=grid, units_per_task=4)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+        for worker, cpus in before.items():
+            client.run(_pin_threads, set(cpus), workers=[worker])
+    said = bottleneck(spun)
+    assert said.startswith("CPU-contended: 2 workers busy"), said
+    assert "--workers" not in said and said.endswith("more workers would only wait longer")
 
 
 def test_nested_columns_reach_a_csv_as_json_text(tmp_path, client):
