@@ -13,8 +13,10 @@ the largest of four floors on the wall time:
 
 - the tasks: the probing phase (as long as it lasted here), then the other tasks
   handed out to the fleet's workers (:func:`pipeline.sizing.makespan`), named by
-  what bound the probes' tasks as a run's summary would name it
-  (:func:`pipeline.summary.task_bound`: CPU, writing, loading inputs, waits);
+  what bound the tasks that make most of it (the probes, or the full-size tasks the
+  estimate ran after them) as a run's summary would name it
+  (:func:`pipeline.summary.task_bound`: CPU, contended CPU, writing, loading
+  inputs, waits);
 - network: the bytes the units read and write through each instance's NIC;
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
   writes under one prefix; one that writes no output has no such floor);
