@@ -631,6 +631,16 @@ def test_non_convergence_and_perfect_separation(tmp_path):
                                  fit_options="method=bfgs,maxiter=500"))  # fmt: skip
     assert pd.isna(models.error_type[0])
     assert list(models.error_type[1:]) == ["PerfectSeparation"] * 2, models.error_message
+    # a proportion response fitted well is no separation, though its estimates put
+    # every row on the side of 0.5 its value is on
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=200)
+    share = 1 / (1 + np.exp(-2 * x)) + rng.normal(scale=0.002, size=200)
+    prop = pd.DataFrame({"chunk": 0, "x1": x, "share": np.clip(share, 0.001, 0.999)})
+    coefs, models = fit_all(workload(write(prop, tmp_path / "p"), model="glm",
+                                     family="binomial", formula="share ~ x1"))  # fmt: skip
+    assert pd.isna(models.error_type[0]), models.error_message[0]
+    assert_same(coefs, 0, smf.glm("share ~ x1", prop, family=sm.families.Binomial()).fit())
     _, models = fit_all(
         workload(data, model="logit", formula="y_bin ~ x1 + x2", fit_options="maxiter=1")
     )

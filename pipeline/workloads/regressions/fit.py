@@ -365,10 +365,12 @@ def _separated(spec: ModelSpec, res) -> str | None:
         return None
     if np.all((mu < 1e-6) | (mu > 1 - 1e-6)):
         return "all fitted probabilities are 0 or 1 (complete separation)"
-    # Estimates that classify every observation are a hyperplane separating the
-    # outcomes, so no maximum exists, whatever the optimizer said: bfgs "converged"
-    # there, on estimates of 1e3 with standard errors of 1e8.
-    if y.size and np.all((mu > 0.5) == (y > 0.5)):
+    # Estimates that classify every observation of a 0/1 response are a hyperplane
+    # separating the outcomes, so no maximum exists, whatever the optimizer said:
+    # bfgs "converged" there, on estimates of 1e3 with standard errors of 1e8. (Not
+    # of proportions, which a good fit "classifies" as well.)
+    binary = np.isin(y, (0.0, 1.0)).all()
+    if y.size and binary and np.all((mu > 0.5) == (y > 0.5)):
         return "the estimates classify every observation (complete separation)"
     return None
 
