@@ -634,7 +634,7 @@ def test_non_convergence_and_perfect_separation(tmp_path):
     # a proportion response fitted well is no separation, though its estimates put
     # every row on the side of 0.5 its value is on
     rng = np.random.default_rng(4)
-    x = rng.normal(size=200)
+    x = rng.uniform(0.3, 2, size=200) * rng.choice([-1, 1], size=200)  # none near 0.5
     share = 1 / (1 + np.exp(-2 * x)) + rng.normal(scale=0.002, size=200)
     prop = pd.DataFrame({"chunk": 0, "x1": x, "share": np.clip(share, 0.001, 0.999)})
     coefs, models = fit_all(workload(write(prop, tmp_path / "p"), model="glm",
