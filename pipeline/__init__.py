@@ -12,6 +12,7 @@ from .errors import (
     JobRunning,
     PipelineError,
     StorageError,
+    UnreadableObject,
     WorkloadError,
 )
 from .jobs import Job, load_jobs, run_jobs
@@ -67,5 +68,6 @@ __all__ = [
     "JobRunning",
     "PipelineError",
     "StorageError",
+    "UnreadableObject",
     "WorkloadError",
 ]

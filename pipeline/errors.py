@@ -16,6 +16,7 @@ __all__ = [
     "JobRunning",
     "PipelineError",
     "StorageError",
+    "UnreadableObject",
     "WorkloadError",
 ]
 
@@ -34,6 +35,15 @@ class InputError(PipelineError, ValueError):
 
 class StorageError(PipelineError, OSError):
     """Reading or writing the store failed; the cause is chained."""
+
+
+class UnreadableObject(StorageError):
+    """A stored object that is not the table it should be (damaged, truncated, another
+    file): its name and pyarrow's reason, which names no file."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: not a readable table ({reason})")
+        self.where, self.reason = where, reason
 
 
 class ClusterError(PipelineError, RuntimeError):

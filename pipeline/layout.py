@@ -166,12 +166,27 @@ def lock_key(job_id: str) -> str:
     return join("_locks", job_id)
 
 
+def task_index(key: str) -> int | None:
+    """The task a ``.../part-NNNNNN.parquet`` key is of (an entry, a table's part), or
+    None for another key."""
+    name = key.rsplit("/", 1)[-1]
+    digits = name[5:-8]
+    if name.startswith("part-") and name.endswith(".parquet") and digits.isdigit():
+        return int(digits)
+    return None
+
+
+def task_parts(store, job_id: str, index: int) -> list[str]:
+    """Task ``index``'s parts of the job's tables (``<job>/<table>/part-NNNNNN.parquet``)."""
+    return [
+        k
+        for k in store.list(job_id)
+        if task_index(k) == index and k.count("/") == job_id.count("/") + 2
+    ]
+
+
 def completed_tasks(store, job_id: str) -> set[int]:
     """The indices of the job's tasks that wrote their manifest entry (all their data
     is written)."""
-    done = set()
-    for key in store.list(manifest_prefix(job_id)):
-        name = key.rsplit("/", 1)[-1]
-        if name.startswith("part-") and name.endswith(".parquet"):
-            done.add(int(name[5:-8]))
-    return done
+    found = (task_index(key) for key in store.list(manifest_prefix(job_id)))
+    return {index for index in found if index is not None}

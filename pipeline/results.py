@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import registry
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, UnreadableObject
 from .layout import (
     completed_tasks,
     consolidated_manifest_key,
@@ -152,8 +152,8 @@ def _read_part(store: Store, key: str, output: str) -> pa.Table:
         return read_parquet_object(store, key)
     except FileNotFoundError:
         why = "is missing"
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        why = f"is not a readable table ({exc})"
+    except UnreadableObject as exc:
+        why = f"is not a readable table ({exc.reason})"
     raise InputError(
         f"{store.describe(key)}, listed in its job's manifest, {why}: `pipeline verify "
         f"{output} --repair`, then running the job again, writes it again"

@@ -16,7 +16,7 @@ from .config import RunOptions
 from .contract import preflight
 from .cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
-from .errors import ClusterError, Interrupted, JobRunning, StorageError
+from .errors import ClusterError, Interrupted, JobRunning, StorageError, UnreadableObject
 from .layout import (
     check_job_id,
     completed_tasks,
@@ -326,11 +326,9 @@ def _finalized(workload: Workload, store: Store, tasks: list[Task], options: Run
     """``workload.finalize``, whose reading back of the tasks' objects fails on one
     deleted or damaged since its task completed: said with the way to mend it (a
     traceback before, on this run and every rerun, which could never complete)."""
-    import pyarrow as pa
-
     try:
         return workload.finalize(store, tasks)
-    except (FileNotFoundError, pa.ArrowException) as exc:
+    except (FileNotFoundError, UnreadableObject) as exc:
         raise StorageError(
             f"job {workload.job_id!r}: every task ran, but an object a complete task "
             f"stored is missing or damaged ({exc}); `pipeline verify {options.output} "

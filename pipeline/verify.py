@@ -16,10 +16,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
 from . import registry
-from .errors import InputError
+from .errors import InputError, UnreadableObject
 from .layout import (
     consolidated_manifest_key,
     job_folder,
@@ -27,6 +25,8 @@ from .layout import (
     lock_key,
     manifest_key,
     read_job_record,
+    task_index,
+    task_parts,
 )
 from .storage import Store, join, open_store, read_parquet_object
 from .workload import Task, checksum
@@ -156,13 +156,18 @@ def repair_job(
         if not entries:
             return []
     by_index = {t.index: t for t in tasks}
-    unread = [by_index[i] for i in map(_entry_index, entries) if i in by_index]
+    unread = [by_index[i] for i in map(task_index, entries) if i in by_index]
     owner = f"pipeline verify --repair, pid {os.getpid()} on {socket.gethostname()}"
     try:
         with store.hold(lock_key(job_id), owner):
             store.delete_prefix(consolidated_manifest_key(job_id))
             for key in entries:
-                store.delete_prefix(key)  # its task's objects are written again as they were
+                store.delete_prefix(key)
+            for task in unread:
+                # (after its entry) the task's parts, which a task run again may keep (a
+                # map task keeps the units it did not fail): unverified, none is kept
+                for key in task_parts(store, job_id, task.index):
+                    store.delete_prefix(key)
             for task in sorted(hit, key=lambda t: t.index):
                 # The entry first: a repair stopped midway leaves a task to rerun, never
                 # an entry that lists deleted objects.
@@ -176,11 +181,6 @@ def repair_job(
             "that run has ended"
         ) from None
     return sorted(hit | set(unread), key=lambda t: t.index)
-
-
-def _entry_index(key: str) -> int:
-    """The task index of a manifest entry's key (``.../manifest/part-000012.parquet``)."""
-    return int(key.rsplit("part-", 1)[-1].split(".", 1)[0])
 
 
 def _entries_missing(store: Store, job_id: str, record: dict) -> str | None:
@@ -224,11 +224,10 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     if store.exists(key):
         try:
             return read_parquet_object(store, key).to_pandas()
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            # Damaged after its run (a bad footer, or a bad page: "Corrupt snappy
-            # compressed data" is an OSError): the tasks' entries still say what was written; the
+        except UnreadableObject as exc:
+            # Damaged after its run: the tasks' entries still say what was written; the
             # next run (after --repair removes it) writes it again from them.
-            check.corrupt.append(f"{store.describe(key)}: not a readable table ({exc})")
+            check.corrupt.append(str(exc))
             check.damaged_manifest = True
     parts = store.list(join(job_id, "manifest"))
     if check.damaged_manifest:
@@ -247,9 +246,9 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     for p in parts:
         try:
             entries.append(read_parquet_object(store, p).to_pandas())
-        except (pa.ArrowException, OSError, ValueError) as exc:
+        except UnreadableObject as exc:
             # (its task's units are then missing: --repair removes it to run the task again)
-            check.corrupt.append(f"{store.describe(p)}: not a readable table ({exc})")
+            check.corrupt.append(str(exc))
             check.damaged_entries.append(p)
     return pd.concat(entries, ignore_index=True) if entries else None
 

@@ -338,27 +338,14 @@ def manifest_entries(store: Store, job_id: str, tasks: list[Task]):
     import pyarrow as pa
 
     from .layout import manifest_key
-    from .storage import per_object
+    from .storage import read_parquet_tables
 
-    parts = per_object(store, lambda t: named_read(store, manifest_key(job_id, t.index)), tasks)
+    parts = read_parquet_tables(store, [manifest_key(job_id, t.index) for t in tasks])
     manifest = pa.concat_tables(parts, promote_options="permissive")
     for start in ("unit_start", "chunk_start", "cube_id"):
         if start in manifest.column_names:
             return manifest.sort_by([(start, "ascending")])
     return manifest
-
-
-def named_read(store: Store, key: str):
-    """``read_parquet_object``, an object that is not a table named in the error
-    (pyarrow's says what is wrong, not which file)."""
-    import pyarrow as pa
-
-    from .storage import read_parquet_object
-
-    try:
-        return read_parquet_object(store, key)
-    except pa.ArrowInvalid as exc:
-        raise pa.ArrowInvalid(f"{store.describe(key)}: {exc}") from None
 
 
 def consolidate_manifest(store: Store, job_id: str, tasks: list[Task], check=None):

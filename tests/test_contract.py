@@ -204,16 +204,21 @@ def test_verify_repair_reruns_only_the_damaged_tasks_to_the_same_bytes(
     assert check.ok, check
 
 
+@pytest.mark.parametrize("damage", ["footer", "page"])
 def test_an_object_damaged_before_the_job_completes_is_said_with_its_repair(
-    name, tmp_path, client, frames_dir
+    name, damage, tmp_path, client, frames_dir
 ):
     # Killed before its run consolidated the manifest, then a stored object damaged:
-    # the run that finishes the job read it back with a traceback, on every rerun.
+    # the run that finishes the job read it back with a traceback, on every rerun. (A
+    # bad footer is pyarrow's ArrowInvalid, a bad page header a plain OSError.)
     out = tmp_path / "out"
     run(client, build(name, tmp_path, frames_dir), out)
     clean = digest(out)
     (out / consolidated_manifest_key("job")).unlink()
-    (out / manifest_key("job", 1)).write_bytes(b"PAR1 not a table")
+    entry = out / manifest_key("job", 1)
+    data = entry.read_bytes()
+    bad_page = data[:4] + b"\xff" * 16 + data[20:]
+    entry.write_bytes(b"PAR1 not a table" if damage == "footer" else bad_page)
     with pytest.raises(StorageError) as err:
         run(client, build(name, tmp_path, frames_dir), out)
     assert f"pipeline verify {out} --repair" in str(err.value), err.value

@@ -339,6 +339,22 @@ def test_verify_says_how_many_units_failed_as_data_and_where_they_are(tmp_path, 
     assert results_table(str(tmp_path), "failures").num_rows == 2
 
 
+def test_repairing_an_unreadable_entry_runs_its_task_whole_again(tmp_path, client):
+    # Its parts were kept, unverified: the rerun of a task with failed units kept
+    # the rows of a results part that was damaged too, and failed on it every time.
+    settings = {"function": f"{FN}:odd_fails", "grid": {"x": list(range(8))}}
+    run(client, tmp_path, **settings)
+    clean = results_table(str(tmp_path)).to_pandas()
+    (tmp_path / "m" / "manifest.parquet").unlink()
+    for damaged in ("manifest", "results"):
+        (tmp_path / "m" / damaged / "part-000001.parquet").write_bytes(b"PAR1 not a table")
+    (check,) = verify_output(str(tmp_path), repair=True)
+    assert [t.index for t in check.repaired] == [1], check
+    assert not (tmp_path / "m" / "results" / "part-000001.parquet").exists()
+    run(client, tmp_path, **settings)
+    pd.testing.assert_frame_equal(results_table(str(tmp_path)).to_pandas(), clean)
+
+
 def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     log, flag = tmp_path / "calls.log", tmp_path / "fail.flag"
     flag.touch()

@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import BinaryIO
 
+from ..errors import UnreadableObject
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -168,8 +170,16 @@ def read_parquet(source, columns: list[str] | None = None):
 
 
 def read_parquet_object(store: Store, key: str, columns: list[str] | None = None):
-    """The ``pyarrow.Table`` stored at ``key`` (:func:`read_parquet`)."""
-    return read_parquet(store.read_bytes(key), columns)
+    """The ``pyarrow.Table`` stored at ``key`` (:func:`read_parquet`); one that does not
+    read as a table (a bad footer is an ArrowInvalid, a bad page an OSError: "Corrupt
+    snappy compressed data") is an :class:`UnreadableObject` naming it."""
+    import pyarrow as pa
+
+    data = store.read_bytes(key)
+    try:
+        return read_parquet(data, columns)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise UnreadableObject(store.describe(key), str(exc)) from None
 
 
 def read_parquet_tables(store: Store, keys: list[str], columns: list[str] | None = None) -> list:

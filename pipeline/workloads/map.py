@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..config import check_settings, setting
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, UnreadableObject
 from ..layout import part_key
 from ..storage import Store, join, per_object, read_parquet_object, read_parquet_tables
 from ..usercode import (
@@ -388,8 +388,8 @@ def _schema(store: Store, key: str) -> pa.Schema:
     with store.open_input(key) as f:
         try:
             return pq.read_schema(f)
-        except pa.ArrowInvalid as exc:  # (pyarrow's does not say which file)
-            raise pa.ArrowInvalid(f"{store.describe(key)}: {exc}") from None
+        except (pa.ArrowException, OSError, ValueError) as exc:  # (pyarrow names no file)
+            raise UnreadableObject(store.describe(key), str(exc)) from None
 
 
 def _why_not_importable(spec: str) -> str | None:
