@@ -527,6 +527,7 @@ def test_nulls_in_text_and_boolean_columns_drop_like_statsmodels_or_fail(tmp_pat
             expected = smf.ols(formula, chunk).fit()
             assert_same(coefs, c, expected)
             assert models.nobs[c] == expected.nobs
+            assert models.nobs_dropped[c] == len(chunk) - expected.nobs, (formula, c)
         _, models = fit_all(workload(str(path), formula=formula, missing="fail"))
         column = formula.split("+")[1].strip().removeprefix("C(").split(",")[0].rstrip(")")
         for c in range(3):

@@ -63,6 +63,18 @@ class TaskDesign:
 
     def __init__(self, spec: ModelSpec, table, offsets: np.ndarray, info=None):
         self.spec = spec
+        # A null in a column that is not a number (text, a boolean...) is a missing
+        # value, as in statsmodels, where the task's design, told that no value is
+        # missing, took it for a level of its own ("b[T.None]"). With missing = "drop"
+        # its rows leave the task's table here (so that its chunks keep the design
+        # built once: each designed alone by patsy was 140 times slower); with "fail"
+        # its chunks fail.
+        self.missing_text: dict[int, str] = {}
+        self.text_dropped: np.ndarray | None = None  # rows dropped so, per chunk
+        if spec.formula is not None and spec.missing == "fail":
+            self.missing_text = _chunks_with_missing_text(table, offsets)
+        elif spec.formula is not None:
+            table, offsets, self.text_dropped = _without_missing_text(table, offsets)
         self.offsets = offsets
         self.n = len(offsets) - 1
         self.weights = self._float(table, spec.weights)
@@ -72,13 +84,6 @@ class TaskDesign:
             else None
         )
         self.exact = False
-        # Chunks with a null in a column that is not a number (text, a boolean...): the
-        # task's design, told that no value is missing, takes a null for a level of its
-        # own ("b[T.None]"); designed alone, such a chunk drops those rows as statsmodels
-        # does, or fails with missing = "fail".
-        self.missing_text = {}
-        if spec.formula is not None:
-            self.missing_text = _chunks_with_missing_text(table, offsets)
         if spec.formula is None:
             self._arrays(table)
         else:
@@ -184,6 +189,8 @@ class TaskDesign:
             ok &= self.full
         if self.missing_text:
             ok[list(self.missing_text)] = False
+        if self.text_dropped is not None:
+            ok &= self.text_dropped == 0  # (prepared one by one: their rows dropped said)
         return ok
 
     def stack(self, chunks: np.ndarray, rows: int):
@@ -206,20 +213,19 @@ class TaskDesign:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
         s, e = int(self.offsets[i]), int(self.offsets[i + 1])
         if i in self.missing_text:
-            if self.spec.missing == "fail":
-                raise ChunkError(
-                    "MissingValues", f"missing values (missing = fail): {self.missing_text[i]}"
-                )
-            return self._prepare_exact(s, e)
+            raise ChunkError(
+                "MissingValues", f"missing values (missing = fail): {self.missing_text[i]}"
+            )
+        dropped = int(self.text_dropped[i]) if self.text_dropped is not None else 0
         if self.exact:
-            return self._prepare_exact(s, e)
+            return self._prepare_exact(s, e, dropped)
         names, X = self.names, self.Xg[s:e]
         if self.factor_codes and not self.full[i]:
             # Treatment coding: a chunk alone has a subset of the task's columns, the
             # same values. Another coding of fewer levels has other values.
             cols = self._chunk_columns(i, s, e) if self.subsets else None
             if cols is None:
-                return self._prepare_exact(s, e)
+                return self._prepare_exact(s, e, dropped)
             # Row-major, like the task's matrix: BLAS and LAPACK round differently on a
             # column-major copy, and a chunk's bits must not depend on its neighbours
             # (whether its task, or slice, has levels it lacks).
@@ -228,8 +234,8 @@ class TaskDesign:
         w = self.weights[s:e] if self.weights is not None else None
         g = self.groups[s:e] if self.groups is not None else None
         if not self._nonfinite_chunks[i]:
-            return Prepared(y, X, names, w, g, finite=True)
-        return self._drop_missing(y, X, names, w, g)
+            return Prepared(y, X, names, w, g, dropped=dropped, finite=True)
+        return self._drop_missing(y, X, names, w, g, dropped)
 
     @functools.cached_property
     def _nonfinite_chunks(self) -> np.ndarray:
@@ -259,7 +265,7 @@ class TaskDesign:
                 dropped += int(bad.sum())
         return Prepared(y, X, names, w, g, dropped)
 
-    def _prepare_exact(self, s: int, e: int) -> Prepared:
+    def _prepare_exact(self, s: int, e: int, dropped: int = 0) -> Prepared:
         import patsy
 
         from .spec import eval_env, model_desc
@@ -281,7 +287,7 @@ class TaskDesign:
         keep = ~mask if mask is not None else slice(None)
         w = self.weights[s:e][keep] if self.weights is not None else None
         g = self.groups[s:e][keep] if self.groups is not None else None
-        dropped = int(mask.sum()) if mask is not None else 0
+        dropped += int(mask.sum()) if mask is not None else 0
         return self._drop_missing(
             np.asarray(y, dtype=float)[:, 0],
             np.asarray(X, dtype=float),
@@ -350,25 +356,50 @@ def patsy_frame(table):
     return table.to_pandas(ignore_metadata=True)
 
 
-def _chunks_with_missing_text(table, offsets: np.ndarray) -> dict[int, str]:
-    """Chunk -> what it misses ("cat: 3 of 70 rows"), for chunks with nulls in a column
-    that is not a number (a number's null is a NaN, which the fit reports itself)."""
+def _text_nulls(table):
+    """(name, row mask of its nulls) of each column with nulls that is not a number (a
+    number's null is a NaN, which the fit reports or drops itself)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    found: dict[int, str] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         t = column.type
         if column.null_count == 0 or pa.types.is_integer(t) or pa.types.is_floating(t):
             continue
-        nulls = np.add.reduceat(
-            np.append(pc.is_null(column).to_numpy(zero_copy_only=False), False).astype(np.int64),
-            offsets[:-1],
-        )
-        nulls[np.diff(offsets) == 0] = 0  # reduceat takes an empty chunk's next row
-        for i in np.flatnonzero(nulls).tolist():
+        yield name, pc.is_null(column).to_numpy(zero_copy_only=False)
+
+
+def _per_chunk(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """How many of each chunk's rows ``mask`` holds."""
+    counts = np.add.reduceat(np.append(mask, False).astype(np.int64), offsets[:-1])
+    counts[np.diff(offsets) == 0] = 0  # reduceat takes an empty chunk's next row
+    return counts
+
+
+def _without_missing_text(table, offsets: np.ndarray):
+    """The table without its rows that have a null in a column that is not a number,
+    the chunks' offsets in it, and how many rows each chunk lost (None: no such row)."""
+    import pyarrow as pa
+
+    mask = None
+    for _name, nulls in _text_nulls(table):
+        mask = nulls if mask is None else mask | nulls
+    if mask is None or not mask.any():
+        return table, offsets, None
+    lost = _per_chunk(mask, offsets)
+    kept = table.filter(pa.array(~mask))
+    return kept, offsets - np.concatenate([[0], np.cumsum(lost)]), lost
+
+
+def _chunks_with_missing_text(table, offsets: np.ndarray) -> dict[int, str]:
+    """Chunk -> what it misses ("'cat': 3 of 70 rows"), for chunks with nulls in a
+    column that is not a number."""
+    found: dict[int, str] = {}
+    for name, nulls in _text_nulls(table):
+        per_chunk = _per_chunk(nulls, offsets)
+        for i in np.flatnonzero(per_chunk).tolist():
             rows = int(offsets[i + 1] - offsets[i])
-            said = f"{name!r}: {nulls[i]} of {rows} rows"
+            said = f"{name!r}: {per_chunk[i]} of {rows} rows"
             found[i] = f"{found[i]}; {said}" if i in found else said
     return found
 
