@@ -14,7 +14,7 @@ import json
 import numbers
 
 from . import registry
-from .errors import PipelineError, WorkloadError
+from .errors import PipelineError, StorageError, WorkloadError
 from .workload import Task, TaskOutput, Workload
 
 __all__ = [
@@ -51,6 +51,8 @@ def preflight(workload: Workload) -> None:
         workload.preflight()
     except PipelineError:
         raise
+    except OSError as exc:  # the input or its store failing, not the plug-in's mistake
+        raise StorageError(f"{describe(workload)}: its inputs could not be read: {exc}") from exc
     except Exception as exc:
         raise WorkloadError(
             f"{describe(workload)}: its preflight failed: {type(exc).__name__}: {exc} (a "
@@ -139,9 +141,11 @@ def check_entry(workload: Workload, task: Task, manifest) -> None:
     """Worker, before the task's entry is written: raise :class:`WorkloadError` unless
     ``manifest`` is an entry that resume, consolidation and ``pipeline verify`` can use.
     A few checks of its columns: nothing beside the task's own work."""
+    import inspect
+
     import pyarrow as pa
 
-    said = f"{describe(workload)}: task {task.index} returned"
+    said = _Said(workload, task)  # (named only to raise: describe() reads entry points)
     if manifest is None:
         raise WorkloadError(f"{said} no manifest entry (TaskOutput.manifest); {ENTRY}")
     if not isinstance(manifest, pa.Table):
@@ -150,7 +154,10 @@ def check_entry(workload: Workload, task: Task, manifest) -> None:
     ranges = next((r for r in RANGES if set(r) <= set(columns)), None)
     # A workload without a verify_job of its own is verified by its entries' objects,
     # checksums and unit ranges: without them `pipeline verify` was a traceback.
-    generic = type(workload).verify_job.__func__ is Workload.verify_job.__func__
+    # (a static attribute lookup: a plug-in's verify_job may be a staticmethod)
+    generic = inspect.getattr_static(type(workload), "verify_job") is inspect.getattr_static(
+        Workload, "verify_job"
+    )
     if generic:
         lacking = [c for c in ("object", "checksum") if c not in columns]
         lacking += [] if ranges else ["unit_start", "unit_stop"]
@@ -165,6 +172,27 @@ def check_entry(workload: Workload, task: Task, manifest) -> None:
         _check_checksums(said, manifest.column("checksum"))
     if ranges and (manifest.num_rows or generic):
         _check_ranges(said, task, manifest, ranges)
+
+
+def _whole(value) -> bool:
+    """A unit number: an integer, or a float that is one (NaN, None and text are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value == value and value not in (float("inf"), float("-inf")) and value == int(value)
+
+
+class _Said:
+    """``"<workload>: task N returned"`` for messages, made when first shown: naming
+    the workload reads the package's entry points (tens of milliseconds a worker)."""
+
+    def __init__(self, workload: Workload, task: Task):
+        self.workload, self.task = workload, task
+
+    def __str__(self) -> str:
+        return f"{describe(self.workload)}: task {self.task.index} returned"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _not_text(column) -> bool:
@@ -197,15 +225,17 @@ def _check_ranges(said: str, task: Task, manifest, ranges: tuple[str, str]) -> N
     """The entry's distinct unit ranges cover the task's units, each once: ranges that
     overlapped ran "complete", and only `pipeline verify` found the units duplicated."""
     start, stop = ranges
-    pairs = sorted(set(zip(*(manifest.column(c).to_pylist() for c in ranges), strict=True)))
+    values = [manifest.column(c).to_pylist() for c in ranges]
+    pairs = [p for p in set(zip(*values, strict=True)) if all(_whole(v) for v in p)]
+    odd = len(pairs) < len(set(zip(*values, strict=True)))  # nulls, NaN, text...
+    pairs.sort()
     at = task.start
-    for a, b in pairs:
-        whole = all(isinstance(v, int | float) and v == int(v) for v in (a, b))
-        if not whole or a != at or b <= a:
+    for a, b in [] if odd else pairs:
+        if a != at or b <= a:
             break
         at = b
     else:
-        if at == task.stop:
+        if at == task.stop and not odd:
             return
     shown = ", ".join(f"{a}..{b}" for a, b in pairs[:6]) + (" ..." if len(pairs) > 6 else "")
     raise WorkloadError(

@@ -277,6 +277,8 @@ PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
         ("no units", "its preflight left n_units = 0; a job has at least one unit"),
         # a bare traceback, naming no plug-in
         ("a ValueError in preflight", "its preflight failed: ValueError: threshold must be"),
+        # (the input failing, not the plug-in: a StorageError, not a WorkloadError)
+        ("an unreadable input", r"its inputs could not be read: .*inputs/a\.csv"),
         # recorded as a memory address: every rerun was refused "with other settings"
         ("an object in the fingerprint", r"fingerprint\(\) key 'obj' holds <workloads.Opaque "
          r"object at 0x[0-9a-f]+>, which the job's record \(JSON\) cannot keep"),
@@ -285,11 +287,22 @@ PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
 def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, client):
     from workloads import MistakenWorkload
 
-    from pipeline import WorkloadError
+    from pipeline import StorageError, WorkloadError
 
-    with pytest.raises(WorkloadError, match=f"^{PLUGIN}: {said}"):
+    error = StorageError if mistake == "an unreadable input" else WorkloadError
+    with pytest.raises(error, match=f"^{PLUGIN}: {said}"):
         run(client, MistakenWorkload("job", 12, mistake), tmp_path / "out")
     assert not (tmp_path / "out" / "job" / "values").exists()  # no task ran
+
+
+def test_a_plugin_may_write_verify_job_as_a_staticmethod(tmp_path, client):
+    # The entry check looked up verify_job.__func__: every task of it failed.
+    from workloads import StaticVerifyWorkload
+
+    out = tmp_path / "out"
+    assert run(client, StaticVerifyWorkload("job", 12), out, units_per_task=3).complete
+    (check,) = verify_output(str(out))
+    assert check.ok, check
 
 
 @pytest.mark.parametrize(
@@ -307,6 +320,8 @@ def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, cli
             r"a manifest entry whose ranges \(unit_start..unit_stop: (\d+)..\d+\) "
             r"do not cover the task's, \1..\d+, once each",
         ),
+        # a TypeError in the check, and a rerun advised for ever
+        ("null ranges", r"a manifest entry whose ranges \(unit_start..unit_stop: none\)"),
     ],
 )
 def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp_path, client):

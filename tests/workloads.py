@@ -101,6 +101,8 @@ class MistakenWorkload(SquaresWorkload):
             self.n_units = 0
         elif self.mistake == "a ValueError in preflight":
             raise ValueError("threshold must be positive")
+        elif self.mistake == "an unreadable input":
+            raise FileNotFoundError(2, "No such file or directory", "inputs/a.csv")
 
     def fingerprint(self):
         if self.mistake == "an object in the fingerprint":
@@ -121,7 +123,21 @@ class MistakenWorkload(SquaresWorkload):
         elif self.mistake == "overlapping ranges":
             stops = pa.array([task.stop + 1] * entry.num_rows, pa.int64())
             out.manifest = entry.set_column(2, "unit_stop", stops)
+        elif self.mistake == "null ranges":
+            starts = pa.array([None] * entry.num_rows, pa.int64())
+            out.manifest = entry.set_column(1, "unit_start", starts)
         return out
+
+
+class StaticVerifyWorkload(SquaresWorkload):
+    """Squares whose verify_job is a staticmethod, as a plug-in may write it (its job
+    verified as the squares' are: it is not registered)."""
+
+    @staticmethod
+    def verify_job(store, job_id, record, manifest, check):
+        from pipeline.verify import check_listed_objects
+
+        return check_listed_objects(store, manifest, check)
 
 
 def stopped_while_probing(full: Path, out: Path, job_id: str) -> list[int]:
