@@ -21,7 +21,9 @@ from .layout import (
     check_job_id,
     completed_tasks,
     consolidated_manifest_key,
+    job_record_key,
     lock_key,
+    read_job_record,
     readable_table,
 )
 from .planning import Plan, load_plan, unit_layout
@@ -159,25 +161,36 @@ def check_batch_space(batch: list[tuple[Workload, RunOptions]]) -> None:
     before any of them runs: the second job's check, in its own run, came after the
     first had written (and its summary was never shown)."""
     needed: dict[str, list[tuple[Workload, int]]] = {}
+    free: dict[str, int | None] = {}
     for workload, options in batch:
-        if not workload.writes_output:
+        if not workload.writes_output or not workload.output_bytes(workload.n_units):
             continue
         store = open_store(options.output)
-        units = workload.n_units
-        if not options.overwrite:
-            plan = load_plan(workload, options.units_per_task, store)
-            units -= _units_in(plan.tasks(units), _completed(store, workload.job_id))
-        if units:
+        if store.url not in free:
+            free[store.url] = store.free_bytes()  # None where unknown (S3): not checked
+        if free[store.url] is not None:
+            units = workload.n_units if options.overwrite else _units_left(workload, store)
             needed.setdefault(store.url, []).append((workload, units))
     for url, jobs in needed.items():
         nbytes = sum(w.output_bytes(units) or 0 for w, units in jobs)
-        free = open_store(url).free_bytes() if nbytes else None
-        if free is not None and nbytes > free:
+        if nbytes > free[url]:
             which = ", ".join(f"{w.job_id!r} {size(w.output_bytes(u) or 0)}" for w, u in jobs)
             raise StorageError(
-                f"output {url}: {size(nbytes)} still to write (jobs {which}), {size(free)} "
+                f"output {url}: {size(nbytes)} still to write (jobs {which}), {size(free[url])} "
                 "free on its disk; free some space or write elsewhere (--output)"
             )
+
+
+def _units_left(workload: Workload, store: Store) -> int:
+    """Units a run of the job would still write, from its record as it is: read only
+    (the plan is recorded, and the settings compared, by the run itself)."""
+    key = job_record_key(workload.job_id)
+    if not store.exists(key):
+        return workload.n_units
+    plan = Plan.from_record(read_job_record(store, key))
+    return workload.n_units - _units_in(
+        plan.tasks(workload.n_units), _completed(store, workload.job_id)
+    )
 
 
 def _check_space(workload: Workload, store: Store | None, units: int) -> None:
