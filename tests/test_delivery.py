@@ -229,10 +229,18 @@ def test_with_no_client_the_cluster_is_embedded_whatever_pipeline_scheduler_says
     # An exported PIPELINE_SCHEDULER (for runs) made the "embedded" cluster of
     # iter_cubes and CubeStream(cluster=True) that remote one, whose workers on other
     # hosts cannot build in this host's memory.
+    # PIPELINE_WORKERS, resolved beside it, gave way to it and was lost.
+    from distributed import default_client
+
     monkeypatch.setenv("PIPELINE_SCHEDULER", "tcp://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("PIPELINE_WORKERS", "1")
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
-    got = {k: digest(c) for k, c in iter_cubes(job, delivery="shared-memory")}
+    got, workers = {}, set()
+    for k, c in iter_cubes(job, delivery="shared-memory"):
+        got[k] = digest(c)
+        workers.add(len(default_client().scheduler_info(n_workers=-1)["workers"]))
     assert got == expected_digests(job)
+    assert workers == {1}
 
 
 def test_a_consumer_that_keeps_every_cube_gets_new_buffers_instead_of_waiting(frames_dir, client):

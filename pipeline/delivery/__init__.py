@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -42,6 +42,9 @@ BATCH_BYTES = 32 << 20
 #: delivered 1,400-1,990 cubes/s, of two 1,200-1,450, of four 1,230-1,430.
 LOCAL_BATCH_BYTES = 8 << 20
 WAIT_FOR_WORKERS = 60
+#: Run settings of a remote cluster, which the embedded one ``iter_cubes`` starts
+#: ignores.
+_REMOTE = ("scheduler", "tls_ca_file", "tls_cert", "tls_key")
 
 
 def batch_cubes_for(dim: int, dtype: str, batch_bytes: int = BATCH_BYTES) -> int:
@@ -93,7 +96,7 @@ def iter_cube_batches(
     """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
     (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``."""
     from ..cluster import connect
-    from ..config import RunOptions, resolve
+    from ..config import RunOptions, env_name, resolve, settings_of
 
     if delivery not in DELIVERIES:
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
@@ -112,12 +115,11 @@ def iter_cube_batches(
         if embedded:
             # The run's settings of PIPELINE_* variables (workers...), but always an
             # embedded cluster: an exported PIPELINE_SCHEDULER connected to that one,
-            # whose workers on other hosts cannot build in this host's memory
-            options = resolve(RunOptions, None, {})
-            options = dataclasses.replace(
-                options, scheduler=None, tls_ca_file=None, tls_cert=None, tls_key=None
-            )
-            client = stack.enter_context(connect(options))
+            # whose workers on other hosts cannot build in this host's memory (and,
+            # resolved with it, outranked an exported PIPELINE_WORKERS)
+            remote = {env_name(f) for f in settings_of(RunOptions) if f.name in _REMOTE}
+            environ = {k: v for k, v in os.environ.items() if k not in remote}
+            client = stack.enter_context(connect(resolve(RunOptions, None, {}, environ)))
         try:  # a remote cluster may still be starting
             client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
         except TimeoutError as exc:
