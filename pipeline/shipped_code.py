@@ -60,6 +60,8 @@ class ShippedCode(WorkerPlugin):
                 shutil.rmtree(staging, ignore_errors=True)
         folder = str(home / self.name) if self.modules_folder else str(home)
         stale = [p for p in sys.path if p.startswith(str(root) + os.sep) and p != folder]
+        if folder in sys.path and not stale:
+            return  # this version is in place: its modules stay loaded (each run registers it)
         for p in stale:
             sys.path.remove(p)
         if folder not in sys.path:
@@ -94,7 +96,8 @@ def forget_modules(names: list[str], folders: list[str]) -> None:
 
 def _zipped(path: Path) -> bytes:
     """``path`` (a file, or a folder without its caches and hidden files) as a zip whose
-    names start with ``path``'s own name."""
+    names start with ``path``'s own name; the same bytes for the same files whatever
+    their times (the digest names the version: a touched file is not a new one)."""
     import io
     import zipfile
 
@@ -108,5 +111,7 @@ def _zipped(path: Path) -> bytes:
                 and f.suffix != ".pyc"
                 and not any(p.startswith(".") or p == "__pycache__" for p in parts)
             ):
-                z.write(f, "/".join(parts))
+                info = zipfile.ZipInfo("/".join(parts), date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = (f.stat().st_mode & 0o777) << 16
+                z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
     return buffer.getvalue()

@@ -3,6 +3,7 @@ the guarantees of the built-in workloads (resume, failures as data, verify)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -1039,3 +1040,32 @@ def test_float_keys_zero_and_negative_zero_are_one_chunk(tmp_path, client, row_g
     assert s.complete and s.units == 2
     got = results_table(str(tmp_path / "o")).to_pydict()
     assert got["rate"] == [0.0, 0.5] and got["rows"] == [40, 20]
+
+
+def test_shipped_code_is_named_by_its_content_and_kept_loaded_while_unchanged(tmp_path, client):
+    """Each run registers `code` again: an unchanged version kept its digest whatever
+    the files' times (a touched file made a new version), and its modules stay
+    loaded on the workers; a changed one is imported afresh."""
+    from pipeline.shipped_code import ShippedCode, ship_code
+
+    lib = tmp_path / "keptlib"
+    lib.mkdir()
+    (lib / "kept_state.py").write_text("calls = []\n")
+    first = ShippedCode(lib).digest
+    os.utime(lib / "kept_state.py", (1_000_000_000, 1_000_000_000))
+    assert ShippedCode(lib).digest == first
+
+    def record_call():
+        import kept_state
+
+        kept_state.calls.append(1)
+        return len(kept_state.calls)
+
+    ship_code(client, lib)
+    assert set(client.run(record_call).values()) == {1}
+    ship_code(client, lib)  # the same version again: the module is not imported again
+    assert set(client.run(record_call).values()) == {2}
+    (lib / "kept_state.py").write_text("calls = [0, 0, 0]\n")
+    assert ShippedCode(lib).digest != first
+    ship_code(client, lib)
+    assert set(client.run(record_call).values()) == {4}
