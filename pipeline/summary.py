@@ -60,10 +60,10 @@ class TaskTime:
 
 def phase_bound(t: TaskTime, span: float) -> str | None:
     """The phase that bound the tasks: "S3-bound" or "disk-bound" when writing took
-    most of their time,
-    "input-bound" when loading inputs did, else None. A phase binds when it dominates
-    and fills a quarter of ``span`` at least (a run's wall time x its workers):
-    otherwise idle workers say more than how the little busy time was split."""
+    most of their time, "input-bound" when loading inputs did, else None. A phase
+    binds when it dominates and fills a quarter of ``span`` at least (a run's wall
+    time x its workers): otherwise idle workers say more than how the little busy
+    time was split."""
     inputs, compute, writing = (t.phases.get(p, 0.0) for p in PHASES)
     share = 0.25 * span
     if writing > max(compute, inputs, share) and t.bytes_written:
