@@ -683,6 +683,14 @@ def test_key_columns_returned_as_they_came_are_left_out_others_fail(tmp_path, cl
     assert "holding 2.0, but" in s.failures[0]["message"]  # not np.float64(2.0)
     run(client, tmp_path / "d", function=f"{FN}:rows_generated", grid={"x": [0, 2]})
     assert results_table(str(tmp_path / "d")).to_pandas().values.tolist() == [[1, 2, 0], [1, 2, 1]]
+    # Values yielded are one list cell, as values returned in a list (they failed the
+    # unit as "a builtins.list", a type the message listed as expected).
+    run(client, tmp_path / "e", function=f"{FN}:values_generated", grid={"x": [0, 3]})
+    assert results_table(str(tmp_path / "e")).to_pylist() == [
+        {"unit": 1, "x": 3, "result": [0, 1, 2]}
+    ]
+    s = run(client, tmp_path / "f", function=f"{FN}:rows_and_values", grid={"x": [1]})
+    assert "list of rows (mappings) mixed with other values" in s.failures[0]["message"]
 
 
 def test_a_chunks_types_do_not_depend_on_its_file(tmp_path, client):

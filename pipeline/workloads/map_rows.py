@@ -48,6 +48,9 @@ class UnitRows:
         """What a unit returned, as one row (a dict) or rows (a table), keys not yet added."""
         if returned is None:
             return None
+        if isinstance(returned, types.GeneratorType):
+            # (before the lists' checks: yielded values were refused as "a list")
+            returned = list(returned)
         if isinstance(returned, _SCALARS):
             # One value per unit, as joblib's Parallel collects them: a row of one column.
             returned = {SCALAR_COLUMN: returned}
@@ -69,8 +72,6 @@ class UnitRows:
             for name in self._echoed_keys(unit, row, lambda c: [row[c]]):
                 del row[name]
             return row
-        if isinstance(returned, types.GeneratorType):
-            returned = list(returned)
         if isinstance(returned, pa.Table):
             table = returned
         elif isinstance(returned, pa.RecordBatch):
@@ -87,10 +88,16 @@ class UnitRows:
                     ["_".join(str(p) for p in c if str(p)) for c in returned.columns], axis=1
                 )
             table = pa.Table.from_pandas(returned, preserve_index=False)
-        elif isinstance(returned, list) and all(isinstance(r, Mapping) for r in returned):
+        elif isinstance(returned, list | tuple) and all(isinstance(r, Mapping) for r in returned):
             if not returned:
                 return None
             table = pa.Table.from_pylist([_named_row(r, "a row") for r in returned])
+        elif isinstance(returned, list | tuple):
+            raise TypeError(
+                f"the function returned a {type(returned).__name__} of rows (mappings) mixed "
+                "with other values; expected rows only (each a mapping, one a row) or values "
+                "only (stored as one list)"
+            )
         else:
             raise TypeError(
                 f"the function returned a {type(returned).__module__}.{type(returned).__name__}; "

@@ -99,6 +99,14 @@ def rows_generated(x):
         yield {"i": i}
 
 
+def values_generated(x):
+    yield from range(x)
+
+
+def rows_and_values(x):
+    return [{"i": x}, x]
+
+
 def wrong_type(x):
     return {x}  # a set: neither a value nor rows
 
