@@ -160,8 +160,8 @@ class Projection:
     task_bound_why: str = ""
 
 
+#: The other limits' names (the tasks' are :data:`TASK_BOUND_NAMES`).
 LIMIT_NAMES = {
-    "tasks": "the tasks",
     "network": "the network (each instance's NIC)",
     "s3": "S3 request rate (PUTs per prefix)",
     "scheduler": "the scheduler's task rate",
@@ -248,7 +248,7 @@ def project(
             "machine's cores were busy with other work): the per-unit seconds, and so these "
             "projections, are this loaded machine's; more workers would only wait longer"
         )
-    if bound in ("S3-bound", "disk-bound") and measured and fleet.s3 != measured.s3:
+    if bound in ("S3-bound", "disk-bound") and fleet.s3 != measured.s3:  # (measured: not CPU)
         here, there = ("S3", "a disk") if measured.s3 else ("a disk", "S3")
         notes.append(
             f"the tasks' writes were timed to {here} (this estimate's output); this fleet "

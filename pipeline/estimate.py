@@ -176,7 +176,7 @@ def estimate(
             workers,
             workers * price.usd_per_hour,
             f"this cluster ({workers} workers at ${price.usd_per_hour:.4f}/worker-hour)",
-            s3=options.output.startswith("s3://"),
+            s3=s3,
         )
         projections = [
             project(layout, sample, f, options.task_seconds, options.units_per_task)

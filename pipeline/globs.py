@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-__all__ = ["fixed_start", "has_magic", "matches", "reaches", "split"]
+__all__ = ["fixed_start", "has_magic", "hidden", "matches", "reaches", "split"]
 
 _MAGIC = re.compile(r"[*?[]")
 
@@ -49,7 +49,7 @@ def matches(segments: list[str], names: list[str]) -> bool:
     head, rest = segments[0], segments[1:]
     if head == "**":
         return matches(rest, names) or (
-            bool(names) and _shown(names[0]) and matches(segments, names[1:])
+            bool(names) and not hidden(names[0]) and matches(segments, names[1:])
         )
     return bool(names) and _segment(head, names[0]) and matches(rest, names[1:])
 
@@ -64,18 +64,20 @@ def reaches(segments: list[str], names: list[str]) -> bool:
         return False
     head = segments[0]
     if head == "**":
-        return reaches(segments[1:], names) or (_shown(names[0]) and reaches(segments, names[1:]))
+        return reaches(segments[1:], names) or (
+            not hidden(names[0]) and reaches(segments, names[1:])
+        )
     return _segment(head, names[0]) and reaches(segments[1:], names[1:])
 
 
 def _segment(pattern: str, name: str) -> bool:
     if not has_magic(pattern):
         return pattern == name
-    if name.startswith(".") and not pattern.startswith("."):
-        return False  # a hidden name, as glob.glob leaves it out
+    if hidden(name) and not pattern.startswith("."):
+        return False  # as glob.glob leaves it out
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _shown(name: str) -> bool:
-    """A folder ``**`` goes into (glob.glob's recursion leaves hidden ones out)."""
-    return not name.startswith(".")
+def hidden(name: str) -> bool:
+    """A hidden name (a dot first), which glob.glob's wildcards and ``**`` leave out."""
+    return name.startswith(".")

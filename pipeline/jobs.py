@@ -209,7 +209,9 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
         for job, workload in zip(jobs, workloads, strict=True):
             with _naming_file(job.source, several):
                 finished.append(completed_job(workload, job.options))
-        check_batch_space([(w, job.options) for job, w in zip(jobs, workloads, strict=True)])
+        # (a complete job writes nothing: its record and manifest were just read)
+        writing = zip(jobs, workloads, finished, strict=True)
+        check_batch_space([(w, job.options) for job, w, done in writing if done is None])
         validation_seconds = time.perf_counter() - t0
     except BaseException:
         if start is not None:

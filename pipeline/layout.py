@@ -176,12 +176,15 @@ def task_index(key: str) -> int | None:
     return None
 
 
-def task_parts(store, job_id: str, index: int) -> list[str]:
-    """Task ``index``'s parts of the job's tables (``<job>/<table>/part-NNNNNN.parquet``)."""
+def task_parts(store, job_id: str, indices: set[int]) -> list[str]:
+    """The parts of the job's tables (``<job>/<table>/part-NNNNNN.parquet``) of the tasks
+    ``indices``, from one listing of the job."""
+    if not indices:
+        return []
     return [
         k
         for k in store.list(job_id)
-        if task_index(k) == index and k.count("/") == job_id.count("/") + 2
+        if task_index(k) in indices and k.count("/") == job_id.count("/") + 2
     ]
 
 

@@ -331,7 +331,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     )
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
     summary.task_timings = task_timings(receipts, t_epoch)
-    add_run_cost(summary, price, remote=bool(options.scheduler))
+    add_run_cost(summary, price, remote=summary.remote)
     return summary
 
 

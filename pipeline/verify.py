@@ -163,11 +163,10 @@ def repair_job(
             store.delete_prefix(consolidated_manifest_key(job_id))
             for key in entries:
                 store.delete_prefix(key)
-            for task in unread:
-                # (after its entry) the task's parts, which a task run again may keep (a
-                # map task keeps the units it did not fail): unverified, none is kept
-                for key in task_parts(store, job_id, task.index):
-                    store.delete_prefix(key)
+            # (after their entries) the tasks' parts, which a task run again may keep (a
+            # map task keeps the units it did not fail): unverified, none is kept
+            for key in task_parts(store, job_id, {task.index for task in unread}):
+                store.delete_prefix(key)
             for task in sorted(hit, key=lambda t: t.index):
                 # The entry first: a repair stopped midway leaves a task to rerun, never
                 # an entry that lists deleted objects.

@@ -14,6 +14,7 @@ from .base import (
     read_parquet,
     read_parquet_file,
     read_parquet_object,
+    read_parquet_schema,
     read_parquet_tables,
     write_parquet,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "read_parquet",
     "read_parquet_file",
     "read_parquet_object",
+    "read_parquet_schema",
     "read_parquet_tables",
     "write_parquet",
 ]

@@ -169,17 +169,34 @@ def read_parquet(source, columns: list[str] | None = None):
     return pq.ParquetFile(source).read(columns=columns)
 
 
-def read_parquet_object(store: Store, key: str, columns: list[str] | None = None):
-    """The ``pyarrow.Table`` stored at ``key`` (:func:`read_parquet`); one that does not
-    read as a table (a bad footer is an ArrowInvalid, a bad page an OSError: "Corrupt
-    snappy compressed data") is an :class:`UnreadableObject` naming it."""
+@contextlib.contextmanager
+def _parquet_of(store: Store, key: str):
+    """An object that does not read as parquet (a bad footer is an ArrowInvalid, a bad
+    page an OSError: "Corrupt snappy compressed data") is an :class:`UnreadableObject`
+    naming it: pyarrow names no file."""
     import pyarrow as pa
 
-    data = store.read_bytes(key)
     try:
-        return read_parquet(data, columns)
+        yield
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise UnreadableObject(store.describe(key), str(exc)) from None
+
+
+def read_parquet_object(store: Store, key: str, columns: list[str] | None = None):
+    """The ``pyarrow.Table`` stored at ``key`` (:func:`read_parquet`); one that does not
+    read as a table is an :class:`UnreadableObject` naming it."""
+    data = store.read_bytes(key)
+    with _parquet_of(store, key):
+        return read_parquet(data, columns)
+
+
+def read_parquet_schema(store: Store, key: str):
+    """The schema of the parquet object at ``key``, from its footer alone; an unreadable
+    one is an :class:`UnreadableObject` naming it."""
+    import pyarrow.parquet as pq
+
+    with store.open_input(key) as f, _parquet_of(store, key):
+        return pq.read_schema(f)
 
 
 def read_parquet_tables(store: Store, keys: list[str], columns: list[str] | None = None) -> list:

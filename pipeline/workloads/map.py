@@ -31,9 +31,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..config import check_settings, setting
-from ..errors import ConfigError, InputError, UnreadableObject
+from ..errors import ConfigError, InputError
 from ..layout import part_key
-from ..storage import Store, join, per_object, read_parquet_object, read_parquet_tables
+from ..storage import (
+    Store,
+    join,
+    per_object,
+    read_parquet_object,
+    read_parquet_schema,
+    read_parquet_tables,
+)
 from ..usercode import (
     accepts_seed,
     add_import_paths,
@@ -371,7 +378,7 @@ class MapWorkload(Workload):
         keys = rows.column("object").to_pylist()
         if len(keys) < 2:
             return
-        schemas = per_object(store, lambda key: _schema(store, key), keys)
+        schemas = per_object(store, lambda key: read_parquet_schema(store, key), keys)
         try:
             pa.unify_schemas(schemas, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -382,14 +389,6 @@ class MapWorkload(Workload):
 
 
 _part = part_key
-
-
-def _schema(store: Store, key: str) -> pa.Schema:
-    with store.open_input(key) as f:
-        try:
-            return pq.read_schema(f)
-        except (pa.ArrowException, OSError, ValueError) as exc:  # (pyarrow names no file)
-            raise UnreadableObject(store.describe(key), str(exc)) from None
 
 
 def _why_not_importable(spec: str) -> str | None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError, InputError
-from ..globs import fixed_start, has_magic, matches, split
+from ..globs import fixed_start, has_magic, hidden, matches, split
 from ..storage import open_store
 from ..storage.local import file_version
 
@@ -103,4 +103,4 @@ def _glob_hint(where: str, near: list[str]) -> str:
 
 
 def _hidden(relative: str) -> bool:
-    return any(part.startswith(".") for part in relative.split("/"))
+    return any(hidden(part) for part in relative.split("/"))

@@ -97,8 +97,7 @@ class GridInput:
             return {"grid": as_recorded(self.grid)}
         # (the digest of many points from them as they are: their JSON round trip was
         # 2 of a 300,000-point grid's 3 s)
-        recorded = _recorded([self.unit(i) for i in range(self.n_units)], "points")
-        return {"grid": as_recorded(recorded) if isinstance(recorded, list) else recorded}
+        return {"grid": _recorded([self.unit(i) for i in range(self.n_units)], "points")}
 
     def describe(self) -> str:
         if self.listed:
@@ -246,11 +245,11 @@ LISTED_RECORDED = 1000
 
 
 def _recorded(values: list, count: str) -> list | dict:
-    """``values`` as a job's record holds them: as they are, or beyond
+    """``values`` as a job's record holds them: as JSON holds them, or beyond
     :data:`LISTED_RECORDED` their number (named ``count``) and digest. A record of
     300,000 grid points was 16 MB, written each time the plan was (8 s each)."""
     if len(values) <= LISTED_RECORDED:
-        return values
+        return as_recorded(values)
     text = json.dumps(values, sort_keys=True, default=json_value).encode()
     return {count: len(values), "sha256": hashlib.sha256(text).hexdigest()}
 
