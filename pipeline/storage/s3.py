@@ -376,24 +376,25 @@ class S3Store(Store):
         if ".." in rel.split("/"):
             raise StorageError(f"prefix {start!r} must not contain '..'")
         full = f"{self.prefix}/{rel}" if self.prefix else rel
-        found: list[tuple[str, str]] = []
-        paginator = self._client().get_paginator("list_objects_v2")
-        pages = {"MaxItems": limit} if limit else {}
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, PaginationConfig=pages):
-                for obj in page.get("Contents", ()):
-                    if not obj["Key"].endswith("/"):  # a console's "folder" marker
-                        version = _version(obj["Size"], obj.get("ETag", ""))
-                        found.append((self._relative(obj["Key"]), version))
+            return [
+                (self._relative(obj["Key"]), _version(obj["Size"], obj.get("ETag", "")))
+                for obj in self._list_full(full, limit)
+            ]
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, rel or None) from exc
-        return found
 
-    def _list_full(self, full_prefix: str) -> Iterator[str]:
+    def _list_full(self, full_prefix: str, limit: int | None = None) -> Iterator[dict]:
+        """The listing's objects under ``full_prefix`` (at most ``limit``), but a
+        console's "folder" markers."""
         paginator = self._client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+        pages = {"MaxItems": limit} if limit else {}
+        for page in paginator.paginate(
+            Bucket=self.bucket, Prefix=full_prefix, PaginationConfig=pages
+        ):
             for obj in page.get("Contents", ()):
-                yield obj["Key"]
+                if not obj["Key"].endswith("/"):
+                    yield obj
 
     def _list_full_keys(self, prefix: str) -> list[str]:
         rel = str(prefix).strip("/")
@@ -412,9 +413,7 @@ class S3Store(Store):
                 )
                 if first and first[0]["Key"] == full:
                     keys.append(full)
-            keys.extend(
-                k for k in self._list_full(f"{full}/" if full else "") if not k.endswith("/")
-            )  # skip console "folder" markers
+            keys.extend(obj["Key"] for obj in self._list_full(f"{full}/" if full else ""))
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, rel or None) from exc
         return keys
