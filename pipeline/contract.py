@@ -141,15 +141,20 @@ def check_entry(workload: Workload, task: Task, manifest) -> None:
     """Worker, before the task's entry is written: raise :class:`WorkloadError` unless
     ``manifest`` is an entry that resume, consolidation and ``pipeline verify`` can use.
     A few checks of its columns: nothing beside the task's own work."""
+    problem = _entry_problem(workload, task, manifest)
+    if problem:  # (the workload named only here: describe() reads entry points)
+        raise WorkloadError(f"{describe(workload)}: task {task.index} returned {problem}")
+
+
+def _entry_problem(workload: Workload, task: Task, manifest) -> str | None:
     import inspect
 
     import pyarrow as pa
 
-    said = _Said(workload, task)  # (named only to raise: describe() reads entry points)
     if manifest is None:
-        raise WorkloadError(f"{said} no manifest entry (TaskOutput.manifest); {ENTRY}")
+        return f"no manifest entry (TaskOutput.manifest); {ENTRY}"
     if not isinstance(manifest, pa.Table):
-        raise WorkloadError(f"{said} a manifest entry of type {type(manifest).__name__}; {ENTRY}")
+        return f"a manifest entry of type {type(manifest).__name__}; {ENTRY}"
     columns = manifest.column_names
     ranges = next((r for r in RANGES if set(r) <= set(columns)), None)
     # A workload without a verify_job of its own is verified by its entries' objects,
@@ -162,16 +167,17 @@ def check_entry(workload: Workload, task: Task, manifest) -> None:
         lacking = [c for c in ("object", "checksum") if c not in columns]
         lacking += [] if ranges else ["unit_start", "unit_stop"]
         if lacking:
-            raise WorkloadError(
-                f"{said} a manifest entry without {', '.join(lacking)} (its columns: "
+            return (
+                f"a manifest entry without {', '.join(lacking)} (its columns: "
                 f"{', '.join(columns) or 'none'}); {ENTRY}"
             )
     if "object" in columns and _not_text(manifest.column("object")):
-        raise WorkloadError(f"{said} a manifest entry whose objects are not all keys; {ENTRY}")
-    if "checksum" in columns:
-        _check_checksums(said, manifest.column("checksum"))
+        return f"a manifest entry whose objects are not all keys; {ENTRY}"
+    if "checksum" in columns and (problem := _checksums_problem(manifest.column("checksum"))):
+        return problem
     if ranges and (manifest.num_rows or generic):
-        _check_ranges(said, task, manifest, ranges)
+        return _ranges_problem(task, manifest, ranges)
+    return None
 
 
 def _whole(value) -> bool:
@@ -179,20 +185,6 @@ def _whole(value) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return value == value and value not in (float("inf"), float("-inf")) and value == int(value)
-
-
-class _Said:
-    """``"<workload>: task N returned"`` for messages, made when first shown: naming
-    the workload reads the package's entry points (tens of milliseconds a worker)."""
-
-    def __init__(self, workload: Workload, task: Task):
-        self.workload, self.task = workload, task
-
-    def __str__(self) -> str:
-        return f"{describe(self.workload)}: task {self.task.index} returned"
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
 
 
 def _not_text(column) -> bool:
@@ -203,32 +195,31 @@ def _not_text(column) -> bool:
     )
 
 
-def _check_checksums(said: str, column) -> None:
+def _checksums_problem(column) -> str | None:
     import pyarrow.compute as pc
 
     if not _not_text(column):
         bad = pc.invert(pc.match_substring_regex(column, CHECKSUM))
         if not pc.any(bad).as_py():
-            return
+            return None
         first = repr(column.filter(bad)[0].as_py())
     else:
         first = f"a column of {column.type}" + (" with nulls" if column.null_count else "")
     # Another hash (sha256) ran "complete", and verify then called every object corrupt
-    raise WorkloadError(
-        f"{said} a manifest entry whose checksum is not pipeline.checksum(data) of its "
+    return (
+        f"a manifest entry whose checksum is not pipeline.checksum(data) of its "
         f"object ({first[:80]}); the checksum is the xxh3_64 of the object's bytes in 16 "
         "hex digits, what `pipeline verify` compares"
     )
 
 
-def _check_ranges(said: str, task: Task, manifest, ranges: tuple[str, str]) -> None:
+def _ranges_problem(task: Task, manifest, ranges: tuple[str, str]) -> str | None:
     """The entry's distinct unit ranges cover the task's units, each once: ranges that
     overlapped ran "complete", and only `pipeline verify` found the units duplicated."""
     start, stop = ranges
-    values = [manifest.column(c).to_pylist() for c in ranges]
-    pairs = [p for p in set(zip(*values, strict=True)) if all(_whole(v) for v in p)]
-    odd = len(pairs) < len(set(zip(*values, strict=True)))  # nulls, NaN, text...
-    pairs.sort()
+    distinct = set(zip(*(manifest.column(c).to_pylist() for c in ranges), strict=True))
+    pairs = sorted(p for p in distinct if all(_whole(v) for v in p))
+    odd = len(pairs) < len(distinct)  # nulls, NaN, text...
     at = task.start
     for a, b in [] if odd else pairs:
         if a != at or b <= a:
@@ -236,10 +227,10 @@ def _check_ranges(said: str, task: Task, manifest, ranges: tuple[str, str]) -> N
         at = b
     else:
         if at == task.stop and not odd:
-            return
+            return None
     shown = ", ".join(f"{a}..{b}" for a, b in pairs[:6]) + (" ..." if len(pairs) > 6 else "")
-    raise WorkloadError(
-        f"{said} a manifest entry whose ranges ({start}..{stop}: {shown or 'none'}) do not "
+    return (
+        f"a manifest entry whose ranges ({start}..{stop}: {shown or 'none'}) do not "
         f"cover the task's, {task.start}..{task.stop}, once each; each object's range "
         "is that of its task, or one of ranges that split it (verify counts the units of "
         "ranges that overlap as duplicated, those of none as missing)"
