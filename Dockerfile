@@ -97,7 +97,7 @@ FROM base AS runtime
 # Thread pinning: one task per single-threaded worker, and BLAS must not start
 # threads of its own on top. MALLOC_*: glibc keeps its heap for arrays under
 # 32 MiB (Dask's nanny would set a 64 KiB trim threshold, which turns every
-# array over 128 KiB into a fresh mapping: tasks 35 % slower; pipeline/cluster.py). Dask settings the reference deployment needed at
+# array over 128 KiB into a fresh mapping: tasks 35 % slower; pipeline/cluster/connect.py). Dask settings the reference deployment needed at
 # scale: a deep listen backlog for thousands of workers connecting at once,
 # and a connect timeout that survives a busy scheduler's TLS handshakes.
 # WORKER_TTL: a worker silent this long is removed; Dask spaces heartbeats at
@@ -108,7 +108,7 @@ FROM base AS runtime
 # /tmp is writable for any uid the container is run as.
 # HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
 # DASK_DISTRIBUTED__WORKER__PRELOAD: workers import what tasks use at start
-# (pipeline/worker.py), not in every job's first task.
+# (pipeline/cluster/worker.py), not in every job's first task.
 ENV PATH=/opt/venv/bin:$PATH \
     MKL_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
@@ -118,7 +118,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
     DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s \
-    DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.worker"]' \
+    DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.cluster.worker"]' \
     MPLCONFIGDIR=/tmp/matplotlib \
     HEALTHCHECK_PORTS= \
     HEALTHCHECK_MIN_LISTENING=

@@ -2,9 +2,8 @@
 
 __version__ = "0.1.0"
 
-from .cluster import connect
+from .cluster.connect import connect
 from .config import RunOptions
-from .delivery import iter_cube_batches, iter_cubes
 from .errors import (
     ClusterError,
     ConfigError,
@@ -20,13 +19,14 @@ from .results import IncompleteJob, results_table
 from .runner import run_job
 from .storage import LocalStore, Store, open_file, open_store
 from .summary import RunSummary
-from .usercode import unit_seed
 from .verify import JobCheck, verify_output
 from .workload import Task, TaskOutput, UnitFailure, Workload, checksum
-from .workloads.cubes import CubeJob, CubeWorkload
+from .workloads.cubes.delivery import iter_cube_batches, iter_cubes
 from .workloads.cubes.shards import read_shard
-from .workloads.map import MapJob, MapWorkload
-from .workloads.map import run_map as map
+from .workloads.cubes.workload import CubeJob, CubeWorkload
+from .workloads.map.usercode import unit_seed
+from .workloads.map.workload import MapJob, MapWorkload
+from .workloads.map.workload import run_map as map
 
 __all__ = [
     # running jobs

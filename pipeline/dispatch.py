@@ -255,7 +255,7 @@ class TaskRunner:
         stopped the dispatch)."""
         from joblib import Parallel, delayed, parallel_config
 
-        from ._joblib_dask import DaskBackend, read_as_they_arrive
+        from .cluster._joblib_dask import DaskBackend, read_as_they_arrive
 
         if not tasks:
             return iter(()), None

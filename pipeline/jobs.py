@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .cluster import ClusterStart, connect
+from .cluster.connect import ClusterStart, connect
 from .config import (
     ENV_PREFIX,
     JobFile,
@@ -27,16 +27,16 @@ from .config import (
     settings_of,
 )
 from .contract import preflight
+from .costs.prices import worker_price
 from .errors import ConfigError, PipelineError
-from .globs import has_magic
 from .layout import check_job_id, consolidated_manifest_key, inside_job_folder, reads_below
-from .prices import worker_price
 from .report import write_report_page
 from .runner import check_batch_space, completed_job, run_job
 from .storage import open_store
+from .storage.globs import has_magic
 from .summary import RunSummary
-from .usercode import add_import_paths
 from .workload import Workload
+from .workloads.map.usercode import add_import_paths
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigError, InputError
-from .globs import has_magic, reaches, split
 from .storage import join, open_store
+from .storage.globs import has_magic, reaches, split
 
 __all__ = [
     "check_job_id",

@@ -166,7 +166,7 @@ class IncompleteJob(UserWarning):
 
 def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
     """What is missing from a job whose run has not finished, or None once it has."""
-    from .planning import Plan
+    from .planning.plan import Plan
 
     # Counted from the tasks that are there: a run stopped before it had planned
     # every task (while probing) has units in none of those it planned
@@ -187,7 +187,7 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
     try:
         return pa.concat_tables([t for _, t in parts], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        from .workloads.map_rows import differing_units
+        from .workloads.map.rows import differing_units
 
         schemas = [t.schema for _, t in parts]
         message = differing_units(schemas, [f"from {f}" for f, _ in parts], exc)

@@ -1,4 +1,4 @@
-"""The runner: plan a job's tasks (the probes: :mod:`pipeline.probing`), skip the
+"""The runner: plan a job's tasks (the probes: :mod:`pipeline.planning.probes`), skip the
 complete ones, run the rest (:mod:`pipeline.dispatch`), and summarize."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import asdict, replace
 
 from .config import RunOptions
 from .contract import preflight
-from .cost import add_run_cost
+from .costs.prices import worker_price
+from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
 from .errors import ClusterError, Interrupted, JobRunning, StorageError, UnreadableObject
 from .layout import (
@@ -26,11 +27,10 @@ from .layout import (
     read_job_record,
     readable_table,
 )
-from .planning import Plan, load_plan, unit_layout
-from .prices import worker_price
-from .probing import probe
+from .planning.plan import Plan, load_plan, unit_layout
+from .planning.probes import probe
+from .planning.sizing import longest_first
 from .report import task_timings
-from .sizing import longest_first
 from .storage import Store, open_store
 from .summary import RunSummary, TaskTime, size
 from .workload import Task, TaskReceipt, UnitFailure, Workload, summed_fingerprint

@@ -145,7 +145,7 @@ class RunSummary:
     bytes_read: int = 0
     bytes_read_ratio: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    #: What the run cost (see pipeline/cost.py): the worker-seconds it is charged for
+    #: What the run cost (see pipeline/costs/run_cost.py): the worker-seconds it is charged for
     #: (busy ones on the embedded cluster, workers x wall time on a remote one), their
     #: price and its source, and runs per day at this run's pace.
     worker_seconds: float = 0.0

@@ -138,7 +138,7 @@ def repair_job(
     unreadable manifest ``entries`` (keys), whose tasks then run again too. Under the
     job's lock: not while a run of the job is writing it."""
     from .errors import JobRunning
-    from .planning import Plan
+    from .planning.plan import Plan
 
     plan = Plan.from_record(record)
     tasks = plan.tasks(record["units"])
@@ -186,7 +186,7 @@ def _entries_missing(store: Store, job_id: str, record: dict) -> str | None:
     """A complete job whose tasks' manifest entries are not all there (one deleted, a
     partial copy of the output): its next run reruns those tasks, and ``results``
     leaves their rows out, so it is not complete whatever its manifest.parquet says."""
-    from .planning import missing_tasks
+    from .planning.plan import missing_tasks
 
     missing = missing_tasks(store, job_id, record)
     if not missing:

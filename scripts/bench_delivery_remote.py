@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pipeline import CubeJob, iter_cubes  # noqa: E402
-from pipeline.delivery import RelayedThroughSchedulerWarning  # noqa: E402
+from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning  # noqa: E402
 
 
 def rate(client, job: CubeJob, delivery: str) -> float:

@@ -62,9 +62,9 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     args = ap.parse_args()
 
-    from pipeline.cluster import connect
-    from pipeline.cost import limit_name
-    from pipeline.estimate import estimate
+    from pipeline.cluster.connect import connect
+    from pipeline.costs.estimate import estimate
+    from pipeline.costs.run_cost import limit_name
     from pipeline.jobs import load_jobs
     from pipeline.runner import run_job
     from pipeline.summary import usd

@@ -406,7 +406,7 @@ def read_floor(folder: Path, columns: list[str]) -> float:
     whole, then pyarrow's ParquetFile on them (``pq.read_table`` per file took 4x as
     long, ``ParquetFile(path)`` 2x). What any reader of the layout pays before a fit,
     the more the more files: each has a footer to parse, about 0.1 ms."""
-    from pipeline.dataset import read_whole_file
+    from pipeline.inputs.dataset import read_whole_file
     from pipeline.storage import LocalStore
 
     store = LocalStore(folder)

@@ -130,7 +130,7 @@ log "waiting until $n_workers workers are registered with the scheduler (through
 driver sh -c "
 python -c '
 from pipeline.config import RunOptions, resolve
-from pipeline.cluster import connect
+from pipeline.cluster.connect import connect
 with connect(resolve(RunOptions, None, {})) as client:
     client.wait_for_workers($n_workers, timeout=180)
     workers = client.scheduler_info(n_workers=-1)[\"workers\"]
@@ -196,7 +196,7 @@ dask_client("dask client, TLS with client certificate", f"tls://127.0.0.1:{port}
              tls_client_key=f"{tls}/client-key.pem", require_encryption=True), True)
 dask_client("dask client, plain tcp://", f"tcp://127.0.0.1:{port}", None, False)
 # A certificate the cluster CA did not sign: refused by the scheduler.
-from pipeline.tls import make_certificates
+from pipeline.cluster.tls import make_certificates
 other = make_certificates("/tmp/other-ca")
 dask_client("dask client, TLS with a certificate of another CA", f"tls://127.0.0.1:{port}",
     Security(tls_ca_file=f"{tls}/ca.pem", tls_client_cert=str(other["client"]),

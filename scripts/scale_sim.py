@@ -159,7 +159,7 @@ def _units_exactly_once(output: Path, units: int, env) -> dict:
 def run(opts) -> dict:
     from distributed import Client
 
-    from pipeline.tls import make_certificates
+    from pipeline.cluster.tls import make_certificates
 
     n, k = opts.workers, opts.per_process
     units = opts.units or 4 * n

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.cluster import WORKER_ENV
+from pipeline.cluster.connect import WORKER_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -460,7 +460,7 @@ def tls_cluster(
 ) -> Iterator[TLSCluster]:
     """Certificates (unless given), TLS scheduler, HAProxy and ``n_workers`` workers
     that register through HAProxy; yields a :class:`TLSCluster`, stops all on exit."""
-    from pipeline.tls import make_certificates
+    from pipeline.cluster.tls import make_certificates
 
     workdir = Path(workdir)
     haproxy_binary()  # fail early with the install hint

@@ -304,7 +304,7 @@ def test_cli_reports_bad_input_in_one_line_and_exits_non_zero(tmp_path):
 
 
 def test_a_dataset_file_in_the_working_directory_is_found(tmp_path, monkeypatch):
-    from pipeline.dataset import discover
+    from pipeline.inputs.dataset import discover
 
     pd.DataFrame({"g": [1, 1, 2], "y": [1.0, 2.0, 3.0]}).to_parquet(tmp_path / "panel.parquet")
     monkeypatch.chdir(tmp_path)
@@ -313,7 +313,7 @@ def test_a_dataset_file_in_the_working_directory_is_found(tmp_path, monkeypatch)
 
 
 def test_a_missing_dataset_is_told_from_one_without_parquet_files(tmp_path):
-    from pipeline.dataset import discover
+    from pipeline.inputs.dataset import discover
 
     with pytest.raises(InputError, match=r"nosuchdir: no such folder or file$"):
         discover(str(tmp_path / "nosuchdir"))  # "no .parquet files there", it said
@@ -326,7 +326,7 @@ def test_a_missing_dataset_is_told_from_one_without_parquet_files(tmp_path):
 def test_a_column_of_another_type_is_named_with_each_files_own_type(tmp_path):
     """int64 in a.parquet, double in b.parquet, text in c.parquet: the message said
     a.parquet held double, the type the column had been widened to by b.parquet."""
-    from pipeline.dataset import check_columns, discover
+    from pipeline.inputs.dataset import check_columns, discover
 
     pq.write_table(pa.table({"v": pa.array([1], pa.int64())}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"v": pa.array([1.5])}), tmp_path / "b.parquet")
@@ -337,7 +337,7 @@ def test_a_column_of_another_type_is_named_with_each_files_own_type(tmp_path):
 
 
 def test_a_csv_dataset_gets_told_to_become_parquet(tmp_path):
-    from pipeline.dataset import discover
+    from pipeline.inputs.dataset import discover
 
     (tmp_path / "panel.csv").write_text("g,y\n1,1.0\n")
     with pytest.raises(InputError, match=r"only parquet is read.*pd\.read_csv"):

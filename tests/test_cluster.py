@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from pipeline import RunOptions, connect
-from pipeline.cluster import ClusterStart
+from pipeline.cluster.connect import ClusterStart
 from pipeline.errors import ConfigError
 
 
@@ -148,7 +148,7 @@ def test_semaphores_of_a_run_killed_whole_are_swept_by_the_next():
     import time
     from pathlib import Path
 
-    from pipeline.cluster import sweep_stale_semaphores
+    from pipeline.cluster.connect import sweep_stale_semaphores
 
     script = (
         "import multiprocessing, time\n"

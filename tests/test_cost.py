@@ -12,11 +12,11 @@ from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import JobFile, resolve
-from pipeline.cost import Fleet, JobSample, parse_fleet, project, projection_lines
+from pipeline.costs.estimate import estimate, estimate_lines
+from pipeline.costs.prices import load_prices, worker_price
+from pipeline.costs.run_cost import Fleet, JobSample, parse_fleet, project, projection_lines
 from pipeline.errors import ConfigError
-from pipeline.estimate import estimate, estimate_lines
-from pipeline.prices import load_prices, worker_price
-from pipeline.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, make_layout
+from pipeline.planning.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, make_layout
 from pipeline.summary import TaskTime, summary_lines, usd
 
 
@@ -96,8 +96,8 @@ def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
 
 
 def test_a_remote_run_is_charged_every_worker_for_the_whole_run():
-    from pipeline.cost import add_run_cost
-    from pipeline.prices import WorkerPrice
+    from pipeline.costs.prices import WorkerPrice
+    from pipeline.costs.run_cost import add_run_cost
     from pipeline.summary import RunSummary
 
     s = RunSummary("j", "map", None, 10, 2, 5, 0, units_run=10, workers=4, wall_seconds=90.0)
@@ -296,7 +296,7 @@ def test_an_estimate_of_a_job_that_writes_nothing_has_no_s3_floor(tmp_path, clie
 
 
 def test_spread_takes_the_middles_of_equal_stretches():
-    from pipeline.estimate import _spread
+    from pipeline.costs.estimate import _spread
     from pipeline.workload import Task
 
     tasks = [Task(i, 10 * i, 10 * i + 10) for i in range(10)]  # units 0..99
@@ -475,7 +475,7 @@ def test_a_price_file_without_the_fleets_scheduler_or_load_balancer(tmp_path):
     # The scheduler's message offered --price-per-worker-hour (which prices no fleet),
     # and a missing NLB price was a silent $0.
     from pipeline import ConfigError
-    from pipeline.prices import load_prices
+    from pipeline.costs.prices import load_prices
 
     box = (
         '[instances."big.box"]\nvcpus = 4\nmemory_gib = 8\nnetwork_gbps = 10\nusd_per_hour = 1.0\n'

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
+from pipeline.workloads.cubes.delivery.channel import MEMFD_NAME
 
 from pipeline import CubeJob, CubeWorkload, iter_cubes
-from pipeline.delivery import RelayedThroughSchedulerWarning, local
-from pipeline.delivery.channel import MEMFD_NAME
 from pipeline.errors import ConfigError
+from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning, local
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def digest(cube: np.ndarray) -> str:
 def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(frames_dir):
     import threading
 
-    from pipeline.delivery import threads
+    from pipeline.workloads.cubes.delivery import threads
 
     job = CubeJob(frames=str(frames_dir), cubes=61, dim=10, seed=4)
     want = expected_digests(job)
@@ -101,7 +101,7 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
 
 def small_parts_job(frames_dir, monkeypatch, cubes, seed, dtype, per_layer):
     """A job of cubes of 10^3 built in parts of 3 columns, and its workload."""
-    from pipeline.delivery import parts
+    from pipeline.workloads.cubes.delivery import parts
 
     monkeypatch.setattr(parts, "PART_BYTES", 3 * 10 * 10 * np.dtype(dtype).itemsize)
     job = CubeJob(
@@ -121,7 +121,7 @@ def small_parts_job(frames_dir, monkeypatch, cubes, seed, dtype, per_layer):
 def test_threads_and_the_waiting_consumer_share_each_cube_part_by_part(
     frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads
 ):
-    from pipeline.delivery import threads as builders
+    from pipeline.workloads.cubes.delivery import threads as builders
 
     # Every cube is built by whichever threads are free, the consumer among them, in
     # parts that must land in the right columns.
@@ -142,7 +142,7 @@ class _FailsAtCube(CubeWorkload):
 def test_a_cube_that_fails_to_build_raises_in_the_consumer_and_ends_the_threads(frames_dir):
     import threading
 
-    from pipeline.delivery import threads as builders
+    from pipeline.workloads.cubes.delivery import threads as builders
 
     job = CubeJob(frames=str(frames_dir), cubes=30, dim=10, seed=6)
     workload = _FailsAtCube(job, "cubes", job.frames)
@@ -182,7 +182,7 @@ def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames
 def test_the_waiting_consumer_builds_the_last_parts_of_the_workers_batches(
     frames_dir, client, monkeypatch, dtype, per_layer, batch_cubes
 ):
-    from pipeline.delivery import channel
+    from pipeline.workloads.cubes.delivery import channel
 
     # The workers get the consumer's part bounds with their task.
     job, workload = small_parts_job(frames_dir, monkeypatch, 120, 8, dtype, per_layer)

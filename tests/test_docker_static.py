@@ -311,7 +311,7 @@ def _run_certs(env, **extra) -> str:
 
 
 def test_certs_script_is_idempotent_and_keeps_the_ca_key_apart(certs_env):
-    from pipeline.tls import certificate_info
+    from pipeline.cluster.tls import certificate_info
 
     tmp, env = certs_env
     tls, ca = tmp / "tls", tmp / "ca"

@@ -132,7 +132,7 @@ def test_many_listed_points_are_recorded_by_digest_and_still_compared(
     16 MB job.json, written at each plan step): a changed point still refuses resume."""
     import json
 
-    from pipeline.workloads import map_inputs
+    from pipeline.workloads.map import inputs as map_inputs
 
     monkeypatch.setattr(map_inputs, "LISTED_RECORDED", 3)
     points = [{"x": x, "p": 2} for x in range(5)]
@@ -454,7 +454,7 @@ def test_a_resume_after_an_input_file_changed_is_refused(tmp_path, client, monke
     import json
     import os
 
-    from pipeline.workloads import map_inputs
+    from pipeline.workloads.map import inputs as map_inputs
 
     files = tmp_path / "texts"
     files.mkdir()
@@ -786,7 +786,7 @@ def test_bad_jobs_fail_before_any_task(tmp_path, client, settings, error, match)
 def test_a_callable_object_is_named_by_its_class_not_its_address():
     # Its repr held a memory address: in the job's description and fingerprint, so a
     # run of pipeline.map over it in a new process never matched the last one.
-    from pipeline.usercode import describe_function
+    from pipeline.workloads.map.usercode import describe_function
 
     class Scaler:
         def __call__(self, x):
@@ -1054,7 +1054,7 @@ def test_shipped_code_is_named_by_its_content_and_kept_loaded_while_unchanged(tm
     """Each run registers `code` again: an unchanged version kept its digest whatever
     the files' times (a touched file made a new version), and its modules stay
     loaded on the workers; a changed one is imported afresh."""
-    from pipeline.shipped_code import ShippedCode, ship_code
+    from pipeline.cluster.shipped_code import ShippedCode, ship_code
 
     lib = tmp_path / "keptlib"
     lib.mkdir()

@@ -10,7 +10,7 @@ from test_map import FN, run
 from test_regressions import assert_same, fit_all, workload
 
 from pipeline import InputError, RunOptions, run_job
-from pipeline.dataset import discover
+from pipeline.inputs.dataset import discover
 from pipeline.results import results_table
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
 

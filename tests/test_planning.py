@@ -12,10 +12,11 @@ import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
-from pipeline.chunks import chunk_boundaries, plan_chunks
-from pipeline.dataset import WHOLE_FILE_BYTES, discover
 from pipeline.errors import ConfigError
-from pipeline.planning import (
+from pipeline.inputs.chunks import chunk_boundaries, plan_chunks
+from pipeline.inputs.dataset import WHOLE_FILE_BYTES, discover
+from pipeline.inputs.task_rows import read_task_rows
+from pipeline.planning.plan import (
     Plan,
     aligned_probes,
     cut_is_settled,
@@ -25,7 +26,7 @@ from pipeline.planning import (
     probe_round,
     save_plan,
 )
-from pipeline.sizing import (
+from pipeline.planning.sizing import (
     SCHEDULER_SECONDS_PER_TASK,
     SCHEDULER_SHARE,
     CostModel,
@@ -39,7 +40,6 @@ from pipeline.sizing import (
     target_seconds,
 )
 from pipeline.storage import LocalStore
-from pipeline.task_rows import read_task_rows
 from pipeline.workload import Task
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload, write_regression_data
 
@@ -323,7 +323,7 @@ def test_small_files_read_once_plan_as_files_read_twice(tmp_path):
 def test_the_chunk_index_of_large_files_read_in_threads_is_the_one_read_in_turn(
     tmp_path, monkeypatch
 ):
-    from pipeline import chunks
+    from pipeline.inputs import chunks
 
     rng = np.random.default_rng(3)
     for f in range(3):  # 120,000 rows a file, chunks spanning files and row groups
@@ -364,7 +364,7 @@ def test_a_row_group_read_alone_is_not_read_again_by_the_next_task(tmp_path):
     # Chunks 0-5 of 10 rows in row groups of 20: tasks 2-3 and 3-4 both need row group 1;
     # the second reads nothing (a job's first probes all fall in its first group, and
     # on S3 each read it again); 3-6 reads only row group 2. The rows are the same.
-    from pipeline import task_rows
+    from pipeline.inputs import task_rows
 
     _write(tmp_path / "a.parquet", _chunks(range(6), 10), 20)
     ds = discover(str(tmp_path))

@@ -15,8 +15,8 @@ import statsmodels.api as sm
 import statsmodels.formula.api as smf
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
-from pipeline.chunks import plan_chunks
-from pipeline.dataset import discover
+from pipeline.inputs.chunks import plan_chunks
+from pipeline.inputs.dataset import discover
 from pipeline.results import results_table, summarize
 from pipeline.storage import LocalStore
 from pipeline.workloads.regressions import (
@@ -1013,7 +1013,7 @@ def test_task_design_is_patsys_bit_for_bit(dataset, formula):
 
 
 def read_all_rows(w):
-    from pipeline.task_rows import read_task_rows
+    from pipeline.inputs.task_rows import read_task_rows
 
     return read_task_rows(w.dataset, w.index, 0, w.n_units, list(w.columns))
 

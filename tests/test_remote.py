@@ -111,7 +111,7 @@ def remote(tmp_path_factory):
     env = aws_env(endpoint, str(tmp / "cache"))
     made = pipeline_cli(["certs", "--out", tmp / "certs", "--days", 2], env)
     assert made.returncode == 0, made.stderr
-    from pipeline.tls import expected_files
+    from pipeline.cluster.tls import expected_files
 
     certs = expected_files(tmp / "certs")
     assert oct(certs["client-key"].stat().st_mode & 0o777) == "0o600"

@@ -121,7 +121,7 @@ def _has_s3_client(url: str) -> bool:
 def test_workers_open_the_jobs_stores_while_the_cluster_starts(s3, s3_bucket):
     # A process's first S3 client loads botocore's models (0.2-0.3 s of CPU): made on
     # every worker while the driver validates, not by each worker's first task.
-    from pipeline.cluster import ClusterStart
+    from pipeline.cluster.connect import ClusterStart
 
     data, out = s3.url(prefix="data"), s3.url(prefix="out")
     with ClusterStart(RunOptions(workers=2), urls=(data,)) as start:
@@ -209,7 +209,7 @@ def test_files_on_s3_are_globbed_as_local_files(s3, s3_bucket, tmp_path):
     f00..f09), without saying what was looked for."""
     import pipeline
     from pipeline import ConfigError, InputError
-    from pipeline.workloads.map_inputs import FilesInput
+    from pipeline.workloads.map.inputs import FilesInput
 
     texts = s3.url(prefix="texts")
     store = pipeline.open_store(texts)

@@ -166,7 +166,7 @@ def _write_job(folder: Path, units: int, seconds: float) -> Path:
 def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun_completes(
     tmp_path,
 ):
-    from pipeline.tls import make_certificates
+    from pipeline.cluster.tls import make_certificates
 
     certs = make_certificates(tmp_path / "certs")
     job = _write_job(tmp_path, units=60, seconds=0.4)

@@ -702,9 +702,9 @@ def test_fault_proxy_concurrent_clients(s3):
 def test_s3_task_reads_one_get_per_file(s3, s3_bucket, monkeypatch):
     """A task's row groups come in one ranged GET per file, not one per column chunk;
     a small file in one GET, footer included."""
-    from pipeline.chunks import plan_chunks
-    from pipeline.dataset import discover
-    from pipeline.task_rows import read_task_rows
+    from pipeline.inputs.chunks import plan_chunks
+    from pipeline.inputs.dataset import discover
+    from pipeline.inputs.task_rows import read_task_rows
 
     rows_per_chunk, chunks = 1000, 64
     rng = np.random.default_rng(3)
@@ -718,7 +718,7 @@ def test_s3_task_reads_one_get_per_file(s3, s3_bucket, monkeypatch):
         clear_store_cache()
         store = S3Store(s3_bucket, endpoint_url=proxy.url)
         big = io.BytesIO()
-        # 16 row groups, more than a task reads whole (pipeline.dataset.WHOLE_FILE_BYTES)
+        # 16 row groups, more than a task reads whole (pipeline.inputs.dataset.WHOLE_FILE_BYTES)
         pq.write_table(table, big, row_group_size=4 * rows_per_chunk)
         store.write_bytes("data/big.parquet", big.getvalue())
         ds = discover(f"{store.url}/data")

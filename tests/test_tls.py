@@ -25,7 +25,7 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from distributed import Client
 from distributed.security import Security
 
-from pipeline.tls import make_certificates, tls_security
+from pipeline.cluster.tls import make_certificates, tls_security
 
 try:
     from tests import cluster_procs as cp

@@ -32,7 +32,7 @@ if [ "$complete" = yes ] && python - "$out" "$hosts" <<'PY'
 import datetime as dt
 import sys
 
-from pipeline.tls import certificate_info, parse_hosts
+from pipeline.cluster.tls import certificate_info, parse_hosts
 
 out, hosts = sys.argv[1], set(parse_hosts(sys.argv[2]))
 soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)

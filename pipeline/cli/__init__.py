@@ -250,10 +250,10 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
     job's output is written), and names the limit that binds: CPU, the network,
     S3 request rates, or the scheduler's task rate.
     """
-    from ..cluster import connect
-    from ..cost import parse_fleet
-    from ..estimate import estimate, estimate_lines, scratch_output
-    from ..prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
+    from ..cluster.connect import connect
+    from ..costs.estimate import estimate, estimate_lines, scratch_output
+    from ..costs.prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
+    from ..costs.run_cost import parse_fleet
 
     # Flags of a run that an estimate would ignore (a job file's keys serve both)
     ignored = [n for n in ("report", "profile", "profile_tasks", "overwrite", "max_failures",

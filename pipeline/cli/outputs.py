@@ -135,7 +135,7 @@ def certs_command(out, days, hosts, overwrite) -> None:
     Keys are written with mode 0600. Give the scheduler, workers and driver the
     CA and their own role's pair; keep ca-key.pem offline.
     """
-    from ..tls import make_certificates
+    from ..cluster.tls import make_certificates
 
     try:
         files = make_certificates(out, days=days, hosts=hosts, overwrite=overwrite)

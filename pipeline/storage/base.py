@@ -75,7 +75,7 @@ class Store(ABC):
 
     def version(self, key: str) -> str:
         """A token that changes when the object changes (for caches keyed on inputs);
-        it starts with the size in bytes (``pipeline.dataset`` reads it)."""
+        it starts with the size in bytes (``pipeline.inputs.dataset`` reads it)."""
         return str(self.size(key))
 
     def write_bytes(self, key: str, data: Buffer) -> int:

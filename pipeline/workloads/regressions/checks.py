@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ...chunks import ChunkIndex
-from ...dataset import Dataset
 from ...errors import ConfigError, InputError
+from ...inputs.chunks import ChunkIndex
+from ...inputs.dataset import Dataset
 from .design import Prepared, quiet_math
 from .spec import FormulaInfo, ModelSpec, RegressionJob, analyze_formula
 from .taskfits import COEF_COLUMNS, models_schema

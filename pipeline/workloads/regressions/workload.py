@@ -24,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...chunks import ChunkIndex, plan_chunks
-from ...dataset import Dataset, check_columns, discover
 from ...errors import ConfigError, InputError
+from ...inputs.chunks import ChunkIndex, plan_chunks
+from ...inputs.dataset import Dataset, check_columns, discover
+from ...inputs.task_rows import read_task_rows
 from ...layout import part_key
 from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
-from ...task_rows import read_task_rows
 from ...workload import Task, TaskOutput, UnitFailure, Workload, checksum, consolidate_manifest
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
 from .design import ChunkError, TaskDesign, design_slices
@@ -155,7 +155,7 @@ class RegressionWorkload(Workload):
 
     def natural_boundaries(self) -> np.ndarray:
         """Chunks starting a row group (or file): tasks cut there read disjoint data."""
-        from ...chunks import chunk_boundaries
+        from ...inputs.chunks import chunk_boundaries
 
         return chunk_boundaries(self.dataset, self.index)
 
@@ -208,7 +208,7 @@ class RegressionWorkload(Workload):
         )
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
-        from ...task_rows import READS
+        from ...inputs.task_rows import READS
 
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)

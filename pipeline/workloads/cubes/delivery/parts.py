@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..workloads.cubes import CubeJob, build_cube
+from ..workload import CubeJob, build_cube
 
 __all__ = ["PART_BYTES", "build_part", "part_bounds"]
 

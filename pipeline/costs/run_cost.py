@@ -7,12 +7,12 @@ configured instance type (what the run would cost there); on a remote cluster
 it is every worker for the whole run (idle workers are paid for too).
 
 A projection (``pipeline estimate``) takes the cost model the probe tasks
-measured (:mod:`pipeline.sizing`: fixed + per-unit seconds per task), cuts the
+measured (:mod:`pipeline.planning.sizing`: fixed + per-unit seconds per task), cuts the
 whole job into tasks for the fleet's workers as the planner would, and takes
 the largest of four floors on the wall time:
 
 - the tasks: the probing phase (as long as it lasted here), then the other tasks
-  handed out to the fleet's workers (:func:`pipeline.sizing.makespan`), named by
+  handed out to the fleet's workers (:func:`pipeline.planning.sizing.makespan`), named by
   what bound the tasks that make most of it (the probes, or the full-size tasks the
   estimate ran after them) as a run's summary would name it
   (:func:`pipeline.summary.task_bound`: CPU, contended CPU, writing, loading
@@ -30,16 +30,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
-from .planning import Plan, is_small_job, requested_units_per_task
+from ..errors import ConfigError
+from ..planning.plan import Plan, is_small_job, requested_units_per_task
+from ..planning.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
+from ..summary import RunSummary, TaskTime, count, seconds, task_bound, usd
 from .prices import (
     DEFAULT_SCHEDULER_INSTANCE,
     Instance,
     PriceTable,
     WorkerPrice,
 )
-from .sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
-from .summary import RunSummary, TaskTime, count, seconds, task_bound, usd
 
 __all__ = [
     "Fleet",

@@ -3,7 +3,7 @@ modification time, or size and S3 ETag, as a dataset's files have: a resume afte
 one changed is refused).
 
 ``files`` is a folder (every file below it), a file, an ``s3://`` prefix (taken as a
-folder) or a glob, local or on S3, matched by the same rules (:mod:`pipeline.globs`).
+folder) or a glob, local or on S3, matched by the same rules (:mod:`pipeline.storage.globs`).
 Names starting with ``.`` are left out, unless named.
 """
 
@@ -13,10 +13,10 @@ import glob
 import os
 from pathlib import Path
 
-from ..errors import ConfigError, InputError
-from ..globs import fixed_start, has_magic, hidden, matches, split
-from ..storage import open_store
-from ..storage.local import file_version
+from ...errors import ConfigError, InputError
+from ...storage import open_store
+from ...storage.globs import fixed_start, has_magic, hidden, matches, split
+from ...storage.local import file_version
 
 __all__ = ["list_files"]
 

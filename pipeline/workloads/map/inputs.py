@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..contract import as_recorded, json_value
-from ..errors import ConfigError, InputError
+from ...contract import as_recorded, json_value
+from ...errors import ConfigError, InputError
 
 __all__ = ["DataInput", "FilesInput", "GridInput"]
 
@@ -140,7 +140,7 @@ class FilesInput:
     key_names = ("file",)
 
     def __init__(self, where: str):
-        from .map_files import list_files
+        from .files import list_files
 
         self.where = where
         listed = list_files(where)
@@ -187,8 +187,8 @@ class DataInput:
 
     def __init__(self, data: str, chunk_by: tuple[str, ...], chunk_rows: int | None,
                  columns: tuple[str, ...]):  # fmt: skip
-        from ..chunks import plan_chunks
-        from ..dataset import check_columns, discover
+        from ...inputs.chunks import plan_chunks
+        from ...inputs.dataset import check_columns, discover
 
         if chunk_by and chunk_rows:
             raise ConfigError("give chunk_by or chunk_rows, not both")
@@ -209,7 +209,7 @@ class DataInput:
         self.n_units = self.index.n_chunks
 
     def calls(self, start: int, stop: int) -> Iterator[Call]:
-        from ..task_rows import read_task_rows
+        from ...inputs.task_rows import read_task_rows
 
         rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
         frame = rows.table.to_pandas()

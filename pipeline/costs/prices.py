@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Instance", "PriceTable", "WorkerPrice", "load_prices", "worker_price"]
 
@@ -82,8 +82,8 @@ def _price_text(price_file: str | None) -> tuple[str, str]:
         except OSError as exc:
             raise ConfigError(f"price_file {price_file}: cannot be read: {exc}") from None
     else:
-        origin = "pipeline/prices.toml"
-        text = resources.files("pipeline").joinpath("prices.toml").read_text()
+        origin = "pipeline/costs/prices.toml"
+        text = resources.files("pipeline.costs").joinpath("prices.toml").read_text()
     return origin, text
 
 

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..errors import InputError
+from ..storage import Store, open_store, per_object
 from .dataset import PREFETCHED, Dataset, cached_footer
-from .errors import InputError
-from .storage import Store, open_store, per_object
 
 __all__ = ["ChunkIndex", "as_dataset_type", "chunk_boundaries", "decoded", "plan_chunks"]
 

@@ -28,7 +28,7 @@ import traceback
 
 import numpy as np
 
-from ..workloads.cubes import CubeJob, CubeWorkload
+from ..workload import CubeJob, CubeWorkload
 from . import channel
 from .parts import build_part
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import ClusterError
-from ..workloads.cubes import CubeWorkload
+from ....errors import ClusterError
+from ..workload import CubeWorkload
 
 __all__ = ["RelayedThroughSchedulerWarning", "remote_batches"]
 

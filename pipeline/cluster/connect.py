@@ -14,8 +14,8 @@ from pathlib import Path
 
 import dask
 
-from .config import RunOptions
-from .errors import ClusterError, ConfigError
+from ..config import RunOptions
+from ..errors import ClusterError, ConfigError
 
 __all__ = ["WORKER_ENV", "connect"]
 
@@ -236,7 +236,7 @@ def prepare_worker(modules: list[str], urls: list[str]) -> None:
         if name not in sys.modules:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
-    from .storage import open_store
+    from ..storage import open_store
 
     for url in urls:
         with contextlib.suppress(Exception):
@@ -411,12 +411,12 @@ def _embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, prof
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_ENV}
-    preload = [*dask.config.get("distributed.worker.preload", []), "pipeline.worker"]
+    preload = [*dask.config.get("distributed.worker.preload", []), "pipeline.cluster.worker"]
     settings = {
         "distributed.nanny.pre-spawn-environ": environ,
         "distributed.worker.daemon": False,
         "distributed.worker.preload": preload,
-        "pipeline.embedded-worker": True,  # see pipeline.worker
+        "pipeline.embedded-worker": True,  # see pipeline.cluster.worker
         "distributed.worker.profile.enabled": profile,
         # The embedded cluster shares the driver's cores: Dask's event-loop tick (every
         # 20 ms in the scheduler, each nanny and each worker) and system monitors

@@ -1,6 +1,6 @@
 """How a job's units are split into tasks, and the record that keeps the split fixed.
 
-The split follows the cost model of :mod:`pipeline.sizing`, measured on the job's
+The split follows the cost model of :mod:`pipeline.planning.sizing`, measured on the job's
 own first tasks, the *probes*: a round of one small task per worker (which also
 warms each worker up: its time is not used), then rounds giving each worker a
 large task (16 units or shards, then aimed so its per-unit part clearly
@@ -24,9 +24,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .contract import recorded_fingerprint
-from .errors import ConfigError
-from .layout import completed_tasks, job_record_key, read_job_record
+from ..contract import recorded_fingerprint
+from ..errors import ConfigError
+from ..layout import completed_tasks, job_record_key, read_job_record
+from ..storage import Store
+from ..workload import Task, Workload, plan_tasks, tasks_from_stops
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     CostModel,
@@ -35,8 +37,6 @@ from .sizing import (
     make_layout,
     task_rounds,
 )
-from .storage import Store
-from .workload import Task, Workload, plan_tasks, tasks_from_stops
 
 #: Probing stops once the large probes' per-unit part lasts this long (and the fixed part).
 PROBE_SECONDS = 0.1

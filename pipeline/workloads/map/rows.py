@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InputError
-from ..usercode import failure_frame
+from ...errors import InputError
+from .usercode import failure_frame
 
 __all__ = ["ONE_TYPE_A_COLUMN", "SCALAR_COLUMN", "UnitRows", "differing_units"]
 

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import ClusterError, ConfigError
-from ..workloads.cubes import CubeJob, CubeWorkload, ensure_auto_frames
+from ....errors import ClusterError, ConfigError
+from ..workload import CubeJob, CubeWorkload, ensure_auto_frames
 from . import channel
 from .local import LocalDelivery
 from .producer import reachable
@@ -95,8 +95,8 @@ def iter_cube_batches(
 ) -> Iterator[tuple[range, np.ndarray]]:
     """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
     (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``."""
-    from ..cluster import connect
-    from ..config import RunOptions, env_name, resolve, settings_of
+    from ....cluster.connect import connect
+    from ....config import RunOptions, env_name, resolve, settings_of
 
     if delivery not in DELIVERIES:
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")

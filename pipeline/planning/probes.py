@@ -8,9 +8,10 @@ import math
 import time
 from dataclasses import asdict
 
-from .config import RunOptions
-from .dispatch import TaskRunner
-from .planning import (
+from ..config import RunOptions
+from ..dispatch import TaskRunner
+from ..workload import TaskReceipt
+from .plan import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
     Plan,
@@ -34,7 +35,6 @@ from .sizing import (
     longest_first,
     overhead_can_bind,
 )
-from .workload import TaskReceipt
 
 __all__ = ["probe"]
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..workloads.cubes import CubeWorkload
+from ..workload import CubeWorkload
 from .local import _BatchMemory
 from .parts import build_part, part_bounds
 

@@ -43,8 +43,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import ClusterError, PipelineError
-from ..workloads.cubes import CubeWorkload
+from ....errors import ClusterError, PipelineError
+from ..workload import CubeWorkload
 from . import channel
 from .parts import build_part, part_bounds
 from .producer import BACK, FRONT, TRAILER_BYTES, buffer_views, produce

@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["Partitions", "parse_partitions"]
 

@@ -1,6 +1,6 @@
 """``pipeline estimate``: run a job's probe tasks into a scratch output, then project.
 
-The probes are the planner's own (:func:`pipeline.probing.probe`): rounds of a
+The probes are the planner's own (:func:`pipeline.planning.probes.probe`): rounds of a
 small and a large task per worker until the cost model (fixed + per-unit
 seconds per task) is measured; then one round of tasks of the size the run will
 use, one per worker, whose rate replaces the per-unit seconds (the probes'
@@ -8,7 +8,7 @@ largest last about 0.1 s: too short to see a steady state). They write into a
 scratch folder (or, for an ``s3://`` output, a scratch prefix beside it, which a
 remote cluster's workers can reach), deleted afterwards: the job's own output is never touched. The
 model then projects the whole job on this cluster and on each fleet
-(:func:`pipeline.cost.project`).
+(:func:`pipeline.costs.run_cost.project`).
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .config import RunOptions
-from .contract import preflight
-from .cost import Fleet, JobSample, Projection, project, projection_lines
-from .dispatch import TaskRunner, count_workers
-from .errors import PipelineError
-from .planning import Plan, is_small_job, unit_layout
+from ..config import RunOptions
+from ..contract import preflight
+from ..dispatch import TaskRunner, count_workers
+from ..errors import PipelineError
+from ..planning.plan import Plan, is_small_job, unit_layout
+from ..planning.probes import probe
+from ..planning.sizing import CostModel, ProbeSample, fit_costs
+from ..runner import open_output
+from ..storage import open_store
+from ..summary import TaskTime, count
+from ..workload import Workload, unit_label
 from .prices import worker_price
-from .probing import probe
-from .runner import open_output
-from .sizing import CostModel, ProbeSample, fit_costs
-from .storage import open_store
-from .summary import TaskTime, count
-from .workload import Workload, unit_label
+from .run_cost import Fleet, JobSample, Projection, project, projection_lines
 
 __all__ = ["Estimate", "estimate", "estimate_lines"]
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
+from ..errors import InputError
+from ..storage import Store, open_store, per_object
 from .partitions import Partitions, parse_partitions
-from .storage import Store, open_store, per_object
 
 __all__ = ["WHOLE_FILE_BYTES", "Dataset", "check_columns", "discover"]
 

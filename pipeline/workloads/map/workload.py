@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..config import check_settings, setting
-from ..errors import ConfigError, InputError
-from ..layout import part_key
-from ..storage import (
+from ...config import check_settings, setting
+from ...errors import ConfigError, InputError
+from ...layout import part_key
+from ...storage import (
     Store,
     join,
     per_object,
@@ -41,7 +41,18 @@ from ..storage import (
     read_parquet_schema,
     read_parquet_tables,
 )
-from ..usercode import (
+from ...workload import (
+    USER_ERRORS,
+    Task,
+    TaskOutput,
+    UnitFailure,
+    Workload,
+    checksum,
+    consolidate_manifest,
+)
+from .inputs import DataInput, FilesInput, GridInput, has_address
+from .rows import ONE_TYPE_A_COLUMN, UnitRows, differing_units
+from .usercode import (
     accepts_seed,
     add_import_paths,
     check_code_path,
@@ -51,17 +62,6 @@ from ..usercode import (
     load_function,
     unit_seed,
 )
-from ..workload import (
-    USER_ERRORS,
-    Task,
-    TaskOutput,
-    UnitFailure,
-    Workload,
-    checksum,
-    consolidate_manifest,
-)
-from .map_inputs import DataInput, FilesInput, GridInput, has_address
-from .map_rows import ONE_TYPE_A_COLUMN, UnitRows, differing_units
 
 __all__ = ["MapJob", "MapWorkload"]
 
@@ -193,7 +193,7 @@ class MapWorkload(Workload):
             self._by_name = True
         elif not callable(self.fn):
             raise ConfigError(f"map: {self.fn!r} is not callable")
-        from .regressions.spec import split_list
+        from ..regressions.spec import split_list
 
         grid = GridInput(job.grid) if job.grid is not None else None
         for what, keys in (("chunk_by column", split_list(job.chunk_by) if job.data else ()),
@@ -236,7 +236,7 @@ class MapWorkload(Workload):
 
     def prepare_cluster(self, client) -> None:
         if self.job.code:
-            from ..shipped_code import ship_code
+            from ...cluster.shipped_code import ship_code
 
             ship_code(client, check_code_path(self.job.code))
         if self._by_name:
@@ -465,8 +465,8 @@ def run_map(
     given come from ``PIPELINE_*`` variables, as for ``pipeline run`` (``output``
     from ``PIPELINE_OUTPUT``, else ``results``).
     """
-    from ..config import RunOptions, resolve, settings_of
-    from ..jobs import CONNECTION_SETTINGS, run_workload
+    from ...config import RunOptions, resolve, settings_of
+    from ...jobs import CONNECTION_SETTINGS, run_workload
 
     run_keys = {f.name for f in settings_of(RunOptions)}
     map_keys = {f.name for f in settings_of(MapJob)}

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..storage import open_store
 from .chunks import ChunkIndex, as_dataset_type, decoded
 from .dataset import WHOLE_FILE_BYTES, Dataset, cached_footer, read_whole_file
-from .storage import open_store
 
 __all__ = ["READS", "TaskRows", "read_task_rows"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = [
     "add_import_paths",
