@@ -123,8 +123,8 @@ def test_random_data_matches_statsmodels(cov_type, n, k, const_at):
 @pytest.mark.parametrize("cond", [1e6, 1e8, 1e9])
 def test_ill_conditioned_full_rank_is_at_least_as_accurate_as_statsmodels(kind, cond):
     """Scored against the exact least-squares fit of the same float64 data: the worst
-    estimate and standard error have at least statsmodels' correct digits (less half a
-    digit of rounding luck), and columns that only differ in scale cost nothing (13+
+    estimate and standard error have at least statsmodels' correct digits, up to 10
+    (less half a digit of rounding luck), and columns that only differ in scale cost nothing (13+
     digits where statsmodels keeps 5-11). statsmodels' HC3 errors, from leverages
     x_i'(X'X)^-1 x_i that cancel by cond**2, keep 0-2 digits at cond 1e8-1e9."""
     rng = np.random.default_rng([int(np.log10(cond)), len(kind)])
@@ -142,8 +142,9 @@ def test_ill_conditioned_full_rank_is_at_least_as_accurate_as_statsmodels(kind, 
         for name, ours, theirs, truth in (("params", res.params, ref.params, exact.params),
                                           ("bse", res.bse, ref.bse, bse)):  # fmt: skip
             got, sm_got = correct_digits(ours, truth), correct_digits(theirs, truth)
-            # the worst coefficient of each: elementwise, digits past 9 are rounding luck
-            assert got.min() >= sm_got.min() - 0.5, (cov_type, name, got, sm_got)
+            # the worst coefficient of each, up to 10 digits: past that, both are rounding
+            # (elementwise, a digit either way is luck)
+            assert got.min() >= min(sm_got.min(), 10) - 0.5, (cov_type, name, got, sm_got)
             if kind == "scaled":
                 assert got.min() >= 13, (cov_type, name, got)
         np.testing.assert_allclose(res.tvalues, res.params / res.bse, rtol=1e-15)

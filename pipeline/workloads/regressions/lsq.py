@@ -13,15 +13,17 @@ on its stacks, the statsmodels engine on one chunk at a time):
    columns only differ in scale (a degree-10 polynomial: condition number 1e15
    unscaled, 5e9 scaled). The singular values are only computed where the triangular
    factor cannot settle the question (see :func:`factor`).
-3. **Householder QR** of the scaled design; estimates from the triangular factor.
+3. **Householder QR** of the scaled design with the response beside it: R, ``Q'y``
+   and the residual norm from one factorization, Q never formed.
 4. **Refinement** where the error bound of step 3 exceeds ``REFINE_TOL`` of an
    estimate: one step of the corrected seminormal equations (Björck), with the
    residual and the gradient summed in twice the working precision (error-free
    products and sums). A backward-stable solve errs by ``eps * cond**2 * |r|`` on
    designs with large residuals (Wampler 5: 5.8 correct digits by any float64 solver);
    the refined solve is correct to the data's own rounding (15 digits there).
-5. **Standard errors** from the inverse of the triangular factor (nonrobust) or the
-   orthogonal factor and that inverse (HC0-HC3, leverages from the orthogonal factor).
+5. **Standard errors** from the inverse of the triangular factor (nonrobust), or from
+   ``V = Xs R^-1 R^-T`` (HC0-HC3: the sandwich ``V' diag(het) V``, leverages the row
+   sums of ``V * Xs``).
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ def column_scales(X: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Factor:
-    """The QR factorization of a scaled stack ``Xs = X * d`` (rows of ``d`` per chunk)."""
+    """The triangular factor of a scaled stack ``[Xs, y]``, ``Xs = X * d`` (a row of
+    ``d`` per chunk): R of Xs, ``z = Q'y`` and the residual norm ``rho``, without Q."""
 
     d: np.ndarray  # (B, k) column scales
     Xs: np.ndarray  # (B, n, k) the scaled design
-    Q: np.ndarray  # (B, n, k)
     R: np.ndarray  # (B, k, k)
+    z: np.ndarray  # (B, k)
+    rho: np.ndarray  # (B,) |y - Xs b| at the least-squares solution
     Rinv: np.ndarray  # (B, k, k); the identity where the design is rank-deficient
     kappa: np.ndarray  # (B,) 1-norm condition number of R (inf where rank-deficient)
     rank: np.ndarray  # (B,) rank of the scaled design
@@ -72,9 +76,17 @@ class Factor:
         ``R / d``, which is X's own triangular factor)."""
         return np.linalg.svd(self.R / self.d[:, None, :], compute_uv=False)
 
+    def pinv_t(self) -> np.ndarray:
+        """(B, n, k) ``Xs (Xs'Xs)^-1 = Xs R^-1 R^-T``: the transposed pseudo-inverse, of
+        which the sandwich covariances are ``V' diag(het) V`` and the leverages the
+        row sums of ``V * Xs``."""
+        return np.matmul(self.Xs, np.matmul(self.Rinv, self.Rinv.transpose(0, 2, 1)))
 
-def factor(X: np.ndarray) -> Factor:
-    """Scale, factor and decide the rank of each design of the stack X (B, n, k).
+
+def factor(X: np.ndarray, y: np.ndarray) -> Factor:
+    """Scale, factor and decide the rank of each design of the stack X (B, n, k), n > k,
+    with its responses y (B, n): one Householder QR of ``[Xs, y]`` (R only, Q is never
+    formed) gives R, ``Q'y`` and the residual norm.
 
     The rank needs the singular values only where the triangular factor leaves it
     open: ``min |r_jj| / max |r_jj|`` bounds the ratio of the smallest to the largest
@@ -84,7 +96,9 @@ def factor(X: np.ndarray) -> Factor:
     B, n, k = X.shape
     d = column_scales(X)
     Xs = X * d[:, None, :]
-    Q, R = np.linalg.qr(Xs)
+    full = np.linalg.qr(np.concatenate([Xs, y[:, :, None]], axis=2), mode="r")
+    R = np.ascontiguousarray(full[:, :k, :k])
+    z, rho = full[:, :k, k], np.abs(full[:, k, k])
     tol = rank_tolerance(n, k)
     diag = np.abs(np.diagonal(R, axis1=1, axis2=2))
     deficient = ~(diag.min(axis=1) > tol * diag.max(axis=1))
@@ -102,29 +116,30 @@ def factor(X: np.ndarray) -> Factor:
         rank[unsure] = (s > tol * s[:, :1]).sum(axis=1)
         Rinv[unsure & (rank < k)] = np.eye(k)
         kappa[rank < k] = np.inf
-    return Factor(d, Xs, Q, R, Rinv, kappa, rank)
+    return Factor(d, Xs, R, z, rho, Rinv, kappa, rank)
 
 
 def solve(f: Factor, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Scaled estimates (B, k), residuals (B, n) and a mask of the chunks refined
-    (B,), for responses y (B, n); the estimates of X are the scaled ones times ``d``.
-    Chunks of a rank below k get meaningless numbers (their caller sets them apart)."""
-    b = np.matmul(f.Rinv, np.matmul(f.Q.transpose(0, 2, 1), y[:, :, None]))[:, :, 0]
-    resid = y - np.matmul(f.Xs, b[:, :, None])[:, :, 0]
-    need = needs_refinement(f, b, resid)
+    """Scaled estimates (B, k), residual sums of squares (B,) and a mask of the chunks
+    refined (B,), for the responses y (B, n) ``f`` was factored with; the estimates of
+    X are the scaled ones times ``d``. Chunks of a rank below k get meaningless numbers
+    (their caller sets them apart)."""
+    b = np.matmul(f.Rinv, f.z[:, :, None])[:, :, 0]
+    ssr = f.rho**2
+    need = needs_refinement(f, b)
     if need.any():
-        b[need], resid[need] = refine(f.Xs[need], f.Rinv[need], y[need], b[need])
-    return b, resid, need
+        b[need], resid = refine(f.Xs[need], f.Rinv[need], y[need], b[need])
+        ssr[need] = np.einsum("bi,bi->b", resid, resid)
+    return b, ssr, need
 
 
-def needs_refinement(f: Factor, b: np.ndarray, resid: np.ndarray) -> np.ndarray:
+def needs_refinement(f: Factor, b: np.ndarray) -> np.ndarray:
     """(B,) mask of the chunks whose first-order error bound, ``eps * kappa * (|b| +
     kappa * |r|)``, exceeds ``REFINE_TOL`` of their smallest estimate (scaled), and
     whose condition lets the refinement step contract."""
-    rnorm = np.sqrt(np.einsum("bi,bi->b", resid, resid))
     size = np.abs(b)
     with np.errstate(invalid="ignore", over="ignore"):
-        bound = EPS * f.kappa * (size.max(axis=1) + f.kappa * rnorm)
+        bound = EPS * f.kappa * (size.max(axis=1) + f.kappa * f.rho)
         return (bound > REFINE_TOL * size.min(axis=1)) & (f.kappa <= MAX_REFINE_CONDITION)
 
 

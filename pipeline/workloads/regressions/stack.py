@@ -84,7 +84,7 @@ def solve_stack(
         sw = np.sqrt(ws)
         Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        f = lsq.factor(Xs)
+        f = lsq.factor(Xs, ys)
         s = f.singular_values()  # of the unscaled design, as statsmodels finds them
     except np.linalg.LinAlgError:
         if len(sel) == 1:
@@ -122,9 +122,8 @@ def solve_stack(
         return out
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        b_scaled, resid, refined = lsq.solve(f, ys)
+        b_scaled, ssr, refined = lsq.solve(f, ys)
         params = b_scaled * f.d
-        ssr = np.einsum("bi,bi->b", resid, resid)
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
         if has_constant or implicit.any():
             if w is None:
@@ -142,23 +141,24 @@ def solve_stack(
             "perfect fit: residuals are at rounding level",
         )
 
-        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D R^-1 Q' diag(het) Q R^-T D
+        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D V' diag(het) V D, V = Xs R^-1 R^-T
         if cov_type == "nonrobust":  # only the F-test would need the off-diagonal elements
             cov = np.einsum("bij,bij->bi", f.Rinv, f.Rinv) * f.d**2 * (ssr / df_resid)[:, None]
         else:
+            resid = ys - np.matmul(f.Xs, b_scaled[:, :, None])[:, :, 0]
+            V = f.pinv_t()
             if cov_type == "HC0":
                 het = resid**2
             elif cov_type == "HC1":
                 het = n / df_resid * resid**2
             else:
-                h = np.einsum("bij,bij->bi", f.Q, f.Q)  # leverages
+                h = np.einsum("bij,bij->bi", V, f.Xs)  # leverages
                 reject_sel(
                     ~(h.max(axis=1) <= MAX_LEVERAGE),
                     "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
                 )
                 het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
-            meat = np.matmul(f.Q.transpose(0, 2, 1), het[:, :, None] * f.Q)
-            cov = np.matmul(np.matmul(f.Rinv, meat), f.Rinv.transpose(0, 2, 1))
+            cov = np.matmul(V.transpose(0, 2, 1), het[:, :, None] * V)
             cov *= f.d[:, :, None] * f.d[:, None, :]
         bse = np.sqrt(cov if cov.ndim == 2 else np.diagonal(cov, axis1=1, axis2=2))
         reject_sel(
@@ -177,7 +177,7 @@ def solve_stack(
 
         rsquared = 1 - ssr / tss
         rsquared_adj = 1 - (n - kc) / df_resid * (1 - rsquared)
-        ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
+        ssr_llf = ssr
         if w is None:
             llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
         else:  # WLS.loglike
