@@ -22,8 +22,8 @@ on its stacks, the statsmodels engine on one chunk at a time):
    designs with large residuals (Wampler 5: 5.8 correct digits by any float64 solver);
    the refined solve is correct to the data's own rounding (15 digits there).
 5. **Standard errors** from the inverse of the triangular factor (nonrobust), or from
-   ``V = Xs R^-1 R^-T`` (HC0-HC3: the sandwich ``V' diag(het) V``, leverages the row
-   sums of ``V * Xs``).
+   Q and that inverse (HC0-HC3: the sandwich ``R^-1 Q' diag(het) Q R^-T``, leverages
+   the row sums of ``Q**2``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Factor:
     Xs: np.ndarray  # (B, n, k) the scaled design
     R: np.ndarray  # (B, k, k)
     z: np.ndarray  # (B, k)
-    rho: np.ndarray  # (B,) |y - Xs b| at the least-squares solution
+    rho: np.ndarray  # (B,) |y - Xs b| at the least-squares solution (before refinement)
     Rinv: np.ndarray  # (B, k, k); the identity where the design is rank-deficient
     kappa: np.ndarray  # (B,) 1-norm condition number of R (inf where rank-deficient)
     rank: np.ndarray  # (B,) rank of the scaled design
@@ -76,17 +76,15 @@ class Factor:
         ``R / d``, which is X's own triangular factor)."""
         return np.linalg.svd(self.R / self.d[:, None, :], compute_uv=False)
 
-    def pinv_t(self) -> np.ndarray:
-        """(B, n, k) ``Xs (Xs'Xs)^-1 = Xs R^-1 R^-T``: the transposed pseudo-inverse, of
-        which the sandwich covariances are ``V' diag(het) V`` and the leverages the
-        row sums of ``V * Xs``."""
-        return np.matmul(self.Xs, np.matmul(self.Rinv, self.Rinv.transpose(0, 2, 1)))
+    Q: np.ndarray | None = None  # (B, n, k), where asked for
 
 
-def factor(X: np.ndarray, y: np.ndarray) -> Factor:
+def factor(X: np.ndarray, y: np.ndarray, *, with_q: bool = False) -> Factor:
     """Scale, factor and decide the rank of each design of the stack X (B, n, k), n > k,
     with its responses y (B, n): one Householder QR of ``[Xs, y]`` (R only, Q is never
-    formed) gives R, ``Q'y`` and the residual norm.
+    formed) gives R, ``Q'y`` and the residual norm; ``with_q``, the QR of Xs with Q
+    formed (the sandwich covariances need it: ``Xs R^-1`` in its place loses digits
+    at condition numbers of 1e8 and more).
 
     The rank needs the singular values only where the triangular factor leaves it
     open: ``min |r_jj| / max |r_jj|`` bounds the ratio of the smallest to the largest
@@ -96,9 +94,15 @@ def factor(X: np.ndarray, y: np.ndarray) -> Factor:
     B, n, k = X.shape
     d = column_scales(X)
     Xs = X * d[:, None, :]
-    full = np.linalg.qr(np.concatenate([Xs, y[:, :, None]], axis=2), mode="r")
-    R = np.ascontiguousarray(full[:, :k, :k])
-    z, rho = full[:, :k, k], np.abs(full[:, k, k])
+    Q = None
+    if with_q:
+        Q, R = np.linalg.qr(Xs)
+        z = np.matmul(Q.transpose(0, 2, 1), y[:, :, None])[:, :, 0]
+        rho = None
+    else:
+        full = np.linalg.qr(np.concatenate([Xs, y[:, :, None]], axis=2), mode="r")
+        R = np.ascontiguousarray(full[:, :k, :k])
+        z, rho = full[:, :k, k], np.abs(full[:, k, k])
     tol = rank_tolerance(n, k)
     diag = np.abs(np.diagonal(R, axis1=1, axis2=2))
     deficient = ~(diag.min(axis=1) > tol * diag.max(axis=1))
@@ -116,7 +120,11 @@ def factor(X: np.ndarray, y: np.ndarray) -> Factor:
         rank[unsure] = (s > tol * s[:, :1]).sum(axis=1)
         Rinv[unsure & (rank < k)] = np.eye(k)
         kappa[rank < k] = np.inf
-    return Factor(d, Xs, R, z, rho, Rinv, kappa, rank)
+    if rho is None:
+        b = np.matmul(Rinv, z[:, :, None])
+        resid = y - np.matmul(Xs, b)[:, :, 0]
+        rho = np.sqrt(np.einsum("bi,bi->b", resid, resid))
+    return Factor(d, Xs, R, z, rho, Rinv, kappa, rank, Q)
 
 
 def solve(f: Factor, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -84,7 +84,7 @@ def solve_stack(
         sw = np.sqrt(ws)
         Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        f = lsq.factor(Xs, ys)
+        f = lsq.factor(Xs, ys, with_q=cov_type != "nonrobust")
         s = f.singular_values()  # of the unscaled design, as statsmodels finds them
     except np.linalg.LinAlgError:
         if len(sel) == 1:
@@ -141,24 +141,24 @@ def solve_stack(
             "perfect fit: residuals are at rounding level",
         )
 
-        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D V' diag(het) V D, V = Xs R^-1 R^-T
+        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D R^-1 Q' diag(het) Q R^-T D
         if cov_type == "nonrobust":  # only the F-test would need the off-diagonal elements
             cov = np.einsum("bij,bij->bi", f.Rinv, f.Rinv) * f.d**2 * (ssr / df_resid)[:, None]
         else:
             resid = ys - np.matmul(f.Xs, b_scaled[:, :, None])[:, :, 0]
-            V = f.pinv_t()
             if cov_type == "HC0":
                 het = resid**2
             elif cov_type == "HC1":
                 het = n / df_resid * resid**2
             else:
-                h = np.einsum("bij,bij->bi", V, f.Xs)  # leverages
+                h = np.einsum("bij,bij->bi", f.Q, f.Q)  # leverages
                 reject_sel(
                     ~(h.max(axis=1) <= MAX_LEVERAGE),
                     "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
                 )
                 het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
-            cov = np.matmul(V.transpose(0, 2, 1), het[:, :, None] * V)
+            meat = np.matmul(f.Q.transpose(0, 2, 1), het[:, :, None] * f.Q)
+            cov = np.matmul(np.matmul(f.Rinv, meat), f.Rinv.transpose(0, 2, 1))
             cov *= f.d[:, :, None] * f.d[:, None, :]
         bse = np.sqrt(cov if cov.ndim == 2 else np.diagonal(cov, axis1=1, axis2=2))
         reject_sel(
