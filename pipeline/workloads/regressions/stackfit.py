@@ -31,6 +31,7 @@ class BatchedOLSResult:
     condition_number: float
     fvalue: float | None  # NaN where statsmodels gives NaN (e.g. intercept-only model)
     f_pvalue: float | None
+    refined: bool = False  # the estimates took a refinement step (see .lsq)
 
 
 class Unsupported(Exception):
@@ -131,4 +132,5 @@ class StackFit:
             condition_number=float(self.condition_number[b]),
             fvalue=None if no_f else float(self.fvalue[b]),
             f_pvalue=None if no_f else float(self.f_pvalue[b]),
+            refined=bool(self.refined[b]),
         )
