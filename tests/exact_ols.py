@@ -26,15 +26,20 @@ def _inverse(A: list[list[Fraction]]) -> list[list[Fraction]]:
     return [row[k:] for row in M]
 
 
-class ExactFit:
-    """OLS of y on X (or WLS with ``weights``), exactly; ``bse(cov_type)`` and the
-    estimates as float64 nearest the exact values."""
+def _rational(v) -> Fraction:
+    return v if isinstance(v, Fraction) else Fraction(float(v))
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None):
-        n, k = X.shape
-        w = [Fraction(1)] * n if weights is None else [Fraction(float(v)) for v in weights]
-        self.X = [[Fraction(float(v)) for v in row] for row in X]
-        self.y = [Fraction(float(v)) for v in y]
+
+class ExactFit:
+    """OLS of y on X (or WLS with ``weights``), exactly: X, y, weights of floats (each
+    the rational it is) or of Fractions; ``bse(cov_type)`` and the estimates as the
+    float64 nearest the exact values."""
+
+    def __init__(self, X, y, weights=None):
+        n, k = len(X), len(X[0])
+        w = [Fraction(1)] * n if weights is None else [_rational(v) for v in weights]
+        self.X = [[_rational(v) for v in row] for row in X]
+        self.y = [_rational(v) for v in y]
         self.w, self.n, self.k = w, n, k
         xtx = [
             [sum(w[r] * self.X[r][i] * self.X[r][j] for r in range(n)) for j in range(k)]

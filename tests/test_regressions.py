@@ -1118,3 +1118,19 @@ def test_bytes_read_by_a_range_of_chunks_count_each_row_group_once(tmp_path):
     w = workload(str(tmp_path / "ordered"), formula="x ~ 1", chunk_by="g")
     assert w.read_bytes(0, 3) > 0
     assert "_read_bytes" not in pickle.loads(pickle.dumps(w)).__dict__  # driver-only
+
+
+def test_fit_options_are_applied_by_statsmodels_or_refused(dataset):
+    """The batched engine applies no fit_options: under engine auto their chunks are
+    fitted by statsmodels with them (the models table says so), engine batched refuses
+    them before any task runs."""
+    data, _df = dataset
+    _, models = fit_all(workload(data, fit_options="method=qr"))
+    fitted = models[models.error_type.isna()]
+    assert len(fitted) and set(fitted.engine) == {"statsmodels"}
+    assert set(fitted.method) <= {"qr", "qr+refined"}
+    _, models = fit_all(workload(data))
+    fitted = models[models.error_type.isna()]
+    assert set(fitted.engine) == {"batched"} and set(fitted.method) <= {"qr", "qr+refined"}
+    with pytest.raises(ConfigError, match=r"engine batched applies no fit_options \(method='qr'\)"):
+        workload(data, engine="batched", fit_options="method=qr")
