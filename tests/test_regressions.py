@@ -1134,3 +1134,27 @@ def test_fit_options_are_applied_by_statsmodels_or_refused(dataset):
     assert set(fitted.engine) == {"batched"} and set(fitted.method) <= {"qr", "qr+refined"}
     with pytest.raises(ConfigError, match=r"engine batched applies no fit_options \(method='qr'\)"):
         workload(data, engine="batched", fit_options="method=qr")
+
+
+def test_pipeline_results_exits_cleanly_every_time(tmp_path, client, dataset):
+    """``pipeline results --table ... --out`` in 50 processes in a row, each exit 0:
+    a pyarrow pool thread alive at interpreter exit aborted it (exit 134) after it had
+    written its file, now and then."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, _df = dataset
+    out = tmp_path / "out"
+    assert run(client, out, data).complete
+    cli = str(Path(sys.executable).with_name("pipeline"))
+    codes = []
+    for i in range(50):
+        table = ("models", "coefficients")[i % 2]
+        done = subprocess.run(
+            [cli, "results", str(out), "--table", table, "--out", str(tmp_path / f"{i}.parquet")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        codes.append((done.returncode, done.stderr[-300:]))
+    assert [c for c in codes if c[0] != 0] == []
+    assert pq.read_table(tmp_path / "49.parquet").num_rows > 0
