@@ -41,6 +41,16 @@ the tables hold, as in the default case (target 0.85); for auto, the share above
 (target 0.6).
 
     python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
+
+With ``--engine-vs-qr`` it measures the batched engine's solve (``fit_ols_stack``, as
+the runner calls it) against a plain batched numpy QR computing the same estimates and
+standard errors (``np.linalg.qr`` on the stacks, the inverse of R, the sandwich from Q)
+on the same stacked designs, one core, for nonrobust and HC0-HC3, on the default case
+(250 rows, ``y ~ x1 + ... + x5 + C(sector)``: 9 columns) and a narrow design (250 x 6:
+an intercept and x1..x5); the two alternate, each rate the best of ``--repeats`` (at
+least 3). Target: the engine at least 0.8 of the plain QR.
+
+    python scripts/bench_regressions.py --engine-vs-qr --chunks 10000
 """
 
 from __future__ import annotations
@@ -275,6 +285,91 @@ def print_paired(sm_paired: list[float], auto_paired: list[float]) -> None:
         print(f"  {label}, paired: {share:.2f} ({runs})   target >= {TARGETS[engine]}: {verdict}")
 
 
+# -- the batched engine against a plain batched QR (issue 39) ---------------------------
+
+#: the engine's rate / the plain QR's, at least this
+QR_TARGET = 0.8
+
+
+def stacked_designs(chunks: int, narrow: bool):
+    """X (chunks, 250, k) and y (chunks, 250) of the default case's data generator
+    (``pipeline data regressions``, seed 1): with the sector dummies (k = 9), or
+    without them (narrow, k = 6)."""
+    from pipeline.workloads.regressions.generate import SECTORS, _draw
+
+    Xs, ys = [], []
+    for c in range(chunks):
+        _, _, _, x, sector, y, _, _ = _draw(1, c, 250, 5)
+        cols = [np.ones(250)]
+        if not narrow:
+            cols += [(sector == j).astype(float) for j in range(1, len(SECTORS))]
+        Xs.append(np.column_stack([*cols, x]))
+        ys.append(y)
+    return np.ascontiguousarray(np.stack(Xs)), np.ascontiguousarray(np.stack(ys))
+
+
+def plain_qr(X: np.ndarray, y: np.ndarray, cov_type: str):
+    """Estimates and standard errors by a plain batched Householder QR, in the engine's
+    stack sizes: b = R^-1 Q'y; nonrobust: s^2 (R'R)^-1; HC: R^-1 Q' diag(het) Q R^-T
+    (leverages from Q)."""
+    from pipeline.workloads.regressions.batched import batch_size
+
+    B, n, k = X.shape
+    size = batch_size(n, k)
+    out = []
+    for a in range(0, B, size):
+        Xb, yb = X[a : a + size], y[a : a + size]
+        Q, R = np.linalg.qr(Xb)
+        Rinv = np.linalg.inv(R)
+        b = np.matmul(Rinv, np.matmul(Q.transpose(0, 2, 1), yb[:, :, None]))
+        resid = yb - np.matmul(Xb, b)[:, :, 0]
+        if cov_type == "nonrobust":
+            ssr = np.einsum("bi,bi->b", resid, resid)
+            var = np.einsum("bij,bij->bi", Rinv, Rinv) * (ssr / (n - k))[:, None]
+        else:
+            het = resid**2
+            if cov_type == "HC1":
+                het *= n / (n - k)
+            elif cov_type in ("HC2", "HC3"):
+                h = np.einsum("bij,bij->bi", Q, Q)
+                het = het / (1 - h) if cov_type == "HC2" else het / (1 - h) ** 2
+            meat = np.matmul(Q.transpose(0, 2, 1), het[:, :, None] * Q)
+            var = np.diagonal(np.matmul(np.matmul(Rinv, meat), Rinv.transpose(0, 2, 1)),
+                              axis1=1, axis2=2)  # fmt: skip
+        out.append((b[:, :, 0], np.sqrt(var)))
+    return out
+
+
+def bench_engine_vs_qr(args) -> None:
+    from pipeline.workloads.regressions.batched import fit_ols_stack
+
+    chunks = args.chunks or 10_000
+    repeats = max(3, args.repeats)
+    print(f"the batched engine (fit_ols_stack, as the runner calls it) against a plain "
+          f"batched numpy QR, one core, {chunks} chunks, best of {repeats} alternating "
+          "runs")  # fmt: skip
+    print(f"{'design':22s} {'cov_type':9s} {'engine/s':>9s} {'plain QR/s':>11s} "
+          f"{'ratio':>6s}  refined  target >= {QR_TARGET}")  # fmt: skip
+    for label, narrow in (("default 250 x 9", False), ("narrow 250 x 6", True)):
+        X, y = stacked_designs(chunks, narrow)
+        for cov_type in ("nonrobust", "HC0", "HC1", "HC2", "HC3"):
+            best = {"engine": 0.0, "qr": 0.0}
+            refined = 0
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fit = fit_ols_stack(X, y, cov_type=cov_type, with_f=False)
+                best["engine"] = max(best["engine"], chunks / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                plain_qr(X, y, cov_type)
+                best["qr"] = max(best["qr"], chunks / (time.perf_counter() - t0))
+                assert fit.ok.all(), fit.reasons
+                refined = int(fit.refined.sum())
+            ratio = best["engine"] / best["qr"]
+            verdict = "met" if ratio >= QR_TARGET else "NOT met"
+            print(f"{label:22s} {cov_type:9s} {best['engine']:9.0f} {best['qr']:11.0f} "
+                  f"{ratio:6.2f}  {refined:7d}  {verdict}")  # fmt: skip
+
+
 # -- data layouts: the planner against the naive loop and the best fixed task size ------
 
 
@@ -506,12 +601,20 @@ def main() -> None:
     )
     p.add_argument("--repeats", type=int, default=2, help="Runs of each setting (the best).")
     p.add_argument(
+        "--engine-vs-qr",
+        action="store_true",
+        help="Time the batched engine against a plain batched numpy QR (no cluster).",
+    )
+    p.add_argument(
         "--head-to-head",
         type=int,
         default=4,
         help="Fresh runs each of the default and the sweep's best size, for the regret.",
     )
     args = p.parse_args()
+    if args.engine_vs_qr:
+        bench_engine_vs_qr(args)
+        return
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     from pipeline import RunOptions, connect

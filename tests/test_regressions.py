@@ -1118,3 +1118,43 @@ def test_bytes_read_by_a_range_of_chunks_count_each_row_group_once(tmp_path):
     w = workload(str(tmp_path / "ordered"), formula="x ~ 1", chunk_by="g")
     assert w.read_bytes(0, 3) > 0
     assert "_read_bytes" not in pickle.loads(pickle.dumps(w)).__dict__  # driver-only
+
+
+def test_fit_options_are_applied_by_statsmodels_or_refused(dataset):
+    """The batched engine applies no fit_options: under engine auto their chunks are
+    fitted by statsmodels with them (the models table says so), engine batched refuses
+    them before any task runs."""
+    data, _df = dataset
+    _, models = fit_all(workload(data, fit_options="method=qr"))
+    fitted = models[models.error_type.isna()]
+    assert len(fitted) and set(fitted.engine) == {"statsmodels"}
+    assert set(fitted.method) <= {"qr", "qr+refined"}
+    _, models = fit_all(workload(data))
+    fitted = models[models.error_type.isna()]
+    assert set(fitted.engine) == {"batched"} and set(fitted.method) <= {"qr", "qr+refined"}
+    with pytest.raises(ConfigError, match=r"engine batched applies no fit_options \(method='qr'\)"):
+        workload(data, engine="batched", fit_options="method=qr")
+
+
+def test_pipeline_results_exits_cleanly_every_time(tmp_path, client, dataset):
+    """``pipeline results --table ... --out`` in 50 processes in a row, each exit 0:
+    a pyarrow pool thread alive at interpreter exit aborted it (exit 134) after it had
+    written its file, now and then."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, _df = dataset
+    out = tmp_path / "out"
+    assert run(client, out, data).complete
+    cli = str(Path(sys.executable).with_name("pipeline"))
+    codes = []
+    for i in range(50):
+        table = ("models", "coefficients")[i % 2]
+        done = subprocess.run(
+            [cli, "results", str(out), "--table", table, "--out", str(tmp_path / f"{i}.parquet")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        codes.append((done.returncode, done.stderr[-300:]))
+    assert [c for c in codes if c[0] != 0] == []
+    assert pq.read_table(tmp_path / "49.parquet").num_rows > 0

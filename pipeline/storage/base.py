@@ -157,16 +157,17 @@ def per_object(store: Store, fn, items, *, heavy: bool = False) -> list:
 def read_parquet(source, columns: list[str] | None = None):
     """One parquet file (its bytes, or a file object) as a ``pyarrow.Table``.
 
-    Through ``ParquetFile``, never ``pq.read_table``: that goes through pyarrow's
-    dataset scanner, whose threads abort the process as it exits ("terminate called
-    without an active exception", exit 134) in about one short run in three with
-    pyarrow 26, after the command's work is done."""
+    Through ``ParquetFile``, never ``pq.read_table``, and on the calling thread: a
+    thread of pyarrow's pools (the dataset scanner's, or the CPU pool that decodes
+    columns with ``use_threads``) still alive as the interpreter exits aborts the
+    process ("terminate called without an active exception", exit 134) after the
+    command's work is done; a read on the calling thread starts no pool thread."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if isinstance(source, (bytes, bytearray, memoryview)):
         source = pa.BufferReader(source)
-    return pq.ParquetFile(source).read(columns=columns)
+    return pq.ParquetFile(source).read(columns=columns, use_threads=False)
 
 
 @contextlib.contextmanager

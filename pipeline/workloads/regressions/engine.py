@@ -1,12 +1,14 @@
 """Which engine fits which chunk of a task, and the batched fast path.
 
 ``engine = "auto"`` (the default) and ``"batched"`` fit every chunk the batched engine
-covers (OLS and WLS with a nonrobust or HC0-HC3 covariance) with it, and the rest with
+covers (OLS and WLS with a nonrobust or HC0-HC3 covariance, and no ``fit_options``:
+``engine = "batched"`` refuses them before any task runs) with it, and the rest with
 statsmodels; ``"statsmodels"`` fits every chunk with statsmodels. The batched engine
-hands back the chunks whose statsmodels answer it does not reproduce (see
-:mod:`.batched`), and those are fitted by statsmodels, so the numbers are statsmodels'
-either way (within 1e-8 relative). The models table's ``engine`` column says which
-engine fitted each chunk.
+hands back the chunks it does not fit (see :mod:`.batched`), and those are fitted by
+statsmodels. Both solve OLS and WLS on the column-scaled design (see :mod:`.lsq`), so
+they agree with each other, and with statsmodels' own fit wherever that is accurate
+(within 1e-8 relative). The models table's ``engine`` and ``method`` columns say which
+engine and method fitted each chunk.
 
 The fast path: a chunk whose rows the task's design holds as they are (every
 categorical level present, so the chunk-alone design has the same columns) is fitted
@@ -30,9 +32,13 @@ __all__ = ["ENGINES", "batched_covers", "fit_task"]
 
 
 def batched_covers(spec: ModelSpec) -> bool:
-    """Whether the batched engine fits this job's chunks (unless a chunk is odd)."""
+    """Whether the batched engine fits this job's chunks (unless a chunk is odd): not
+    with ``fit_options``, which it cannot apply (statsmodels does)."""
     return (
-        spec.engine != "statsmodels" and spec.model in ("ols", "wls") and spec.cov_type in COV_TYPES
+        spec.engine != "statsmodels"
+        and spec.model in ("ols", "wls")
+        and spec.cov_type in COV_TYPES
+        and not spec.fit_options
     )
 
 

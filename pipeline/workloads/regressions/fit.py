@@ -15,10 +15,21 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import lsq
 from .design import ChunkError, Prepared
 from .spec import FAMILIES, LINKS, ModelSpec
 
-__all__ = ["ChunkFit", "Prepared", "check_chunk", "fit_chunk", "finish_inference"]
+__all__ = ["ChunkFit", "Prepared", "batched_method", "check_chunk", "fit_chunk", "finish_inference"]
+
+#: statsmodels' fit method by model, where ``fit_options`` name none.
+DEFAULT_METHODS = {"ols": "pinv", "wls": "pinv", "glm": "IRLS", "logit": "newton",
+                   "probit": "newton", "poisson": "newton", "quantreg": "IRLS",
+                   "rlm": "IRLS"}  # fmt: skip
+
+
+def batched_method(refined: bool) -> str:
+    """The models table's ``method`` of a chunk the batched engine fitted."""
+    return "qr+refined" if refined else "qr"
 
 
 @dataclass
@@ -40,6 +51,7 @@ class ChunkFit:
     error_type: str | None = None
     error_message: str | None = None
     engine: str | None = None  # "statsmodels" or "batched": what fitted it (None: nothing did)
+    method: str | None = None  # how: "qr", "pinv", "newton", ...; "+refined" (see .lsq)
     terms: tuple[str, ...] = ()
     params: np.ndarray | None = None
     bse: np.ndarray | None = None
@@ -193,11 +205,12 @@ def _check_leverage(spec: ModelSpec, model) -> None:
 
 def singular(p: Prepared, rank: int, X: np.ndarray | None = None) -> None:
     """Raise SingularDesign naming the collinear columns (of ``X``: the rows that
-    count, when some weigh nothing)."""
+    count, when some weigh nothing): those in the null space of the column-scaled
+    design, where a column's scale does not decide whether it shows."""
     if X is None:
         X = p.X if p.weights is None else p.X[p.weights > 0]
     k = X.shape[1]
-    _, _, vt = np.linalg.svd(X, full_matrices=False)
+    _, _, vt = np.linalg.svd(X * lsq.column_scales(X[None])[0], full_matrices=False)
     null = np.abs(vt[rank:]).max(axis=0)
     involved = [p.names[j] for j in np.flatnonzero(null > 1e-8)]
     zero = [p.names[j] for j in range(k) if not X[:, j].any()]
@@ -235,6 +248,37 @@ def _make_model(spec: ModelSpec, p: Prepared):
     if m == "rlm":
         return sm.RLM(p.y, p.X, M=getattr(sm.robust.norms, spec.norm)())
     raise ValueError(m)
+
+
+class LeastSquares:
+    """OLS and WLS through statsmodels, on the column-scaled design (:mod:`.lsq`): the
+    rank decided there (SingularDesign naming the collinear columns, as before the
+    fit), statsmodels' estimates of the scaled design scaled back (exactly: powers of
+    two), refined where the error bound asks for it, and statsmodels' condition
+    number of the design as given."""
+
+    def __init__(self, p: Prepared):
+        X, y = p.X, p.y
+        if p.weights is not None:  # statsmodels' WLS.whiten (rows of weight 0 are zeros)
+            sw = np.sqrt(p.weights)
+            X, y = sw[:, None] * X, y * sw
+        self.y = y[None]
+        self.factor = f = lsq.factor(X[None], self.y)
+        if f.rank[0] < X.shape[1]:
+            singular(p, int(f.rank[0]))
+
+    def finish(self, out: ChunkFit) -> str:
+        """Scale ``out``'s estimates and errors back, refine; the method's suffix."""
+        f = self.factor
+        b = out.params  # of the scaled design
+        refined = bool(lsq.needs_refinement(f, b[None])[0])
+        if refined:
+            b = lsq.refine(f.Xs, f.Rinv, self.y, b[None])[0][0]
+        out.params, out.bse = b * f.d[0], out.bse * f.d[0]
+        out.statistic = out.params / out.bse
+        s = f.singular_values()[0]
+        out.condition_number = float(s[0] / s[-1]) if s[-1] > 0 else np.inf
+        return "+refined" if refined else ""
 
 
 def fit_kwargs(spec: ModelSpec, p: Prepared) -> dict:
@@ -276,16 +320,24 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             warnings=dropped_warning(p),
             fit_seconds=time.perf_counter() - t0,
         )
+    method = dict(spec.fit_options).get("method", DEFAULT_METHODS[spec.model])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            model = _make_model(spec, p)
+            scaled = spec.model in ("ols", "wls")
+            if scaled:  # on the column-scaled design: see .lsq
+                least = LeastSquares(p)
+                model = _make_model(spec, replace(p, X=p.X * least.factor.d[0]))
+            else:
+                model = _make_model(spec, p)
             res = model.fit(**fit_kwargs(spec, p))
-            if spec.linear and model.rank < p.X.shape[1]:
+            if spec.linear and not scaled and model.rank < p.X.shape[1]:
                 singular(p, model.rank)
             if spec.linear and spec.cov_type in ("HC2", "HC3"):
                 _check_leverage(spec, model)
             out = _extract(spec, getattr(res, "_results", res), p, sv)
+            if scaled:
+                method += least.finish(out)
             separated = _separated(spec, res)
             if separated:
                 out.converged = False
@@ -306,6 +358,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
     out.nobs = len(p.y)
     out.nobs_dropped = p.dropped
     out.engine = "statsmodels"
+    out.method = method
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     if p.dropped:
         messages.insert(0, dropped_warning(p))
@@ -490,6 +543,7 @@ def from_batched(r, p: Prepared, seconds: float) -> ChunkFit:
         statistic=np.asarray(r.tvalues),
         fit_seconds=seconds,
         engine="batched",
+        method=batched_method(r.refined),
         warnings=dropped_warning(p),
     )
     out.p_value = np.asarray(r.pvalues)

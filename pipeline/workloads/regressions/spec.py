@@ -251,6 +251,15 @@ class ModelSpec:
                 f"fit_options: {', '.join(sorted(reserved))} are set by their own settings "
                 "(cov_type, maxlags, cluster, q)"
             )
+        if job.engine == "batched" and options:
+            # The batched engine has one method of its own; an option it cannot apply
+            # would be dropped without a word (statsmodels applies them: engine auto).
+            given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+            raise ConfigError(
+                f"engine batched applies no fit_options ({given}): it fits by its own "
+                "method (QR of the column-scaled design); use engine auto or statsmodels, "
+                "which fit these chunks with statsmodels and the options"
+            )
         return cls(
             model=job.model,
             formula=job.formula,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import lsq
 from .stackfit import StackFit
 
 __all__ = ["solve_stack"]
 
-MAX_CONDITION = 1e10  # beyond this, agreement with statsmodels to 1e-8 is not guaranteed
 MIN_RESID_RATIO = 1e-12  # ssr / y'y below this: residuals are at rounding level (perfect fit)
 MAX_LEVERAGE = 1.0 - 1e-6  # HC2/HC3 divide by 1 - h_ii
 _EPS = np.finfo(np.float64).eps
@@ -84,7 +84,8 @@ def solve_stack(
         sw = np.sqrt(ws)
         Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        u, s, vt = np.linalg.svd(Xs, full_matrices=False)
+        f = lsq.factor(Xs, ys, with_q=cov_type != "nonrobust")
+        s = f.singular_values()  # of the unscaled design, as statsmodels finds them
     except np.linalg.LinAlgError:
         if len(sel) == 1:
             out.reasons[int(sel[0])] = "SVD did not converge"
@@ -103,16 +104,9 @@ def solve_stack(
         full[sel] = mask_sel
         reject(full, (lambda b: reason(np.searchsorted(sel, b))) if callable(reason) else reason)
 
-    # statsmodels: rank = matrix_rank(diag(s)), i.e. tolerance max(s) * k * eps
-    rank = (s > s.max(axis=1, keepdims=True) * k * _EPS).sum(axis=1)
-    reject_sel(rank < k, lambda j: f"rank-deficient design (rank {rank[j]} < k = {k})")
-    eig = s**2  # results.condition_number = sqrt(max/min eigenvalue of X'X)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cond = np.where(eig[:, -1] > 0, np.sqrt(eig[:, 0] / eig[:, -1]), np.inf)
-    reject_sel(
-        cond > MAX_CONDITION,
-        lambda j: f"ill-conditioned design (condition number {cond[j]:.3g} > {MAX_CONDITION:g})",
-    )
+    reject_sel(f.rank < k, lambda j: f"rank-deficient design (rank {f.rank[j]} < k = {k})")
+    with np.errstate(divide="ignore", invalid="ignore"):  # statsmodels' condition_number
+        cond = np.where(s[:, -1] > 0, s[:, 0] / s[:, -1], np.inf)
     if not has_constant and live.any():
         # implicit constant: rank([1, X]) == rank(X), both with tolerance max(s) * max(n, k) * eps
         aug = np.concatenate([np.ones((len(sel), n, 1)), X[sel]], axis=2)
@@ -128,14 +122,8 @@ def solve_stack(
         return out
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        # pinv_extended: cutoff 1e-15 * max(s); normalized_cov_params = pinv @ pinv.T
-        s_inv = np.where(s > 1e-15 * s.max(axis=1, keepdims=True), 1.0 / s, 0.0)
-        # (same products and BLAS calls as statsmodels, so bitwise-equal pinv and params)
-        u *= s_inv[:, None, :]
-        pinv = np.matmul(vt.transpose(0, 2, 1), u.transpose(0, 2, 1))
-        params = np.matmul(pinv, ys[:, :, None])[:, :, 0]
-        resid = ys - np.matmul(Xs, params[:, :, None])[:, :, 0]
-        ssr = np.einsum("bi,bi->b", resid, resid)
+        b_scaled, ssr, refined = lsq.solve(f, ys)
+        params = b_scaled * f.d
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
         if has_constant or implicit.any():
             if w is None:
@@ -153,22 +141,25 @@ def solve_stack(
             "perfect fit: residuals are at rounding level",
         )
 
+        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D R^-1 Q' diag(het) Q R^-T D
         if cov_type == "nonrobust":  # only the F-test would need the off-diagonal elements
-            cov = np.einsum("bij,bij->bi", pinv, pinv) * (ssr / df_resid)[:, None]
-        else:  # RegressionResults.cov_HCx: pinv @ diag(het) @ pinv.T
+            cov = np.einsum("bij,bij->bi", f.Rinv, f.Rinv) * f.d**2 * (ssr / df_resid)[:, None]
+        else:
+            resid = ys - np.matmul(f.Xs, b_scaled[:, :, None])[:, :, 0]
             if cov_type == "HC0":
                 het = resid**2
             elif cov_type == "HC1":
                 het = n / df_resid * resid**2
             else:
-                ncov = np.matmul(pinv, pinv.transpose(0, 2, 1))
-                h = np.einsum("bij,bik,bkj->bi", Xs, Xs, ncov)  # leverages, as statsmodels
+                h = np.einsum("bij,bij->bi", f.Q, f.Q)  # leverages
                 reject_sel(
                     ~(h.max(axis=1) <= MAX_LEVERAGE),
                     "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
                 )
                 het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
-            cov = np.matmul(pinv, het[:, :, None] * pinv.transpose(0, 2, 1))
+            meat = np.matmul(f.Q.transpose(0, 2, 1), het[:, :, None] * f.Q)
+            cov = np.matmul(np.matmul(f.Rinv, meat), f.Rinv.transpose(0, 2, 1))
+            cov *= f.d[:, :, None] * f.d[:, None, :]
         bse = np.sqrt(cov if cov.ndim == 2 else np.diagonal(cov, axis1=1, axis2=2))
         reject_sel(
             ~(bse > 0).all(axis=1) | ~np.isfinite(bse).all(axis=1),
@@ -186,7 +177,7 @@ def solve_stack(
 
         rsquared = 1 - ssr / tss
         rsquared_adj = 1 - (n - kc) / df_resid * (1 - rsquared)
-        ssr_llf = np.sum(resid**2, axis=1)  # OLS.loglike recomputes it this way
+        ssr_llf = ssr
         if w is None:
             llf = -n / 2.0 * np.log(2 * np.pi) - n / 2.0 * np.log(ssr_llf / n) - n / 2.0
         else:  # WLS.loglike
@@ -212,7 +203,8 @@ def solve_stack(
     computed = dict(params=params, bse=bse, tvalues=tvalues, pvalues=pvalues, ci_low=ci_low,
                     ci_high=ci_high, rsquared=rsquared, rsquared_adj=rsquared_adj, llf=llf,
                     aic=aic, bic=bic, condition_number=cond,
-                    fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f, df_model=dfm)  # fmt: skip
+                    fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f, df_model=dfm,
+                    refined=refined)  # fmt: skip
     for name, values in computed.items():
         getattr(out, name)[done] = values[alive]
     out.ok[done] = True

@@ -31,6 +31,7 @@ class BatchedOLSResult:
     condition_number: float
     fvalue: float | None  # NaN where statsmodels gives NaN (e.g. intercept-only model)
     f_pvalue: float | None
+    refined: bool = False  # the estimates took a refinement step (see .lsq)
 
 
 class Unsupported(Exception):
@@ -66,18 +67,20 @@ class StackFit:
     f_pvalue: np.ndarray
     no_f: np.ndarray  # (B,) bool: fvalue/f_pvalue undefined (None)
     df_model: np.ndarray  # (B,): k - 1 with a constant, explicit or implicit, else k
+    refined: np.ndarray  # (B,) bool: the estimates took a refinement step (see .lsq)
 
     _ROWS = ("params", "bse", "tvalues", "pvalues", "ci_low", "ci_high")
     _SCALARS = ("rsquared", "rsquared_adj", "llf", "aic", "bic", "condition_number",
                 "fvalue", "f_pvalue")  # fmt: skip
-    _PER_CHUNK = ("ok", "no_f", "df_model")
+    _PER_CHUNK = ("ok", "no_f", "df_model", "refined")
 
     @classmethod
     def empty(cls, B: int, n: int, k: int, df_model: float, df_resid: float) -> StackFit:
         rows = {name: np.full((B, k), np.nan) for name in cls._ROWS}
         scalars = {name: np.full(B, np.nan) for name in cls._SCALARS}
         return cls(np.zeros(B, dtype=bool), {}, n, df_resid, **rows, **scalars,
-                   no_f=np.zeros(B, dtype=bool), df_model=np.full(B, df_model))  # fmt: skip
+                   no_f=np.zeros(B, dtype=bool), df_model=np.full(B, df_model),
+                   refined=np.zeros(B, dtype=bool))  # fmt: skip
 
     def put(self, where, other: StackFit, other_where=slice(None)) -> None:
         """Copy ``other``'s chunks ``other_where`` into this stack's chunks ``where``."""
@@ -129,4 +132,5 @@ class StackFit:
             condition_number=float(self.condition_number[b]),
             fvalue=None if no_f else float(self.fvalue[b]),
             f_pvalue=None if no_f else float(self.f_pvalue[b]),
+            refined=bool(self.refined[b]),
         )

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .batched import StackFit
-from .fit import ChunkFit
+from .fit import ChunkFit, batched_method
 
 __all__ = ["COEF_COLUMNS", "FitBlock", "TaskFits", "models_schema"]
 
@@ -35,6 +35,7 @@ def models_schema() -> list[tuple[str, pa.DataType]]:
         *[(n, pa.float64()) for n in _FLOATS[4:]],
         ("converged", pa.bool_()), ("warnings", pa.string()),
         ("error_type", pa.string()), ("error_message", pa.string()), ("engine", pa.string()),
+        ("method", pa.string()),
     ]  # fmt: skip
 
 
@@ -56,6 +57,7 @@ class FitBlock:
         out = ChunkFit(
             nobs=f.nobs, df_resid=f.df_resid, rsquared_kind="r2",
             converged=True, terms=self.names, fit_seconds=self.seconds_each, engine="batched",
+            method=batched_method(bool(f.refined[j])),
             **{a: float(getattr(f, a)[j]) for a in _BLOCK_SCALARS},
         )  # fmt: skip
         out.params, out.bse, out.statistic = f.params[j], f.bse[j], f.tvalues[j]
@@ -160,6 +162,8 @@ def _block_value(b: FitBlock, name: str):
     f = b.fit
     if name in _BLOCK_SCALARS:
         return getattr(f, name)
+    if name == "method":
+        return np.where(f.refined, batched_method(True), batched_method(False)).astype(object)
     return {
         "nobs": f.nobs,
         "nobs_dropped": 0,
