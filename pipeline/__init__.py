@@ -2,8 +2,11 @@
 
 __version__ = "0.1.0"
 
+import importlib
+
 from .cluster.connect import connect
-from .config import RunOptions
+from .config import RunOptions, check_settings, setting
+from .driver import run_jobs
 from .errors import (
     ClusterError,
     ConfigError,
@@ -14,19 +17,50 @@ from .errors import (
     UnreadableObject,
     WorkloadError,
 )
-from .jobs import Job, load_jobs, run_jobs
+from .jobs import Job, load_jobs
+from .layout import part_key
+from .manifest import checksum
 from .results import IncompleteJob, results_table
 from .runner import run_job
-from .storage import LocalStore, Store, open_file, open_store
+from .storage import (
+    LocalStore,
+    Store,
+    open_file,
+    open_store,
+    read_parquet_object,
+    write_parquet,
+)
 from .summary import RunSummary
 from .verify import JobCheck, verify_output
-from .workload import Task, TaskOutput, UnitFailure, Workload, checksum
-from .workloads.cubes.delivery import iter_cube_batches, iter_cubes
-from .workloads.cubes.shards import read_shard
-from .workloads.cubes.workload import CubeJob, CubeWorkload
-from .workloads.map.usercode import unit_seed
-from .workloads.map.workload import MapJob, MapWorkload
-from .workloads.map.workload import run_map as map
+from .workload import Task, TaskOutput, UnitFailure, Workload
+
+#: The built-in workloads' names, imported on first use: ``import pipeline`` (and every
+#: command) loads a workload only when a job uses it.
+_LAZY = {
+    "CubeJob": "pipeline.workloads.cubes",
+    "CubeWorkload": "pipeline.workloads.cubes",
+    "iter_cubes": "pipeline.workloads.cubes.delivery",
+    "iter_cube_batches": "pipeline.workloads.cubes.delivery",
+    "read_shard": "pipeline.workloads.cubes",
+    "MapJob": "pipeline.workloads.map",
+    "MapWorkload": "pipeline.workloads.map",
+    "map": "pipeline.workloads.map",
+    "unit_seed": "pipeline.workloads.map",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), "run_map" if name == "map" else name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     # running jobs
@@ -41,14 +75,18 @@ __all__ = [
     "IncompleteJob",
     "verify_output",
     "JobCheck",
-    # workloads
-    "CubeJob",
-    "CubeWorkload",
+    # writing a workload (docs/plugins.md)
     "Task",
     "TaskOutput",
     "UnitFailure",
     "Workload",
+    "check_settings",
     "checksum",
+    "part_key",
+    "setting",
+    # built-in workloads (imported on first use)
+    "CubeJob",
+    "CubeWorkload",
     "iter_cube_batches",
     "iter_cubes",
     "map",
@@ -61,6 +99,8 @@ __all__ = [
     "Store",
     "open_file",
     "open_store",
+    "read_parquet_object",
+    "write_parquet",
     # errors
     "ClusterError",
     "ConfigError",

@@ -33,9 +33,6 @@ ENTRY = (
     "checksum (pipeline.checksum of the object's bytes); see docs/plugins.md"
 )
 
-#: The unit ranges an entry may list its objects with.
-RANGES = (("unit_start", "unit_stop"), ("chunk_start", "chunk_stop"))
-
 #: A checksum as :func:`pipeline.checksum` writes it: xxh3_64, 16 hex digits.
 CHECKSUM = "^[0-9a-f]{16}$"
 
@@ -156,7 +153,8 @@ def _entry_problem(workload: Workload, task: Task, manifest) -> str | None:
     if not isinstance(manifest, pa.Table):
         return f"a manifest entry of type {type(manifest).__name__}; {ENTRY}"
     columns = manifest.column_names
-    ranges = next((r for r in RANGES if set(r) <= set(columns)), None)
+    key, first, last = workload.manifest_columns
+    ranges = (first, last) if last and {first, last} <= set(columns) else None
     # A workload without a verify_job of its own is verified by its entries' objects,
     # checksums and unit ranges: without them `pipeline verify` was a traceback.
     # (a static attribute lookup: a plug-in's verify_job may be a staticmethod)
@@ -164,14 +162,14 @@ def _entry_problem(workload: Workload, task: Task, manifest) -> str | None:
         Workload, "verify_job"
     )
     if generic:
-        lacking = [c for c in ("object", "checksum") if c not in columns]
-        lacking += [] if ranges else ["unit_start", "unit_stop"]
+        lacking = [c for c in (key, "checksum") if c not in columns]
+        lacking += [] if ranges else [c for c in (first, last) if c not in columns]
         if lacking:
             return (
                 f"a manifest entry without {', '.join(lacking)} (its columns: "
                 f"{', '.join(columns) or 'none'}); {ENTRY}"
             )
-    if "object" in columns and _not_text(manifest.column("object")):
+    if key in columns and _not_text(manifest.column(key)):
         return f"a manifest entry whose objects are not all keys; {ENTRY}"
     if "checksum" in columns and (problem := _checksums_problem(manifest.column("checksum"))):
         return problem

@@ -19,13 +19,14 @@ from importlib.metadata import EntryPoint, entry_points
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_WORKLOAD", "GROUP", "WorkloadEntry", "describe", "load", "names"]
+__all__ = ["GROUP", "WorkloadEntry", "default_workload", "describe", "load", "names"]
 
 GROUP = "pipeline.workloads"
 #: The distribution of the built-in workloads.
 BUILT_IN = "pipeline"
-#: The workload of a job that names none (a job file without ``workload``, or flags alone).
-DEFAULT_WORKLOAD = "cubes"
+#: The entry-point group where this package names the workload of a job that names none
+#: (a job file without ``workload``, or flags alone): the entry's name is the default.
+DEFAULT_GROUP = "pipeline.default_workload"
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,22 @@ def _entries() -> dict[str, WorkloadEntry]:
     return found
 
 
+@functools.cache
+def default_workload() -> str | None:
+    """The workload of a job that names none, as this package's metadata names it (a
+    plug-in's cannot change it); None when the installation names none."""
+    named = [
+        ep.name
+        for ep in entry_points(group=DEFAULT_GROUP)
+        if ep.dist is None or ep.dist.name == BUILT_IN
+    ]
+    return named[0] if named else None
+
+
 def names() -> list[str]:
     """Registered workload names, the default first."""
     known = sorted(_entries())
-    return sorted(known, key=lambda n: n != DEFAULT_WORKLOAD)
+    return sorted(known, key=lambda n: n != default_workload())
 
 
 def entry(name: str) -> WorkloadEntry:
@@ -94,7 +107,8 @@ def load(name: str):
             raise ConfigError(
                 f"{describe(name)} is not a pipeline workload: it has no {attribute!r}"
             )
-    from .config import RunOptions, settings_of
+    from .config.options import RunOptions
+    from .config.settings import settings_of
 
     run_options = {f.name for f in settings_of(RunOptions)}
     clash = sorted(f.name for f in settings_of(cls.settings_class) if f.name in run_options)
@@ -113,7 +127,7 @@ def _check_flag_forms(name: str, cls) -> None:
     """A plug-in's setting named like a built-in's is parsed by each workload's own
     type, but one flag cannot both take a value and be an on/off switch: the
     plug-in's would take the built-in's ``--plots`` away from it."""
-    from .config import flag_name, settings_of
+    from .config.settings import flag_name, settings_of
 
     mine = {f.name: f for f in settings_of(cls.settings_class)}
     for other in names():

@@ -12,8 +12,10 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,6 +30,7 @@ from .layout import (
     job_records,
     read_job_record,
 )
+from .manifest import UNIT_RANGE
 from .storage import Store, join, open_store, read_parquet_object
 
 __all__ = [
@@ -67,7 +70,9 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
     return name, read_job_record(store, jobs[name])
 
 
-def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
+def job_tables(
+    store: Store, job_id: str, columns: Sequence[str | None] = UNIT_RANGE
+) -> dict[str, list[tuple[int, str]]]:
     """Table name -> (first unit, part key) of every completed task, in unit order."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
     for entry in store.list(join(job_id, "manifest")):
@@ -75,11 +80,11 @@ def job_tables(store: Store, job_id: str) -> dict[str, list[tuple[int, str]]]:
             continue
         manifest = read_parquet_object(store, entry)
         names = manifest.column_names
-        if "kind" not in names or "object" not in names:
+        objects, start = columns[0], columns[1]
+        if "kind" not in names or objects not in names or start not in names:
             continue
-        start = "unit_start" if "unit_start" in names else "chunk_start"
         for key, kind, first in zip(
-            manifest.column("object").to_pylist(),
+            manifest.column(objects).to_pylist(),
             manifest.column("kind").to_pylist(),
             manifest.column(start).to_pylist(),
             strict=True,
@@ -120,13 +125,14 @@ class _JobTable:
         store = open_store(output)
         job_id, record = find_job(output, job)
         workload = registry.load(record["workload"])
-        tables = job_tables(store, job_id)
+        tables = job_tables(store, job_id, workload.manifest_columns)
         table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
         if not tables:
             raise InputError(
                 f"{store.describe(job_id)}: no tables"
-                + (" yet (no completed tasks)" if record["workload"] != "cubes" else
-                   f"; a cube job's index is {store.describe(join(job_id, 'manifest.parquet'))}"
+                + (" yet (no completed tasks)" if workload.manifest_columns[0] == "object" else
+                   f"; a {record['workload']} job's index of what it wrote is "
+                   f"{store.describe(join(job_id, 'manifest.parquet'))}"
                    + ("" if store.exists(join(job_id, "manifest.parquet")) else
                       ", written when its run completes"))
             )  # fmt: skip
@@ -187,8 +193,6 @@ def concat_parts(store: Store, parts: list[tuple[int, pa.Table]]) -> pa.Table:
     try:
         return pa.concat_tables([t for _, t in parts], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        from .workloads.map.rows import differing_units
-
         schemas = [t.schema for _, t in parts]
         message = differing_units(schemas, [f"from {f}" for f, _ in parts], exc)
         raise InputError(message) from None
@@ -263,3 +267,29 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     if result.num_rows:
         lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
     return "\n".join(lines)
+
+
+def differing_units(schemas: list[pa.Schema], units: list, exc: Exception) -> str:
+    """A message naming two units whose result columns cannot be combined."""
+    seen: dict[str, tuple[Any, pa.DataType]] = {}
+    for unit, schema in zip(units, schemas, strict=True):
+        for field in schema:
+            if field.name in seen:
+                other, typ = seen[field.name]
+                if typ != field.type and not _widens(typ, field.type):
+                    return (
+                        f"results of units {other} and {unit} cannot be combined: column "
+                        f"{field.name!r} is {typ} in one and {field.type} in the other"
+                    )
+            else:
+                seen[field.name] = (unit, field.type)
+    return f"results cannot be combined: {exc}"
+
+
+def _widens(a: pa.DataType, b: pa.DataType) -> bool:
+    numeric = (pa.types.is_integer, pa.types.is_floating)
+    return (
+        pa.types.is_null(a)
+        or pa.types.is_null(b)
+        or (any(t(a) for t in numeric) and any(t(b) for t in numeric))
+    )

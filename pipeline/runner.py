@@ -6,8 +6,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-import os
-import socket
 import sys
 import time
 from dataclasses import asdict, replace
@@ -17,45 +15,23 @@ from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
-from .errors import ClusterError, Interrupted, JobRunning, StorageError, UnreadableObject
+from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
+from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
 from .layout import (
     check_job_id,
-    completed_tasks,
-    consolidated_manifest_key,
-    job_record_key,
-    lock_key,
-    read_job_record,
-    readable_table,
 )
+from .manifest import summed_fingerprint
 from .planning.plan import Plan, load_plan, unit_layout
 from .planning.probes import probe
 from .planning.sizing import longest_first
 from .report import task_timings
 from .storage import Store, open_store
-from .summary import RunSummary, TaskTime, size
-from .workload import Task, TaskReceipt, UnitFailure, Workload, summed_fingerprint
+from .summary import RunSummary, TaskTime
+from .workload import Task, TaskReceipt, UnitFailure, Workload
 
 __all__ = ["completed_job", "open_output", "run_job"]
 
 log = logging.getLogger(__name__)
-
-
-def _completed(store: Store | None, job_id: str) -> set[int]:
-    return completed_tasks(store, job_id) if store is not None else set()
-
-
-def open_output(workload: Workload, options: RunOptions, echo=print) -> Store | None:
-    """The job's store, checked writable; emptied of the job first with --overwrite."""
-    if not workload.writes_output:
-        return None
-    store = open_store(options.output)
-    store.preflight()
-    if options.overwrite:
-        removed = store.delete_prefix(workload.job_id)
-        removed += store.discard_incomplete(workload.job_id)
-        if removed:
-            echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
-    return store
 
 
 def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
@@ -94,20 +70,6 @@ def _wait_for_a_worker(client) -> int:
     return count_workers(client)
 
 
-def _consolidated(store: Store, job_id: str) -> bool:
-    """Whether the job's consolidated manifest is there and readable: one damaged after
-    its run (garbage in manifest.parquet) made the job "complete" with its index lost;
-    the run now writes it again from the tasks' entries."""
-    key = consolidated_manifest_key(job_id)
-    if not store.exists(key):
-        return False
-    damage = readable_table(store, key)
-    if damage is not None:
-        log.warning("%s is damaged (%s): written again from the tasks' entries",
-                    store.describe(key), damage)  # fmt: skip
-    return damage is None
-
-
 def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> RunSummary | None:
     """The summary of a job whose every task is ``done`` with nothing to retry, else None."""
     tasks = plan.tasks(workload.n_units)
@@ -132,76 +94,6 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     price = worker_price(options)  # a bad price setting fails before any task
     with _held(workload, options):
         return _run_job(workload, options, client, price, echo)
-
-
-@contextlib.contextmanager
-def _held(workload: Workload, options: RunOptions):
-    """The job's lock, for one run at a time: two would plan, write and consolidate
-    the same tasks at once (units lost and duplicated, and both saying complete)."""
-    if not workload.writes_output:
-        yield
-        return
-    store = open_store(options.output)
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    owner = f"pid {os.getpid()} on {socket.gethostname()}, started {started}"
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(store.hold(lock_key(workload.job_id), owner))
-        except BlockingIOError as exc:
-            raise JobRunning(
-                f"job {workload.job_id!r} in {store.url} is already running ({exc.strerror}); "
-                "wait for that run to end, or stop it (a stopped run lets go at once on a "
-                "local disk, within a minute on S3)"
-            ) from None
-        yield
-
-
-def check_batch_space(batch: list[tuple[Workload, RunOptions]]) -> None:
-    """Jobs run one after another that together would fill their output's disk fail
-    before any of them runs: the second job's check, in its own run, came after the
-    first had written (and its summary was never shown)."""
-    needed: dict[str, list[tuple[Workload, int]]] = {}
-    free: dict[str, int | None] = {}
-    for workload, options in batch:
-        if not workload.writes_output or not workload.output_bytes(workload.n_units):
-            continue
-        store = open_store(options.output)
-        if store.url not in free:
-            free[store.url] = store.free_bytes()  # None where unknown (S3): not checked
-        if free[store.url] is not None:
-            units = workload.n_units if options.overwrite else _units_left(workload, store)
-            needed.setdefault(store.url, []).append((workload, units))
-    for url, jobs in needed.items():
-        nbytes = sum(w.output_bytes(units) or 0 for w, units in jobs)
-        if nbytes > free[url]:
-            which = ", ".join(f"{w.job_id!r} {size(w.output_bytes(u) or 0)}" for w, u in jobs)
-            raise StorageError(
-                f"output {url}: {size(nbytes)} still to write (jobs {which}), {size(free[url])} "
-                "free on its disk; free some space or write elsewhere (--output)"
-            )
-
-
-def _units_left(workload: Workload, store: Store) -> int:
-    """Units a run of the job would still write, from its record as it is: read only
-    (the plan is recorded, and the settings compared, by the run itself)."""
-    key = job_record_key(workload.job_id)
-    if not store.exists(key):
-        return workload.n_units
-    plan = Plan.from_record(read_job_record(store, key))
-    return workload.n_units - _units_in(
-        plan.tasks(workload.n_units), _completed(store, workload.job_id)
-    )
-
-
-def _check_space(workload: Workload, store: Store | None, units: int) -> None:
-    """A job that would fill its disk fails now, not after an hour's tasks."""
-    nbytes = workload.output_bytes(units) if store is not None and units else None
-    free = store.free_bytes() if nbytes else None
-    if free is not None and nbytes > free:
-        raise StorageError(
-            f"output {store.url}: {size(nbytes)} of {units:,} {workload.unit_name}s still to "
-            f"write, {size(free)} free on its disk; free some space or write elsewhere (--output)"
-        )
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
@@ -353,6 +245,7 @@ def _summary(workload, store, plan: Plan, tasks: list[Task], done: set[int], wor
     return RunSummary(
         job_id=workload.job_id,
         workload=workload.kind,
+        work_name=workload.work_name,
         unit_name=workload.unit_name,
         output=store.describe(workload.job_id) if store else None,
         units=workload.n_units,
@@ -372,10 +265,6 @@ def _keyed(workload: Workload, failure: UnitFailure) -> UnitFailure:
     if failure.key or not isinstance(failure.unit, int):
         return failure
     return replace(failure, key=workload.unit_key(failure.unit))
-
-
-def _units_in(tasks: list[Task], indices: set[int]) -> int:
-    return sum(len(t.units) for t in tasks if t.index in indices)
 
 
 def _add_recorded(

@@ -101,6 +101,8 @@ class RunSummary:
     units_per_task: int
     tasks_skipped: int
     unit_name: str = "unit"
+    #: What the summary calls the tasks' compute phase (the workload's ``work_name``).
+    work_name: str = "work"
     #: The first tasks, run to measure the rate that sized the others.
     probe_tasks: int = 0
     #: Units in the tasks this run ran, and in the tasks it found complete.
@@ -234,7 +236,7 @@ def time_split(s: RunSummary) -> str:
     elif s.cluster_seconds:
         parts.append(f"cluster start {seconds(s.cluster_seconds)}")
     w = max(1, s.workers)
-    names = {"inputs": "input loading", "compute": _work_name(s), "writing": "writing"}
+    names = {"inputs": "input loading", "compute": s.work_name, "writing": "writing"}
     inner = [f"{names[p]} {seconds(s.phases[p] / w)}" for p in PHASES if s.phases.get(p)]
     per_worker = f" ({', '.join(inner)} per worker)" if inner else ""
     parts.append(f"run {seconds(s.wall_seconds)}{per_worker}")
@@ -294,10 +296,6 @@ def cost_line(s: RunSummary) -> str:
         f"cost: {usd(s.cost_usd or 0.0)} for {_figure(s.worker_seconds)} worker-seconds at "
         f"{usd(s.usd_per_worker_hour or 0.0)}/worker-hour ({s.price_source}){per_day}"
     )
-
-
-def _work_name(s: RunSummary) -> str:
-    return "building" if s.workload == "cubes" else "work"
 
 
 def bottleneck(s: RunSummary) -> str | None:

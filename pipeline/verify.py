@@ -10,10 +10,10 @@ a workload with a manifest of its own kind overrides ``Workload.verify_job``.
 from __future__ import annotations
 
 import bisect
-import io
 import os
 import re
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import registry
@@ -28,10 +28,11 @@ from .layout import (
     task_index,
     task_parts,
 )
+from .manifest import UNIT_RANGE
 from .storage import Store, join, open_store, read_parquet_object
-from .workload import Task, checksum
+from .workload import Task
 
-__all__ = ["JobCheck", "check_listed_objects", "read_manifest", "repair_job", "verify_output"]
+__all__ = ["JobCheck", "read_manifest", "repair_job", "verify_output"]
 
 
 @dataclass
@@ -107,7 +108,13 @@ def verify_output(
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
         if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):
             check.repaired = repair_job(
-                store, job_id, record, manifest, check.damaged_units, check.damaged_entries
+                store,
+                job_id,
+                record,
+                manifest,
+                check.damaged_units,
+                check.damaged_entries,
+                columns=workload.manifest_columns,
             )
         checks.append(check)
     return checks
@@ -128,7 +135,13 @@ def _count_failures(workload, store: Store, job_id: str, manifest, check: JobChe
 
 
 def repair_job(
-    store: Store, job_id: str, record: dict, manifest, damaged: set[int], entries=()
+    store: Store,
+    job_id: str,
+    record: dict,
+    manifest,
+    damaged: set[int],
+    entries=(),
+    columns: Sequence[str | None] = UNIT_RANGE,
 ) -> list[Task]:
     """Mark the tasks holding the ``damaged`` units to run again: their objects (all of
     them, so a task reruns whole: a ``map`` task with recorded failures would
@@ -148,10 +161,8 @@ def repair_job(
         task = tasks[bisect.bisect_right(starts, u) - 1] if starts else None
         if task is not None and task.start <= u < task.stop:
             hit.add(task)
-    columns = () if manifest is None else manifest.columns
-    unit = next((c for c in ("unit_start", "chunk_start", "cube_id") if c in columns), None)
-    keys = "object" if "object" in columns else "shard"
-    if unit is None or keys not in columns:
+    keys, unit = columns[0], columns[1]
+    if manifest is None or unit not in manifest.columns or keys not in manifest.columns:
         hit = set()  # a manifest of the workload's own kind: not one this can map to tasks
         if not entries:
             return []
@@ -250,93 +261,3 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
             check.corrupt.append(str(exc))
             check.damaged_entries.append(p)
     return pd.concat(entries, ignore_index=True) if entries else None
-
-
-def check_listed_objects(
-    store: Store, manifest, check: JobCheck, on_object=None, *, coverage: bool = True
-) -> set[str]:
-    """Every object the manifest lists exists with its checksum; every unit lies in
-    exactly one entry's range (``unit_start``/``unit_stop``, or ``chunk_start``/
-    ``chunk_stop``). ``on_object(row, data)`` may check an object's content further.
-    Returns the objects listed."""
-    listed: set[str] = set()
-    if manifest is None:
-        check.missing = [f"unit {u}" for u in range(check.units_expected)]
-        return listed
-    start, stop = ("unit_start", "unit_stop") if "unit_start" in manifest else (
-        "chunk_start", "chunk_stop")  # fmt: skip
-    for row in manifest.itertuples():
-        listed.add(row.object)
-        where = store.describe(row.object)
-        units = range(int(getattr(row, start)), int(getattr(row, stop)))
-        try:
-            data = store.read_bytes(row.object)
-        except FileNotFoundError:
-            check.missing.append(where)
-            check.damaged_units.add(units.start)
-            check.unverified.update(units)
-            continue
-        check.objects_checked += 1
-        actual = checksum(data)
-        if actual != row.checksum:
-            check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
-            check.damaged_units.add(units.start)
-            check.unverified.update(units)
-        elif on_object is not None:
-            on_object(row, data)
-    if not coverage:
-        return listed
-    ranges = manifest[[start, stop]].drop_duplicates()
-    counts = [0] * check.units_expected
-    for a, b in ranges.itertuples(index=False):
-        for u in range(int(a), min(int(b), check.units_expected)):
-            counts[u] += 1
-    check.duplicated += [f"unit {u}" for u, n in enumerate(counts) if n > 1]
-    check.missing += [f"unit {u}" for u, n in enumerate(counts) if n == 0]
-    check.units_ok = sum(1 for u, n in enumerate(counts) if n == 1 and u not in check.unverified)
-    return listed
-
-
-def check_cube_shards(store: Store, manifest, check: JobCheck) -> set[str]:
-    """Cube jobs: each shard readable, each cube's checksum, each cube listed once."""
-    import numpy as np
-
-    listed_shards: set[str] = set()
-    if manifest is not None:
-        counts = manifest["cube_id"].value_counts()
-        check.duplicated = [f"cube {c}" for c in sorted(counts[counts > 1].index)]
-        present = set(manifest["cube_id"])
-        check.missing = [f"cube {c}" for c in range(check.units_expected) if c not in present]
-        for shard_key, rows in manifest.groupby("shard", sort=True):
-            listed_shards.add(shard_key)
-            where = store.describe(shard_key)
-            try:
-                data = store.read_bytes(shard_key)
-            except FileNotFoundError:
-                check.missing.append(where)
-                check.damaged_units.add(int(rows["cube_id"].min()))
-                continue
-            check.objects_checked += 1
-            try:
-                if not data.startswith(b"\x93NUMPY"):  # (np.load takes it for a pickle)
-                    raise ValueError(f"it begins {data[:8]!r}, not with numpy's magic")
-                cubes = np.load(io.BytesIO(data), allow_pickle=False)
-            except ValueError as exc:
-                check.corrupt.append(f"{where}: not a readable .npy ({exc})")
-                check.damaged_units.add(int(rows["cube_id"].min()))
-                continue
-            for row in rows.itertuples():
-                if row.offset >= cubes.shape[-1]:
-                    check.corrupt.append(f"{where}: no cube at offset {row.offset}")
-                    check.damaged_units.add(int(row.cube_id))
-                    continue
-                actual = checksum(np.ascontiguousarray(cubes[..., row.offset].T))
-                if actual != row.checksum:
-                    check.damaged_units.add(int(row.cube_id))
-                    check.corrupt.append(
-                        f"{where}[{row.offset}] (cube {row.cube_id}): "
-                        f"checksum {actual} != manifest {row.checksum}"
-                    )
-                else:
-                    check.units_ok += 1
-    return listed_shards

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .manifest import UNIT_RANGE, consolidate_manifest
 from .storage import Store
 
 __all__ = [
@@ -15,11 +16,7 @@ __all__ = [
     "TaskReceipt",
     "UnitFailure",
     "Workload",
-    "checksum",
-    "consolidate_manifest",
-    "manifest_entries",
     "plan_tasks",
-    "summed_fingerprint",
     "tasks_from_stops",
 ]
 
@@ -171,6 +168,8 @@ class Workload(ABC):
     job_id: str
     n_units: int
     unit_name: str = "unit"
+    #: What a run's summary calls the time its tasks compute ("building" cubes).
+    work_name: str = "work"
     #: Tasks hold a multiple of this many units (e.g. whole shards).
     granularity: int = 1
     #: Modules its tasks import: loaded on every worker while the driver validates the
@@ -240,7 +239,7 @@ class Workload(ABC):
 
         The default writes the tasks' manifest entries as one ``manifest.parquet``, in
         unit order when they have unit ranges."""
-        consolidate_manifest(store, self.job_id, tasks)
+        consolidate_manifest(store, self.job_id, tasks, order=self.manifest_columns[1])
         return {}
 
     #: Whether the next run calls again the units recorded as failed (user code can
@@ -280,6 +279,11 @@ class Workload(ABC):
 
         return sum(per_object(store, rows, parts))
 
+    #: The manifest's columns of an entry's object, its first unit and the one past its
+    #: last (None: each entry holds one unit): what ``pipeline verify`` checks and
+    #: ``--repair`` maps to tasks, and the order of the consolidated manifest.
+    manifest_columns: ClassVar[tuple[str, str, str | None]] = UNIT_RANGE
+
     #: The table ``pipeline results`` shows when none is named.
     default_table: str | None = None
     #: Tables a job may have no part of (a map job whose units all succeeded has no
@@ -305,57 +309,10 @@ class Workload(ABC):
         DataFrame, None if absent), recording problems in ``check``; return the
         objects the manifest lists. The default serves manifests that list objects
         with ``object``, ``checksum`` and unit ranges."""
-        from .verify import check_listed_objects
+        from .manifest import check_listed_objects
 
-        return check_listed_objects(store, manifest, check)
+        return check_listed_objects(store, manifest, check, columns=cls.manifest_columns)
 
     def describe(self) -> str:
-        from .summary import size
-
-        text = f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
-        nbytes = self.output_bytes(self.n_units) if self.writes_output else None
-        return text + (f" ({size(nbytes)} of output)" if nbytes else "")
-
-
-def checksum(data) -> str:
-    """The checksum a manifest entry lists for an object (its ``checksum`` column): the
-    xxh3_64 of its bytes (or of any buffer), 16 hex digits. ``pipeline verify``
-    compares it with the bytes it reads back; the runner refuses an entry whose
-    checksums are not of this form."""
-    import xxhash
-
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-def summed_fingerprint(values: Iterable[int]) -> str:
-    """A fingerprint of units, or of tasks' fingerprints: the sum of 64-bit values
-    modulo 2**64, in hex, whatever their order or grouping."""
-    return f"{sum(values) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-
-
-def manifest_entries(store: Store, job_id: str, tasks: list[Task]):
-    """Every task's manifest entry as one table, in unit order when it has unit ranges."""
-    import pyarrow as pa
-
-    from .layout import manifest_key
-    from .storage import read_parquet_tables
-
-    parts = read_parquet_tables(store, [manifest_key(job_id, t.index) for t in tasks])
-    manifest = pa.concat_tables(parts, promote_options="permissive")
-    for start in ("unit_start", "chunk_start", "cube_id"):
-        if start in manifest.column_names:
-            return manifest.sort_by([(start, "ascending")])
-    return manifest
-
-
-def consolidate_manifest(store: Store, job_id: str, tasks: list[Task], check=None):
-    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table.
-    ``check(manifest)`` first, if given: what it raises leaves the job unfinished."""
-    from .layout import consolidated_manifest_key
-    from .storage import write_parquet
-
-    manifest = manifest_entries(store, job_id, tasks)
-    if check is not None:
-        check(manifest)
-    write_parquet(store, consolidated_manifest_key(job_id), manifest)
-    return manifest
+        """The run's first line: which job, of how many units."""
+        return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.storage import s3 as s3mod  # noqa: E402
+from pipeline.storage import s3_client as s3mod  # noqa: E402
 from pipeline.workloads.cubes.shards import ShardBuffer  # noqa: E402
 
 MiB = 1 << 20

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.cluster.connect import WORKER_ENV
+from pipeline.cluster.embedded import WORKER_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"

@@ -148,7 +148,7 @@ def test_semaphores_of_a_run_killed_whole_are_swept_by_the_next():
     import time
     from pathlib import Path
 
-    from pipeline.cluster.connect import sweep_stale_semaphores
+    from pipeline.cluster.embedded import sweep_stale_semaphores
 
     script = (
         "import multiprocessing, time\n"

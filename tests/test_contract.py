@@ -10,6 +10,7 @@ missing, a corrupt and an extra object, and with ``--repair`` a rerun mends them
 from __future__ import annotations
 
 import hashlib
+import json
 import io
 import re
 
@@ -89,7 +90,8 @@ def digest(out) -> str:
     or, for a workload without tables, every object but its bookkeeping."""
     store = LocalStore(out)
     h = hashlib.sha256()
-    tables = job_tables(store, "job")
+    record = json.loads(store.read_bytes("job/job.json"))
+    tables = job_tables(store, "job", registry.load(record["workload"]).manifest_columns)
     if tables:
         for table in sorted(set(tables) - {"timings"}):  # timings are what they are
             parts = [(f, pq.read_table(store.open_input(k))) for f, k in tables[table]]

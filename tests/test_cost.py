@@ -11,7 +11,8 @@ import pytest
 from workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
-from pipeline.config import JobFile, resolve
+from pipeline.config import resolve
+from pipeline.config.jobfile import JobFile
 from pipeline.costs.estimate import estimate, estimate_lines
 from pipeline.costs.prices import load_prices, worker_price
 from pipeline.costs.run_cost import Fleet, JobSample, parse_fleet, project, projection_lines

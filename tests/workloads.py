@@ -135,7 +135,7 @@ class StaticVerifyWorkload(SquaresWorkload):
 
     @staticmethod
     def verify_job(store, job_id, record, manifest, check):
-        from pipeline.verify import check_listed_objects
+        from pipeline.manifest import check_listed_objects
 
         return check_listed_objects(store, manifest, check)
 

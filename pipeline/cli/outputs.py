@@ -1,5 +1,5 @@
-"""``pipeline`` commands about data and outputs: the registered workloads, demo
-data, a job's tables, TLS certificates, and verifying an output."""
+"""``pipeline`` commands about outputs and the installation: the registered workloads,
+a job's tables, TLS certificates, and verifying an output."""
 
 from __future__ import annotations
 
@@ -27,59 +27,6 @@ def workloads_command() -> None:
             continue
         for f in settings_of(cls.settings_class):
             click.echo(f"  --{flag_name(f):<22} {env_name(f):<28} {f.metadata['help']}")
-
-
-@click.group("data")
-def data_group() -> None:
-    """Make input data for demos, tests and benchmarks."""
-
-
-@data_group.command("frames")
-@click.option("--count", type=int, default=100, show_default=True, help="Number of frames.")
-@click.option("--rows", type=int, default=1000, show_default=True, help="Rows per frame.")
-@click.option("--cols", type=int, default=1000, show_default=True, help="Columns per frame.")
-@click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    help="Replace the frames OUT holds (all of them: none is left from an earlier, larger count).",
-)
-def frames_command(count, rows, cols, out, seed, overwrite) -> None:
-    """Write parquet frames of random floats rounded to 10 decimals. A folder that
-    already holds frames is refused unless --overwrite."""
-    from ..storage import open_store
-    from ..workloads.cubes.frames import write_frames
-
-    try:
-        store = open_store(out)
-        keys = write_frames(
-            store, "", count=count, rows=rows, cols=cols, seed=seed, overwrite=overwrite
-        )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")
-
-
-@data_group.command("regressions")
-@click.option("--chunks", type=int, default=1000, show_default=True, help="Number of chunks.")
-@click.option("--rows", type=int, default=250, show_default=True, help="Rows per chunk.")
-@click.option("--features", type=int, default=5, show_default=True, help="Features x1..xK.")
-@click.option("--out", required=True, help="Folder or s3:// prefix to write into.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-def regressions_data_command(chunks, rows, features, out, seed) -> None:
-    """Write a panel for per-chunk regressions: a `chunk` column, a response `y`,
-    features x1..xK and a categorical `sector`, with known coefficients per chunk."""
-    from ..storage import open_store
-    from ..workloads.regressions import write_regression_data
-
-    try:
-        facts = write_regression_data(
-            open_store(out), "", chunks=chunks, rows=rows, features=features, seed=seed
-        )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"wrote {chunks} chunks of {rows} rows to {out}; model: {facts['formula']}")
 
 
 @click.command("results")

@@ -115,3 +115,12 @@ def _zipped(path: Path) -> bytes:
                 info.external_attr = (f.stat().st_mode & 0o777) << 16
                 z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
     return buffer.getvalue()
+
+
+def add_import_paths(*folders: str | os.PathLike | None) -> None:
+    """Put folders (the job file's, the current one) first on the import path, so
+    that ``module:callable`` resolves on the driver and on spawned workers alike."""
+    for folder in reversed([f for f in folders if f]):
+        path = str(Path(folder).resolve())
+        if path not in sys.path:
+            sys.path.insert(0, path)

@@ -26,10 +26,10 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..dispatch import TaskRunner, count_workers
 from ..errors import PipelineError
+from ..job_output import open_output
 from ..planning.plan import Plan, is_small_job, unit_layout
 from ..planning.probes import probe
 from ..planning.sizing import CostModel, ProbeSample, fit_costs
-from ..runner import open_output
 from ..storage import open_store
 from ..summary import TaskTime, count
 from ..workload import Workload, unit_label

@@ -2,19 +2,14 @@
 
 ``S3Store("s3://bucket/prefix")`` keeps every key under ``prefix/`` in ``bucket``.
 
-Configuration (read when the store is constructed, so a pickled copy keeps it):
-
-``PIPELINE_S3_ENDPOINT_URL``
-    Endpoint of an S3-compatible server (MinIO, Ceph, moto...). Wins over
-    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, which boto3 honours itself.
-    Any custom endpoint switches to path-style addressing.
-``PIPELINE_S3_RETRY_MODE``
-    botocore retry mode, ``standard`` (default) or ``adaptive``.
-``PIPELINE_S3_MAX_ATTEMPTS``
-    Attempts per request including the first (default 10).
-
-Other botocore settings apply as usual, e.g. ``AWS_REQUEST_CHECKSUM_CALCULATION=
-when_required`` for servers that reject boto3's default CRC32 checksum headers.
+Its settings are read when the store is constructed (a pickled copy keeps them):
+``PIPELINE_S3_ENDPOINT_URL`` (an S3-compatible server; wins over boto3's own
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``; any custom endpoint switches to
+path-style addressing), ``PIPELINE_S3_RETRY_MODE`` (botocore's ``standard`` or
+``adaptive``) and ``PIPELINE_S3_MAX_ATTEMPTS`` (attempts per request, the first
+included). Other botocore settings apply as usual (e.g.
+``AWS_REQUEST_CHECKSUM_CALCULATION=when_required`` for servers that reject boto3's
+default CRC32 checksum headers).
 
 Credentials come only from the standard AWS chain (environment, ``AWS_PROFILE`` and
 ``~/.aws``, SSO, container or instance role). They are never arguments and never
@@ -31,16 +26,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-import boto3
-import boto3.session
-from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -51,7 +41,16 @@ from botocore.exceptions import (
 )
 
 from ..errors import ConfigError, StorageError
+from . import s3_client
 from .base import Buffer, Store, join
+from .s3_cleanup import abort_uploads, delete_keys
+from .s3_client import (
+    CONNECT_TIMEOUT,
+    bucket_and_prefix,
+    make_client,
+    object_version,
+    transfer_config,
+)
 from .s3_errors import (
     _ERRORS,
     _NO_BUCKET,
@@ -72,38 +71,19 @@ ENV_RETRY_MODE = "PIPELINE_S3_RETRY_MODE"
 
 RETRY_MODES = ("standard", "adaptive")
 
-MiB = 1024 * 1024
-#: Payloads at least this big go up as multipart uploads, in parts of this size.
-MULTIPART_THRESHOLD = 16 * MiB
-MULTIPART_CHUNKSIZE = 16 * MiB
-#: Parts uploaded at once. Threads are fine even on a one-thread Dask worker: they
-#: wait on sockets with the GIL released. Each holds one part (a copy) in memory.
-MAX_CONCURRENCY = 4
-#: Several Dask threads may each run a transfer, plus ranged reads and listings.
-MAX_POOL_CONNECTIONS = 32
-CONNECT_TIMEOUT = 10
-READ_TIMEOUT = 60
 #: preflight() checks the bucket with few attempts so that a wrong endpoint fails
 #: within seconds instead of after a minute of backoff.
 PREFLIGHT_ATTEMPTS = 3
 PREFLIGHT_CONNECT_TIMEOUT = 5
 #: Re-GETs when a response body breaks off mid-stream (botocore retries only the call).
 STREAM_ATTEMPTS = 3
-DELETE_BATCH = 1000
 
-_BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _STREAM_ERRORS = (
     ResponseStreamingError,
     IncompleteReadError,
     ReadTimeoutError,
     ConnectionClosedError,
 )
-
-
-def _version(size: int, etag: str) -> str:
-    """An object's :meth:`Store.version`: its size, then its ETag (a HEAD's or a
-    listing's: the same)."""
-    return f"{size}-{etag.strip(chr(34))}"
 
 
 # --------------------------------------------------------------------------- store
@@ -113,20 +93,8 @@ class S3Store(Store):
     """Objects under ``s3://bucket/prefix``; see the module docstring for settings."""
 
     def __init__(self, url: str, *, endpoint_url: str | None = None):
-        url = str(url)
-        if not url.startswith("s3://"):
-            raise ConfigError(f"{url!r} is not an s3:// URL (expected s3://bucket/prefix)")
-        bucket, _, prefix = url[len("s3://") :].partition("/")
-        if not bucket:
-            raise ConfigError(f"S3 URL {url!r} has no bucket (expected s3://bucket/prefix)")
-        if not _BUCKET_RE.fullmatch(bucket):
-            raise ConfigError(f"S3 URL {url!r}: {bucket!r} is not a valid bucket name")
-        parts = [p for p in prefix.split("/") if p]
-        if ".." in parts:
-            raise ConfigError(f"S3 URL {url!r}: the prefix must not contain '..'")
-        self.bucket = bucket
-        self.prefix = "/".join(parts)
-        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.bucket, self.prefix = bucket_and_prefix(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
 
         from ..config import process_settings
 
@@ -180,19 +148,13 @@ class S3Store(Store):
         )
 
     def _make_client(self, *, attempts: int, connect_timeout: float) -> Any:
-        config = Config(
-            # total_max_attempts counts the first attempt; botocore's max_attempts
-            # key would count retries only (max_attempts=10 is 11 requests).
-            retries={"mode": self.retry_mode, "total_max_attempts": attempts},
-            max_pool_connections=MAX_POOL_CONNECTIONS,
+        return make_client(
+            self.endpoint_url,
+            self.retry_mode,
+            attempts=attempts,
             connect_timeout=connect_timeout,
-            read_timeout=READ_TIMEOUT,
-            user_agent_extra="pipeline",
-            s3={"addressing_style": "path"} if self._uses_custom_endpoint() else None,
+            path_style=self._uses_custom_endpoint(),
         )
-        # A session of our own: boto3's default session is not thread-safe.
-        session = boto3.session.Session()
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 
     def _client(self) -> Any:
         """The S3 client of this process, created on first use."""
@@ -212,18 +174,6 @@ class S3Store(Store):
                     raise self._error(exc) from exc
                 self._client_pid = pid
             return self._client_obj
-
-    def _transfer_config(self) -> TransferConfig:
-        config = TransferConfig(
-            multipart_threshold=MULTIPART_THRESHOLD,
-            multipart_chunksize=MULTIPART_CHUNKSIZE,
-            max_concurrency=MAX_CONCURRENCY,
-            use_threads=True,
-            preferred_transfer_client="classic",  # CRT would bypass our retry config
-        )
-        # Parts read ahead of the uploading threads, each a copy: bound the memory.
-        config.max_in_memory_upload_chunks = MAX_CONCURRENCY
-        return config
 
     # -- keys and errors
 
@@ -314,7 +264,7 @@ class S3Store(Store):
         size = sum(v.nbytes for v in views)
         client = self._client()
         try:
-            if size < MULTIPART_THRESHOLD:
+            if size < s3_client.MULTIPART_THRESHOLD:
                 # One PUT of one copy (or none, for a single bytes chunk).
                 whole = (
                     len(views) == 1
@@ -327,7 +277,7 @@ class S3Store(Store):
                 # Multipart: the object appears only when the upload completes, and
                 # the transfer manager aborts the upload if a part fails.
                 client.upload_fileobj(
-                    _ChunksReader(views), self.bucket, full, Config=self._transfer_config()
+                    _ChunksReader(views), self.bucket, full, Config=transfer_config()
                 )
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, key) from exc
@@ -365,7 +315,7 @@ class S3Store(Store):
 
     def version(self, key: str) -> str:
         head = self._head(key)
-        return _version(head["ContentLength"], head.get("ETag", ""))
+        return object_version(head["ContentLength"], head.get("ETag", ""))
 
     def listed_versions(self, start: str = "", limit: int | None = None) -> list[tuple[str, str]]:
         """``(key, version)`` of the objects whose key (under the store's prefix, as a
@@ -378,7 +328,7 @@ class S3Store(Store):
         full = f"{self.prefix}/{rel}" if self.prefix else rel
         try:
             return [
-                (self._relative(obj["Key"]), _version(obj["Size"], obj.get("ETag", "")))
+                (self._relative(obj["Key"]), object_version(obj["Size"], obj.get("ETag", "")))
                 for obj in self._list_full(full, limit)
             ]
         except (ClientError, BotoCoreError) as exc:
@@ -422,52 +372,12 @@ class S3Store(Store):
         return sorted(self._relative(k) for k in self._list_full_keys(prefix))
 
     def delete_prefix(self, prefix: str) -> int:
-        keys = self._list_full_keys(prefix)
-        deleted = 0
-        client = self._client()
-        for start in range(0, len(keys), DELETE_BATCH):
-            batch = keys[start : start + DELETE_BATCH]
-            try:
-                response = client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                )
-            except (ClientError, BotoCoreError) as exc:
-                raise self._error(exc, str(prefix).strip("/") or None) from exc
-            errors = response.get("Errors") or []
-            deleted += len(batch) - len(errors)
-            if errors:
-                first = errors[0]
-                exc = ClientError(
-                    {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
-                    "DeleteObjects",
-                )
-                err = self._error(exc, self._relative(first.get("Key", "")) or None)
-                err.args = (
-                    f"{err} ({len(errors)} of {len(batch)} deletions failed, "
-                    f"{deleted} objects deleted)",
-                )
-                raise err from exc
-        return deleted
+        return delete_keys(self, self._list_full_keys(prefix), str(prefix).strip("/") or None)
 
     def discard_incomplete(self, prefix: str) -> int:
         # A worker killed mid-upload leaves its multipart upload open; S3 bills its
         # parts until it is aborted.
-        rel = str(prefix).strip("/")
-        full = join(self.prefix, rel)
-        client = self._client()
-        aborted = 0
-        try:
-            paginator = client.get_paginator("list_multipart_uploads")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{full}/" if full else ""):
-                for upload in page.get("Uploads", ()):
-                    client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                    )
-                    aborted += 1
-        except (ClientError, BotoCoreError) as exc:
-            raise self._error(exc, rel or None) from exc
-        return aborted
+        return abort_uploads(self, str(prefix).strip("/"))
 
     def warm(self) -> None:
         # The process's first client loads botocore's service models: 0.2-0.3 s of

@@ -37,9 +37,9 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ...errors import InputError, StorageError
 from ...layout import consolidated_manifest_key, job_folder, job_record_key, read_job_record
+from ...manifest import checksum
 from ...results import find_job
 from ...storage import open_store, read_parquet
-from ...workload import checksum
 from .delivery.threads import thread_batches
 from .shards import npy_header
 from .workload import CubeJob, CubeWorkload, build_cube, ensure_auto_frames

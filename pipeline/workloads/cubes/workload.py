@@ -25,16 +25,9 @@ import xxhash
 from ...config import check_settings, setting
 from ...errors import StorageError
 from ...layout import consolidated_manifest_key, shard_key
+from ...manifest import checksum, manifest_entries, summed_fingerprint
 from ...storage import Store, open_store, write_parquet
-from ...workload import (
-    Task,
-    TaskOutput,
-    UnitFailure,
-    Workload,
-    checksum,
-    manifest_entries,
-    summed_fingerprint,
-)
+from ...workload import Task, TaskOutput, UnitFailure, Workload
 from .frames import (
     FrameSet,
     cached_layout,
@@ -150,7 +143,10 @@ def _scratch(shape: tuple, dtype) -> np.ndarray:
 class CubeWorkload(Workload):
     kind = "cubes"
     unit_name = "cube"
+    work_name = "building"
     settings_class = CubeJob
+    #: An entry per cube: its shard, and where in it.
+    manifest_columns = ("shard", "cube_id", None)
 
     def __init__(self, job: CubeJob, job_id: str, frames: FrameSet | str):
         self.job = job
@@ -310,12 +306,12 @@ class CubeWorkload(Workload):
 
     @classmethod
     def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
-        from ...verify import check_cube_shards
+        from .verify import check_cube_shards
 
         return check_cube_shards(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        manifest = manifest_entries(store, self.job_id, tasks)
+        manifest = manifest_entries(store, self.job_id, tasks, order=self.manifest_columns[1])
         if manifest.num_rows != self.n_units or manifest["cube_id"].to_pylist() != list(
             range(self.n_units)
         ):

@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import InputError
+from ...results import differing_units
 from .usercode import failure_frame
 
-__all__ = ["ONE_TYPE_A_COLUMN", "SCALAR_COLUMN", "UnitRows", "differing_units"]
+__all__ = ["ONE_TYPE_A_COLUMN", "SCALAR_COLUMN", "UnitRows"]
 
 
 class UnitRows:
@@ -277,32 +278,6 @@ ONE_TYPE_A_COLUMN = (
     "a column must hold one type in every unit's results (integers and floats may mix); "
     "fix the function, then run the job again with --overwrite"
 )
-
-
-def differing_units(schemas: list[pa.Schema], units: list, exc: Exception) -> str:
-    """A message naming two units whose result columns cannot be combined."""
-    seen: dict[str, tuple[Any, pa.DataType]] = {}
-    for unit, schema in zip(units, schemas, strict=True):
-        for field in schema:
-            if field.name in seen:
-                other, typ = seen[field.name]
-                if typ != field.type and not _widens(typ, field.type):
-                    return (
-                        f"results of units {other} and {unit} cannot be combined: column "
-                        f"{field.name!r} is {typ} in one and {field.type} in the other"
-                    )
-            else:
-                seen[field.name] = (unit, field.type)
-    return f"results cannot be combined: {exc}"
-
-
-def _widens(a: pa.DataType, b: pa.DataType) -> bool:
-    numeric = (pa.types.is_integer, pa.types.is_floating)
-    return (
-        pa.types.is_null(a)
-        or pa.types.is_null(b)
-        or (any(t(a) for t in numeric) and any(t(b) for t in numeric))
-    )
 
 
 def _same(value: Any, key: Any) -> bool:

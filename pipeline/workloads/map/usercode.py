@@ -26,21 +26,11 @@ import numpy as np
 from ...errors import ConfigError
 
 __all__ = [
-    "add_import_paths",
     "code_hash",
     "failure_frame",
     "load_function",
     "unit_seed",
 ]
-
-
-def add_import_paths(*folders: str | os.PathLike | None) -> None:
-    """Put folders (the job file's, the current one) first on the import path, so
-    that ``module:callable`` resolves on the driver and on spawned workers alike."""
-    for folder in reversed([f for f in folders if f]):
-        path = str(Path(folder).resolve())
-        if path not in sys.path:
-            sys.path.insert(0, path)
 
 
 def load_function(spec: str, setting: str = "function") -> Callable:

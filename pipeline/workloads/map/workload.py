@@ -30,9 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ...cluster.shipped_code import add_import_paths
 from ...config import check_settings, setting
 from ...errors import ConfigError, InputError
 from ...layout import part_key
+from ...manifest import checksum, consolidate_manifest
+from ...results import differing_units
 from ...storage import (
     Store,
     join,
@@ -41,20 +44,11 @@ from ...storage import (
     read_parquet_schema,
     read_parquet_tables,
 )
-from ...workload import (
-    USER_ERRORS,
-    Task,
-    TaskOutput,
-    UnitFailure,
-    Workload,
-    checksum,
-    consolidate_manifest,
-)
+from ...workload import USER_ERRORS, Task, TaskOutput, UnitFailure, Workload
 from .inputs import DataInput, FilesInput, GridInput, has_address
-from .rows import ONE_TYPE_A_COLUMN, UnitRows, differing_units
+from .rows import ONE_TYPE_A_COLUMN, UnitRows
 from .usercode import (
     accepts_seed,
-    add_import_paths,
     check_code_path,
     check_signature,
     code_hash,
@@ -466,7 +460,7 @@ def run_map(
     from ``PIPELINE_OUTPUT``, else ``results``).
     """
     from ...config import RunOptions, resolve, settings_of
-    from ...jobs import CONNECTION_SETTINGS, run_workload
+    from ...driver import CONNECTION_SETTINGS, run_workload
 
     run_keys = {f.name for f in settings_of(RunOptions)}
     map_keys = {f.name for f in settings_of(MapJob)}

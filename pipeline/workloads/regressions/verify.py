@@ -3,13 +3,16 @@ listed exactly once in the models tables (their content, not only the ranges).""
 
 from __future__ import annotations
 
+from ...manifest import check_listed_objects
 from ...storage import Store, read_parquet
-from ...verify import JobCheck, check_listed_objects
+
+#: A regression job's manifest: each object and its chunks' range.
+CHUNK_RANGE = ("object", "chunk_start", "chunk_stop")
 
 __all__ = ["check_regressions"]
 
 
-def check_regressions(store: Store, manifest, check: JobCheck) -> set[str]:
+def check_regressions(store: Store, manifest, check) -> set[str]:
     seen: dict[int, int] = {}
 
     def count_chunks(row, data: bytes) -> None:
@@ -24,7 +27,9 @@ def check_regressions(store: Store, manifest, check: JobCheck) -> set[str]:
         for cid in ids.to_pylist():
             seen[cid] = seen.get(cid, 0) + 1
 
-    listed = check_listed_objects(store, manifest, check, count_chunks, coverage=False)
+    listed = check_listed_objects(
+        store, manifest, check, count_chunks, coverage=False, columns=CHUNK_RANGE
+    )
     n = check.units_expected
     check.duplicated = [f"chunk {c}" for c, k in sorted(seen.items()) if k > 1]
     check.missing += [f"chunk {c}" for c in range(n) if c not in seen]

@@ -29,8 +29,9 @@ from ...inputs.chunks import ChunkIndex, plan_chunks
 from ...inputs.dataset import Dataset, check_columns, discover
 from ...inputs.task_rows import read_task_rows
 from ...layout import part_key
+from ...manifest import checksum, consolidate_manifest
 from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
-from ...workload import Task, TaskOutput, UnitFailure, Workload, checksum, consolidate_manifest
+from ...workload import Task, TaskOutput, UnitFailure, Workload
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
@@ -38,6 +39,7 @@ from .fit import ChunkFit
 from .options import check_fit_options, check_trial_fit
 from .spec import FormulaInfo, ModelSpec, RegressionJob, split_list
 from .taskfits import COEF_COLUMNS, TaskFits, models_schema
+from .verify import CHUNK_RANGE
 
 __all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
 
@@ -49,6 +51,7 @@ class RegressionWorkload(Workload):
     kind = "regressions"
     unit_name = "chunk"
     settings_class = RegressionJob
+    manifest_columns = CHUNK_RANGE
 
     @property
     def worker_modules(self) -> tuple[str, ...]:
@@ -349,7 +352,7 @@ class RegressionWorkload(Workload):
         return check_regressions(store, manifest, check)
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        consolidate_manifest(store, self.job_id, tasks)
+        consolidate_manifest(store, self.job_id, tasks, order=self.manifest_columns[1])
         details = {
             "coefficients": store.describe(join(self.job_id, "coefficients")),
             "models": store.describe(join(self.job_id, "models")),

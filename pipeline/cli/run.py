@@ -1,0 +1,154 @@
+"""``pipeline run`` and ``pipeline estimate``: jobs from files, flags and variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from .. import registry
+from ..driver import run_jobs
+from ..errors import Interrupted, PipelineError
+from ..jobs import load_jobs
+from ..summary import summary_lines
+from .flags import SettingsCommand, setting_options
+
+__all__ = ["estimate_command", "run_command"]
+
+
+def _workload_option(func):
+    default = registry.default_workload()
+    return click.option(
+        "--workload",
+        type=click.Choice(registry.names()),
+        default=None,
+        help="Workload of a job given by flags alone (no job file). [env: PIPELINE_WORKLOAD, "
+        f"also for a job file that names none; default: {default}]",
+    )(func)
+
+
+@click.command("run", cls=SettingsCommand, context_settings={"show_default": False})
+@click.argument("job_files", nargs=-1, type=click.Path(dir_okay=False))
+@_workload_option
+@setting_options
+def run_command(job_files, workload, **values) -> None:
+    """Run JOB_FILES (TOML) in sequence on one cluster connection.
+
+    Flags override every job file's keys. A job whose output already holds
+    complete tasks resumes: only missing tasks run (--overwrite starts over).
+    """
+    signal.signal(signal.SIGINT, _interrupt)
+    verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
+    failed = False
+
+    def told(job, summary) -> None:
+        # As each job ends: a later job's error must not hide what an earlier one did.
+        nonlocal failed
+        for line, err in summary_lines(summary, verbose):
+            click.echo(line, err=err)
+        failed |= summary.units_failed > job.options.max_failures or (
+            not summary.complete and summary.units_failed == 0
+        )
+
+    try:
+        jobs = load_jobs(job_files, values, workload=workload)
+        run_jobs(jobs, echo=lambda m: click.echo(m, err=True), on_summary=told)
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        _exit_interrupted(exc)
+    if failed:
+        sys.exit(1)
+
+
+@click.command("estimate", cls=SettingsCommand, context_settings={"show_default": False})
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@_workload_option
+@click.option(
+    "--fleet",
+    "fleets",
+    multiple=True,
+    help="A fleet to project on, INSTANCE_TYPE:COUNT (repeatable), priced with the Terraform "
+    "module's scheduler and load balancer. [default: c5.24xlarge:5, the module's]",
+)
+@setting_options
+def estimate_command(job_file, workload, fleets, **values) -> None:
+    """Project JOB_FILE's (or the job the flags give) wall time, cost and runs per day
+    on a fleet.
+
+    Runs the job's probe tasks (a small sample of its units) on the embedded or
+    the connected cluster into a scratch output, deleted afterwards (none of the
+    job's output is written), and names the limit that binds: CPU, the network,
+    S3 request rates, or the scheduler's task rate.
+    """
+    from ..cluster.connect import connect
+    from ..costs.estimate import estimate, estimate_lines, scratch_output
+    from ..costs.prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
+    from ..costs.run_cost import parse_fleet
+
+    # Flags of a run that an estimate would ignore (a job file's keys serve both)
+    ignored = [n for n in ("report", "profile", "profile_tasks", "overwrite", "max_failures",
+                           "progress") if values.get(n) is not None]  # fmt: skip
+    if ignored:
+        flag = "--" + ignored[0].replace("_", "-")
+        raise click.UsageError(
+            f"{flag} does not apply to `pipeline estimate`, which writes none of the job's "
+            "output; give it to `pipeline run`"
+        )
+    try:
+        (job,) = load_jobs([job_file] if job_file else [], values, workload=workload)
+        table = load_prices(job.options.price_file)
+        default = f"{DEFAULT_WORKER_INSTANCE}:{DEFAULT_WORKER_INSTANCES}"
+        fleet_list = [parse_fleet(f, table) for f in fleets or (default,)]
+        # the cluster closed (its tasks stopped) before the scratch output is deleted
+        with scratch_output(job.options.output) as scratch, connect(job.options) as client:
+            result = estimate(
+                lambda opts: dataclasses.replace(job, options=opts).build(),
+                job.options,
+                client,
+                fleet_list,
+                scratch,
+            )
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        click.echo("interrupted: no estimate; its scratch output is deleted", err=True)
+        sys.exit(130)
+    for line in estimate_lines(result):
+        click.echo(line)
+
+
+def _exit_interrupted(exc: KeyboardInterrupt) -> None:
+    """Say what is complete, stop any worker process still running, and exit 130
+    without the interpreter's teardown, where half-closed Dask clients print
+    tracebacks of their own (the cluster itself is already shut down)."""
+    import multiprocessing
+
+    if isinstance(exc, Interrupted):
+        click.echo(exc.recounted(), err=True)
+    else:
+        # (before the run's tasks, or a second Ctrl-C while the first one's count was
+        # made: "before any task ran" was said of a run 548 tasks into its job)
+        click.echo(
+            "interrupted: the tasks that completed are kept; run the same command again to resume",
+            err=True,
+        )
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: one line, not the tracebacks that the cluster's threads and callbacks
+    report when a shutdown interrupts them (closed connection pools, half-started
+    workers): those are silenced from the moment of the signal."""
+    logging.disable(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise KeyboardInterrupt

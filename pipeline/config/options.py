@@ -1,0 +1,142 @@
+"""The run's settings (:class:`RunOptions`) and those every process reads from its own
+environment (:class:`ProcessSettings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import ConfigError
+from .resolve import resolve
+from .settings import check_settings, setting
+
+__all__ = ["ProcessSettings", "RunOptions", "process_settings"]
+
+
+#: Run settings naming files the driver writes or reads on its own disk.
+_LOCAL_FILES = ("report", "profile", "profile_tasks", "price_file")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a job runs: where, with what parallelism, writing where."""
+
+    #: A setting of the embedded cluster, outranked by a remote scheduler: a workers
+    #: count exported for the embedded cluster gives way to a job's scheduler.
+    APPLIES_WITHOUT: ClassVar = {"workers": "scheduler"}
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.scheduler and self.workers:
+            # (it was ignored without a word: the run said "on 2 workers")
+            raise ConfigError(
+                f"workers = {self.workers} (--workers, PIPELINE_WORKERS) sizes the embedded "
+                f"cluster; the cluster at scheduler = {self.scheduler!r} has the workers "
+                "started for it (add some with `dask worker`): leave workers out"
+            )
+        for name in _LOCAL_FILES:
+            value = getattr(self, name)
+            if isinstance(value, str) and "://" in value:
+                # Written with open(): an s3:// URL became a local folder named "s3:".
+                raise ConfigError(
+                    f"{name} = {value!r} (--{name.replace('_', '-')}): a local path is "
+                    "expected, on the driver's disk (the job's output may be on S3)"
+                )
+
+    scheduler: str | None = setting(
+        None,
+        str,
+        "Address of an existing Dask scheduler (tcp://, tls://). "
+        "Unset: start an embedded local cluster.",
+    )
+    workers: int | None = setting(
+        None,
+        int,
+        "Workers of the embedded cluster (one thread each). Default: one per core.",
+        minimum=1,
+    )
+    output: str = setting("results", str, "Where results go: a directory or s3://bucket/prefix.")
+    overwrite: bool = setting(
+        False, bool, "Delete the job's previous output and start over instead of resuming."
+    )
+    units_per_task: int | None = setting(
+        None,
+        int,
+        "Units (cubes, chunks) per Dask task, rounded up to whole shards for cubes. "
+        "Default: measured on the job's first tasks, so each task lasts about --task-seconds.",
+        minimum=1,
+    )
+    task_seconds: float = setting(
+        1.0, float, "Target duration of one task when sizing tasks.", minimum=0.01
+    )
+    max_failures: int = setting(
+        0, int, "Exit non-zero when more units than this failed.", minimum=0
+    )
+    report: str | None = setting(
+        None,
+        str,
+        "Directory for Dask's performance report (HTML), a JSON summary and a report page "
+        "(HTML: cost, throughput, task durations, workers' timeline, failures, plan) of each job.",
+    )
+    profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
+    instance_type: str = setting(
+        "c5.24xlarge",
+        str,
+        "Instance type whose price (over its vCPUs, one worker each) costs a run's "
+        "worker-seconds; see pipeline/prices.toml.",
+    )
+    price_per_worker_hour: float | None = setting(
+        None, float, "Dollars per worker-hour, instead of the instance type's price.", minimum=0
+    )
+    price_file: str | None = setting(
+        None, str, "A TOML price table (the format of pipeline/prices.toml) to use instead."
+    )
+    profile_tasks: str | None = setting(
+        None,
+        str,
+        "Profile every task on the workers and write the merged cProfile statistics to this "
+        "file ({job} is replaced by the job id). View: python -m pstats FILE.",
+    )
+    progress: bool | None = setting(
+        None, bool, "Show a progress bar (default: when stderr is a terminal)."
+    )
+    dashboard: bool = setting(
+        False,
+        bool,
+        "Serve Dask's dashboard from the embedded cluster (its link is printed; starting "
+        "it costs about 0.7 s). A remote scheduler serves its own.",
+    )
+    tls_ca_file: str | None = setting(None, str, "CA certificate for TLS to the scheduler.")
+    tls_cert: str | None = setting(None, str, "Client certificate for TLS.")
+    tls_key: str | None = setting(None, str, "Client private key for TLS.")
+    direct_to_workers: bool = setting(
+        False,
+        bool,
+        "Fetch results straight from workers instead of through the scheduler "
+        "(only when the driver can reach every worker's address).",
+    )
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """Settings every process (the driver and each worker) reads from its own
+    environment: on a remote cluster, set them where the workers start."""
+
+    s3_endpoint_url: str | None = setting(
+        None,
+        str,
+        "An S3-compatible endpoint (http:// or https://); boto3's AWS_ENDPOINT_URL also works.",
+    )
+    s3_retry_mode: str = setting("standard", str, "botocore's retry mode: standard or adaptive.")
+    s3_max_attempts: int = setting(10, int, "botocore's attempts per S3 request.", minimum=1)
+    cache_dir: str | None = setting(
+        None,
+        str,
+        "Where workers cache the frames' layout (default ~/.cache/pipeline; off disables).",
+    )
+
+
+def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSettings:
+    """The :class:`ProcessSettings` of this process, from its ``PIPELINE_*`` variables."""
+    return resolve(ProcessSettings, None, {}, environ)

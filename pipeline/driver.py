@@ -1,0 +1,231 @@
+"""The driver: runs a batch of jobs on one cluster connection (the embedded cluster or a
+scheduler's), with their reports, profiles and summaries."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import cProfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .cluster.connect import ClusterStart, connect
+from .config import (
+    RunOptions,
+)
+from .contract import preflight
+from .costs.prices import worker_price
+from .errors import ConfigError
+from .job_output import check_batch_space
+from .jobs import Job, check_driver_paths, check_inputs_outside, naming_file
+from .layout import consolidated_manifest_key
+from .report import write_report_page
+from .runner import completed_job, run_job
+from .storage import open_store
+from .summary import RunSummary, size
+from .workload import Workload
+
+__all__ = ["CONNECTION_SETTINGS", "run_jobs", "run_workload"]
+
+
+def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSummary]:
+    """Run jobs in sequence on one cluster connection (that of the first job).
+
+    Every job's inputs are validated before any task runs, so a bad second job fails
+    the batch before the first one has spent an hour. The cluster starts meanwhile,
+    unless every job's output looks complete already: a batch whose jobs are all
+    complete starts no cluster at all. ``on_summary(job, summary)`` is called as each
+    job ends, so that a job's summary is told even if a later one fails.
+    """
+    first = jobs[0].options
+    _check_one_cluster(jobs)
+    _check_profile_paths(jobs)
+    several = len(jobs) > 1
+    workloads = []
+    for job in jobs:
+        with naming_file(job.source, several):
+            check_driver_paths(job.options, job.job_id)
+            workloads.append(job.build())
+            check_inputs_outside(workloads[-1], job.options)
+    modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
+    urls = [u for w in workloads for u in w.input_urls()]
+    urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
+    urls = tuple(dict.fromkeys(urls))
+    start = None
+    if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
+        start = ClusterStart(first, modules, urls)
+    try:
+        t0 = time.perf_counter()
+        for job, workload in zip(jobs, workloads, strict=True):
+            with naming_file(job.source, several):
+                preflight(workload)
+                worker_price(job.options)  # a bad instance type or price file, before any task
+                if workload.writes_output:
+                    open_store(job.options.output).preflight()
+        finished = []
+        for job, workload in zip(jobs, workloads, strict=True):
+            with naming_file(job.source, several):
+                finished.append(completed_job(workload, job.options))
+        # (a complete job writes nothing: its record and manifest were just read)
+        writing = zip(jobs, workloads, finished, strict=True)
+        check_batch_space([(w, job.options) for job, w, done in writing if done is None])
+        validation_seconds = time.perf_counter() - t0
+    except BaseException:
+        if start is not None:
+            # Closed here, before the error is shown: a cluster closed while the
+            # interpreter exits has its workers print tracebacks of lost heartbeats.
+            start.close()
+        raise
+    if all(s is not None for s in finished):
+        if start is not None:
+            start.close()
+        for job, summary in zip(jobs, finished, strict=True):
+            _write_report(job.options, job.job_id, summary, echo)
+            if on_summary:
+                on_summary(job, summary)
+        return finished
+    summaries = []
+    with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
+        t1 = time.perf_counter()
+        client = start.client()
+        startup = {
+            "inputs checked": validation_seconds,
+            "cluster start": start.seconds,
+            "worker imports": start.import_seconds,
+            "waited for the cluster": time.perf_counter() - t1,
+        }
+        if not first.scheduler and first.dashboard and client.dashboard_link:
+            echo(f"dashboard: {client.dashboard_link}")
+        for job, workload in zip(jobs, workloads, strict=True):
+            echo(f"{_first_line(workload)} on {_cluster_name(client)}")
+            with _performance_report(job.options.report, job.job_id):
+                summary = run_job(workload, job.options, client, echo=echo)
+            summary.cluster_seconds = startup.get("waited for the cluster", 0.0)
+            summary.startup, startup = startup, {}
+            _write_report(job.options, job.job_id, summary, echo)
+            summaries.append(summary)
+            if on_summary:
+                on_summary(job, summary)
+    return summaries
+
+
+def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -> None:
+    """The run's summary (JSON) and report page, with ``--report``; a job found
+    complete ran nothing to report on, and says so."""
+    if not options.report:
+        return
+    if summary.complete and not summary.units_run:
+        echo(f"  no report for job {job_id!r} in {options.report}: it was complete "
+             "and nothing ran (--overwrite runs it again)")  # fmt: skip
+        return
+    Path(options.report).mkdir(parents=True, exist_ok=True)
+    Path(options.report, f"{job_id}-summary.json").write_text(summary.to_json())
+    write_report_page(summary, Path(options.report, f"{job_id}-report.html"))
+
+
+#: Run settings of the connection to a cluster (or of the embedded one it starts).
+CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
+                       "direct_to_workers")  # fmt: skip
+
+
+#: Run settings of the cluster, not of a job: the jobs of one run share the first's.
+CLUSTER_SETTINGS = (*CONNECTION_SETTINGS, "profile")
+
+
+def _check_one_cluster(jobs: Sequence[Job]) -> None:
+    """A later job file's cluster settings were silently ignored (the run used the
+    first job's cluster), so the order of the files decided how the run went."""
+    first = jobs[0]
+    for job in jobs[1:]:
+        for name in CLUSTER_SETTINGS:
+            mine, theirs = getattr(job.options, name), getattr(first.options, name)
+            if mine != theirs:
+                raise ConfigError(
+                    f"{job.source or job.job_id}: {name} = {mine!r}, but the jobs of one run "
+                    f"share one cluster, the first job's ({first.source or first.job_id}: "
+                    f"{name} = {theirs!r}); give --{name.replace('_', '-')} for all of them, "
+                    "or run this job on its own"
+                )
+
+
+def _check_profile_paths(jobs: Sequence[Job]) -> None:
+    """Several jobs' task profiles to one file without ``{job}``: each job's would
+    replace the last one's, unsaid."""
+    paths = collections.Counter(j.options.profile_tasks for j in jobs if j.options.profile_tasks)
+    shared = [p for p, n in paths.items() if n > 1 and "{job}" not in p]
+    if shared:
+        raise ConfigError(
+            f"--profile-tasks {shared[0]}: {paths[shared[0]]} jobs would write it, each over "
+            "the last; put {job} in the name (e.g. prof/{job}.pstats)"
+        )
+
+
+def _looks_complete(workload: Workload, options: RunOptions) -> bool:
+    """Whether the job's output holds its consolidated results (one cheap check:
+    whether they are current is for :func:`completed_job`, after validation)."""
+    if not workload.writes_output or options.overwrite:
+        return False
+    try:
+        return open_store(options.output).exists(consolidated_manifest_key(workload.job_id))
+    except Exception:  # a bad output: validation says what is wrong with it
+        return True
+
+
+def _cluster_name(client) -> str:
+    n = sum(client.ncores().values())
+    return f"{client.scheduler.address} ({n} worker threads)"
+
+
+@contextlib.contextmanager
+def _performance_report(report_dir: str | None, job_id: str):
+    if not report_dir:
+        yield
+        return
+    from distributed import performance_report
+
+    Path(report_dir).mkdir(parents=True, exist_ok=True)
+    with performance_report(filename=str(Path(report_dir, f"{job_id}-dask-report.html"))):
+        yield
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None):
+    if not path:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(path)
+
+
+def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=None):
+    """Run one workload built in Python (not from a job file): on ``client``'s cluster,
+    or on an embedded one started for it unless the job is complete already."""
+    echo = echo or (lambda message: None)
+    check_driver_paths(options, workload.job_id)
+    check_inputs_outside(workload, options)
+    preflight(workload)
+    finished = completed_job(workload, options)
+    if finished is None:
+        # The report and the driver's profile as `pipeline run` writes them: checked
+        # above, they were then left unwritten, unsaid
+        with contextlib.ExitStack() as stack, _profiled(options.profile):
+            if client is None:
+                client = stack.enter_context(connect(options))
+            with _performance_report(options.report, workload.job_id):
+                finished = run_job(workload, options, client, echo=echo)
+    _write_report(options, workload.job_id, finished, echo)
+    return finished
+
+
+def _first_line(workload: Workload) -> str:
+    """The run's first line: the workload's description, and the bytes it will write
+    when that is known before it runs."""
+    nbytes = workload.output_bytes(workload.n_units) if workload.writes_output else None
+    return workload.describe() + (f" ({size(nbytes)} of output)" if nbytes else "")

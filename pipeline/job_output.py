@@ -1,0 +1,133 @@
+"""A job's output: opened (emptied first with --overwrite), held by one run at a time,
+checked for the space it needs, and its complete tasks found."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from .config import RunOptions
+from .errors import JobRunning, StorageError
+from .layout import (
+    completed_tasks,
+    consolidated_manifest_key,
+    job_record_key,
+    lock_key,
+    read_job_record,
+    readable_table,
+)
+from .planning.plan import Plan
+from .storage import Store, open_store
+from .summary import size
+from .workload import Task, Workload
+
+log = logging.getLogger("pipeline.runner")
+
+
+def _completed(store: Store | None, job_id: str) -> set[int]:
+    return completed_tasks(store, job_id) if store is not None else set()
+
+
+def open_output(workload: Workload, options: RunOptions, echo=print) -> Store | None:
+    """The job's store, checked writable; emptied of the job first with --overwrite."""
+    if not workload.writes_output:
+        return None
+    store = open_store(options.output)
+    store.preflight()
+    if options.overwrite:
+        removed = store.delete_prefix(workload.job_id)
+        removed += store.discard_incomplete(workload.job_id)
+        if removed:
+            echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
+    return store
+
+
+def _consolidated(store: Store, job_id: str) -> bool:
+    """Whether the job's consolidated manifest is there and readable: one damaged after
+    its run (garbage in manifest.parquet) made the job "complete" with its index lost;
+    the run now writes it again from the tasks' entries."""
+    key = consolidated_manifest_key(job_id)
+    if not store.exists(key):
+        return False
+    damage = readable_table(store, key)
+    if damage is not None:
+        log.warning("%s is damaged (%s): written again from the tasks' entries",
+                    store.describe(key), damage)  # fmt: skip
+    return damage is None
+
+
+@contextlib.contextmanager
+def _held(workload: Workload, options: RunOptions):
+    """The job's lock, for one run at a time: two would plan, write and consolidate
+    the same tasks at once (units lost and duplicated, and both saying complete)."""
+    if not workload.writes_output:
+        yield
+        return
+    store = open_store(options.output)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    owner = f"pid {os.getpid()} on {socket.gethostname()}, started {started}"
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(store.hold(lock_key(workload.job_id), owner))
+        except BlockingIOError as exc:
+            raise JobRunning(
+                f"job {workload.job_id!r} in {store.url} is already running ({exc.strerror}); "
+                "wait for that run to end, or stop it (a stopped run lets go at once on a "
+                "local disk, within a minute on S3)"
+            ) from None
+        yield
+
+
+def check_batch_space(batch: list[tuple[Workload, RunOptions]]) -> None:
+    """Jobs run one after another that together would fill their output's disk fail
+    before any of them runs: the second job's check, in its own run, came after the
+    first had written (and its summary was never shown)."""
+    needed: dict[str, list[tuple[Workload, int]]] = {}
+    free: dict[str, int | None] = {}
+    for workload, options in batch:
+        if not workload.writes_output or not workload.output_bytes(workload.n_units):
+            continue
+        store = open_store(options.output)
+        if store.url not in free:
+            free[store.url] = store.free_bytes()  # None where unknown (S3): not checked
+        if free[store.url] is not None:
+            units = workload.n_units if options.overwrite else _units_left(workload, store)
+            needed.setdefault(store.url, []).append((workload, units))
+    for url, jobs in needed.items():
+        nbytes = sum(w.output_bytes(units) or 0 for w, units in jobs)
+        if nbytes > free[url]:
+            which = ", ".join(f"{w.job_id!r} {size(w.output_bytes(u) or 0)}" for w, u in jobs)
+            raise StorageError(
+                f"output {url}: {size(nbytes)} still to write (jobs {which}), {size(free[url])} "
+                "free on its disk; free some space or write elsewhere (--output)"
+            )
+
+
+def _units_left(workload: Workload, store: Store) -> int:
+    """Units a run of the job would still write, from its record as it is: read only
+    (the plan is recorded, and the settings compared, by the run itself)."""
+    key = job_record_key(workload.job_id)
+    if not store.exists(key):
+        return workload.n_units
+    plan = Plan.from_record(read_job_record(store, key))
+    return workload.n_units - _units_in(
+        plan.tasks(workload.n_units), _completed(store, workload.job_id)
+    )
+
+
+def _check_space(workload: Workload, store: Store | None, units: int) -> None:
+    """A job that would fill its disk fails now, not after an hour's tasks."""
+    nbytes = workload.output_bytes(units) if store is not None and units else None
+    free = store.free_bytes() if nbytes else None
+    if free is not None and nbytes > free:
+        raise StorageError(
+            f"output {store.url}: {size(nbytes)} of {units:,} {workload.unit_name}s still to "
+            f"write, {size(free)} free on its disk; free some space or write elsewhere (--output)"
+        )
+
+
+def _units_in(tasks: list[Task], indices: set[int]) -> int:
+    return sum(len(t.units) for t in tasks if t.index in indices)

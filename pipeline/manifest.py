@@ -1,0 +1,124 @@
+"""Manifests: what a job's output holds, listed with checksums.
+
+Each task writes its entry (``<job>/manifest/part-NNNNNN.parquet``) last, once its
+objects are written; a complete job's entries are consolidated into
+``<job>/manifest.parquet``. An entry lists objects (``object``, ``kind``), the units
+each holds (a range: ``unit_start``, ``unit_stop``, or columns a workload names in
+``Workload.manifest_columns``) and the :func:`checksum` of its bytes, which
+``pipeline verify`` compares with what it reads back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from .layout import consolidated_manifest_key, manifest_key
+from .storage import Store, read_parquet_tables, write_parquet
+
+if TYPE_CHECKING:
+    from .workload import Task
+
+__all__ = [
+    "UNIT_RANGE",
+    "check_listed_objects",
+    "checksum",
+    "consolidate_manifest",
+    "manifest_entries",
+    "summed_fingerprint",
+]
+
+#: The columns of an entry's object and its units' range, unless a workload names others.
+UNIT_RANGE = ("object", "unit_start", "unit_stop")
+
+
+def checksum(data) -> str:
+    """The checksum a manifest entry lists for an object (its ``checksum`` column): the
+    xxh3_64 of its bytes (or of any buffer), 16 hex digits. ``pipeline verify``
+    compares it with the bytes it reads back; the runner refuses an entry whose
+    checksums are not of this form."""
+    import xxhash
+
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def summed_fingerprint(values: Iterable[int]) -> str:
+    """A fingerprint of units, or of tasks' fingerprints: the sum of 64-bit values
+    modulo 2**64, in hex, whatever their order or grouping."""
+    return f"{sum(values) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def manifest_entries(store: Store, job_id: str, tasks: list[Task], order: str = UNIT_RANGE[1]):
+    """Every task's manifest entry as one table, in the order of its ``order`` column
+    (an entry's first unit) when it has one."""
+    import pyarrow as pa
+
+    parts = read_parquet_tables(store, [manifest_key(job_id, t.index) for t in tasks])
+    manifest = pa.concat_tables(parts, promote_options="permissive")
+    if order in manifest.column_names:
+        return manifest.sort_by([(order, "ascending")])
+    return manifest
+
+
+def consolidate_manifest(
+    store: Store, job_id: str, tasks: list[Task], check=None, order: str = UNIT_RANGE[1]
+):
+    """Every task's manifest entry as one ``<job>/manifest.parquet``; returns the table.
+    ``check(manifest)`` first, if given: what it raises leaves the job unfinished."""
+    manifest = manifest_entries(store, job_id, tasks, order)
+    if check is not None:
+        check(manifest)
+    write_parquet(store, consolidated_manifest_key(job_id), manifest)
+    return manifest
+
+
+def check_listed_objects(
+    store: Store,
+    manifest,
+    check,
+    on_object=None,
+    *,
+    coverage: bool = True,
+    columns: Sequence[str] = UNIT_RANGE,
+) -> set[str]:
+    """Every object the manifest (a pandas DataFrame, None if absent) lists exists with
+    its checksum; every unit lies in exactly one entry's range (``columns``: the
+    object's column, the range's first unit and the one past its last). Problems go
+    into ``check`` (a :class:`pipeline.verify.JobCheck`); ``on_object(row, data)`` may
+    check an object's content further. Returns the objects listed."""
+    listed: set[str] = set()
+    if manifest is None:
+        check.missing = [f"unit {u}" for u in range(check.units_expected)]
+        return listed
+    key, start, stop = columns
+    for row in manifest.itertuples():
+        obj = getattr(row, key)
+        listed.add(obj)
+        where = store.describe(obj)
+        units = range(int(getattr(row, start)), int(getattr(row, stop)))
+        try:
+            data = store.read_bytes(obj)
+        except FileNotFoundError:
+            check.missing.append(where)
+            check.damaged_units.add(units.start)
+            check.unverified.update(units)
+            continue
+        check.objects_checked += 1
+        actual = checksum(data)
+        if actual != row.checksum:
+            check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
+            check.damaged_units.add(units.start)
+            check.unverified.update(units)
+        elif on_object is not None:
+            on_object(row, data)
+    if not coverage:
+        return listed
+    ranges = manifest[[start, stop]].drop_duplicates()
+    counts = [0] * check.units_expected
+    for a, b in ranges.itertuples(index=False):
+        for u in range(int(a), min(int(b), check.units_expected)):
+            counts[u] += 1
+    check.duplicated += [f"unit {u}" for u, n in enumerate(counts) if n > 1]
+    check.missing += [f"unit {u}" for u, n in enumerate(counts) if n == 0]
+    check.units_ok = sum(1 for u, n in enumerate(counts) if n == 1 and u not in check.unverified)
+    return listed
