@@ -10,11 +10,12 @@ import sys
 import time
 from dataclasses import asdict, replace
 
+from .cluster.connect import worker_threads
 from .config import RunOptions
 from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
-from .dispatch import WORKERLESS_SECONDS, TaskRunner, count_workers
+from .dispatch import WORKERLESS_SECONDS, TaskRunner
 from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
 from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
 from .layout import (
@@ -55,19 +56,21 @@ def _wait_for_a_worker(client) -> int:
     """The cluster's worker threads, once it has one. A scheduler without workers (none
     started yet, or all gone) is an error before any task: the tasks waited 60 s each
     in joblib and every unit was failed with its advice, after 6 minutes."""
-    workers = sum(client.ncores().values())
+    workers = worker_threads(client)
     if workers:
         return workers
     log.warning("no worker on the scheduler yet; waiting up to %d s for one", WAIT_FOR_WORKERS)
-    try:
-        client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
-    except TimeoutError:
-        raise ClusterError(
-            f"no worker joined the scheduler at {client.scheduler.address} within "
-            f"{WAIT_FOR_WORKERS} s: start workers against it (docs/remote.md), or check "
-            "that they can reach it"
-        ) from None
-    return count_workers(client)
+    deadline = time.monotonic() + WAIT_FOR_WORKERS
+    while not workers:
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"no worker joined the scheduler at {client.scheduler.address} within "
+                f"{WAIT_FOR_WORKERS} s: start workers against it (docs/remote.md), or check "
+                "that they can reach it"
+            )
+        time.sleep(0.5)
+        workers = worker_threads(client)
+    return workers
 
 
 def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> RunSummary | None:
@@ -127,8 +130,10 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     _check_space(workload, store, workload.n_units - complete)
     workload.prepare_cluster(client)
     try:
-        with _progress(workload, options, _units_in(known, done)) as bar:
-            run = TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks))
+        with (
+            _progress(workload, options, _units_in(known, done)) as bar,
+            TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks)) as run,
+        ):
             layout = unit_layout(workload)
             receipts, rest = [], None
             if not plan.sized:
@@ -156,7 +161,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     summary.units_skipped = complete
     summary.wall_seconds = time.perf_counter() - t_start
     if options.profile_tasks:
-        from .profiling import merge_profiles
+        from .dispatch.profiling import merge_profiles
 
         try:
             merged = merge_profiles(

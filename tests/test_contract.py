@@ -10,8 +10,8 @@ missing, a corrupt and an extra object, and with ``--repair`` a rerun mends them
 from __future__ import annotations
 
 import hashlib
-import json
 import io
+import json
 import re
 
 import pyarrow.parquet as pq

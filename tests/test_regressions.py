@@ -1034,7 +1034,7 @@ def test_profile_tasks_merges_the_workers_profiles(dataset, tmp_path, client):
     calls = {(f.rsplit("/", 1)[-1], name): nc for (f, _line, name), (_cc, nc, *_) in stats.items()}
     assert calls[("engine.py", "fit_task")] == 3  # one per task, from both workers
     assert calls[("stack.py", "solve_stack")] >= 3
-    assert calls[("dispatch.py", "execute_task")] == 3
+    assert calls[("task.py", "execute_task")] == 3
     # without the setting, receipts carry no statistics and no file is written
     s = run_job(w, RunOptions(output=str(tmp_path / "out2"), units_per_task=3, progress=False),
                 client, echo=lambda m: None)  # fmt: skip

@@ -17,7 +17,7 @@ from ..config import RunOptions
 from ..errors import ClusterError
 from .embedded import check_embedded_workers, embedded_cluster, spawn_without_rerunning_main
 
-__all__ = ["connect"]
+__all__ = ["connect", "count_workers", "worker_threads"]
 
 
 log = logging.getLogger(__name__)
@@ -254,3 +254,19 @@ def _security(options: RunOptions):
         return tls_security(*files.values())
     except FileNotFoundError as exc:
         raise ClusterError(str(exc)) from exc
+
+
+def worker_threads(client) -> int:
+    """The cluster's worker threads, in one small request: the scheduler's totals, not
+    every worker's details (asked in a loop at a thousand workers, those pinned a
+    scheduler's core: distributed issue 9043). Clients older than the ``n_workers``
+    argument count the workers' threads."""
+    try:
+        return int(client.scheduler_info(n_workers=0)["total_threads"])
+    except (TypeError, KeyError):
+        return sum(client.ncores().values())
+
+
+def count_workers(client) -> int:
+    """The cluster's worker threads, at least one (what the planner sizes for)."""
+    return max(1, worker_threads(client))

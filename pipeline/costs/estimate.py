@@ -22,9 +22,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..cluster.connect import count_workers
 from ..config import RunOptions
 from ..contract import preflight
-from ..dispatch import TaskRunner, count_workers
+from ..dispatch import TaskRunner
 from ..errors import PipelineError
 from ..job_output import open_output
 from ..planning.plan import Plan, is_small_job, unit_layout
@@ -88,14 +89,14 @@ def estimate(
     this cluster and on ``fleets``."""
     price = worker_price(options)
     place = contextlib.nullcontext(scratch) if scratch else scratch_output(options.output)
-    with place as scratch:
+    with place as scratch, contextlib.ExitStack() as stack:
         opts = dataclasses.replace(options, output=scratch, overwrite=True, progress=False)
         workload = build(opts)
         preflight(workload)
         store = open_output(workload, opts, echo=lambda m: None)
         n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)
-        run = TaskRunner(workload, store, client, _NoBar())
+        run = stack.enter_context(TaskRunner(workload, store, client, _NoBar()))
         plan = Plan()
         layout = unit_layout(workload)
         t0 = time.perf_counter()

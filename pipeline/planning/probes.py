@@ -242,20 +242,36 @@ def _noop(_i: int) -> None:
 
 
 def _task_overhead(client, n_workers: int) -> float:
-    """Seconds of scheduling per task on this cluster: a burst of no-op tasks, 4 per
-    worker (8 at least), submitted at once; its wall time over its tasks is what the
-    scheduler, the network and the workers' task handling cost per task, the cost the
-    probes' round trips hold, without joblib's per-call setup (scattering the
-    workload) that a round of probes pays once. (On a few workers the figure cannot
-    bind: 8 no-ops cost 15 ms where 20 cost 37, before every probed run.)"""
+    """The scheduler's seconds of CPU per task on this cluster: a burst of no-op tasks,
+    4 per worker (8 at least), submitted at once and waited for (nothing fetched); the
+    scheduler's CPU time over the burst per task (where the scheduler runs functions
+    for its clients), else the burst's wall time per task, which holds the round trips
+    too. (On a few workers the figure cannot bind: 8 no-ops cost 15 ms where 20 cost
+    37, before every probed run.)"""
+    from distributed import wait
+
     count = max(8, 4 * n_workers)
     try:
+        cpu0 = _scheduler_cpu(client)
         t0 = time.perf_counter()
         futures = client.map(_noop, range(count), pure=False)
-        client.gather(futures)
-        return (time.perf_counter() - t0) / count
+        wait(futures)
+        wall = time.perf_counter() - t0
+        cpu1 = _scheduler_cpu(client)
+        del futures
     except Exception:  # the cluster failing: the probes will say so
         return 0.0
+    if cpu0 is None or cpu1 is None:
+        return wall / count
+    return max(cpu1 - cpu0, 0.0) / count
+
+
+def _scheduler_cpu(client) -> float | None:
+    """The scheduler process's CPU seconds, None where it runs no client's function."""
+    try:
+        return float(client.run_on_scheduler(time.process_time))
+    except Exception:
+        return None
 
 
 def _describe_model(model: CostModel | None, unit: str) -> str:

@@ -12,8 +12,8 @@ than a row group is the whole row group. The probe tasks measure all three
 
 so that (a) tasks last about ``task_seconds``; (b) at the task rate this gives,
 ``workers / target`` tasks a second, the scheduler spends at most
-``SCHEDULER_SHARE`` (10 %) of one core on them: at 1 ms a task, 2 workers need
-tasks of 20 ms, 1,000 workers tasks of 10 s; (c) the fixed part is at most half
+``SCHEDULER_SHARE`` (25 %) of one core on them: at 1 ms a task, 2 workers need
+tasks of 8 ms, 1,000 workers tasks of 4 s; (c) the fixed part is at most half
 a task. A job too small to give each worker :data:`MIN_TASKS_PER_WORKER` such
 tasks is cut into up to that many rounds of shorter tasks (at least
 :data:`SHORT_TASK_SECONDS` and 4x the fixed part; one round when a worker's share
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 #: The most of one scheduler core the job's tasks may take, at the planned task rate.
-SCHEDULER_SHARE = 0.10
+SCHEDULER_SHARE = 0.25
 #: Enough tasks per worker that uneven tasks do not leave workers idle at the end.
 MIN_TASKS_PER_WORKER = 4
 #: A small job's tasks last at least this (and 4x their fixed cost): shorter ones cost

@@ -1,0 +1,15 @@
+"""Running a workload's tasks on the cluster: the task a worker runs (:mod:`.task`),
+its receipt's way back (:mod:`.receipts`), the workload's way out (:mod:`.shipping`),
+the runner of lists of tasks (:mod:`.runner`) and task profiles (:mod:`.profiling`)."""
+
+from .runner import DASK_LEVEL_RETRIES, WORKERLESS_SECONDS, TaskRunner, send_promptly
+from .task import execute_task, run_queue_seconds
+
+__all__ = [
+    "DASK_LEVEL_RETRIES",
+    "WORKERLESS_SECONDS",
+    "TaskRunner",
+    "execute_task",
+    "run_queue_seconds",
+    "send_promptly",
+]

@@ -1,0 +1,132 @@
+"""Receipts on their way back: a worker publishes each task's receipt as an event on
+the client's own topic, and the driver routes it to the run that sent the task.
+
+An event travels on the worker's stream to the scheduler (the one its heartbeats and
+"task finished" messages take), and the scheduler forwards it on the client's stream:
+no connection to the worker is opened, as fetching a result would need, and an event
+is published before the worker reports the task finished, so a finished task's
+receipt is already here. The scheduler keeps a topic's last events (Dask's
+``distributed.admin.low-level-log-length``), which is how a driver that reconnected
+catches up; it drops a client's topic once the client is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import queue
+import threading
+from typing import Any
+
+from ..workload import TaskReceipt, UnitFailure
+
+__all__ = ["ReceiptTopic", "decode", "encode"]
+
+#: The key of a receipt's event message (other events on the topic are Dask's).
+MARK = "pipeline-receipt"
+
+
+def encode(receipt: TaskReceipt, token: str) -> dict[str, Any]:
+    """The receipt as an event message of plain types (msgpack's), for run ``token``.
+    Failures come as runs of consecutive units failed alike: a task that failed whole
+    is one run, not a message per unit."""
+    fields = {f.name: getattr(receipt, f.name) for f in dataclasses.fields(receipt)}
+    fields["failures"] = _runs(receipt.failures)
+    fields["recorded"] = None if receipt.recorded is None else _runs(receipt.recorded)
+    return {MARK: token, "receipt": fields}
+
+
+def decode(message: dict[str, Any]) -> TaskReceipt:
+    fields = dict(message["receipt"])
+    fields["failures"] = _expand(fields["failures"])
+    if fields.get("recorded") is not None:
+        fields["recorded"] = _expand(fields["recorded"])
+    fields["phases"] = dict(fields.get("phases") or {})
+    return TaskReceipt(**fields)
+
+
+def _runs(failures) -> list[list]:
+    """[first unit, last unit + 1, error type, message, key] for each run of failures of
+    consecutive integer units with the same error and no key of their own."""
+    runs: list[list] = []
+    for f in failures:
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and isinstance(f.unit, int)
+            and not f.key
+            and not last[4]
+            and last[1] == f.unit
+            and (last[2], last[3]) == (f.error_type, f.message)
+        ):
+            last[1] += 1
+            continue
+        stop = f.unit + 1 if isinstance(f.unit, int) else None
+        runs.append([f.unit, stop, f.error_type, f.message, f.key])
+    return runs
+
+
+def _expand(runs: list[list]) -> tuple[UnitFailure, ...]:
+    out = []
+    for start, stop, error_type, message, key in runs:
+        units = range(start, stop) if stop is not None else (start,)
+        out.extend(UnitFailure(u, error_type, message, key) for u in units)
+    return tuple(out)
+
+
+class ReceiptTopic:
+    """The receipts published on ``client``'s topic, routed by run token into one queue
+    per run. One per client (:meth:`of`): a client has one handler per topic."""
+
+    def __init__(self, client):
+        self.client = client
+        self.topic = str(client.id)
+        self._queues: dict[str, queue.SimpleQueue] = {}
+        self._lock = threading.Lock()
+        client.subscribe_topic(self.topic, self._handle)
+
+    @classmethod
+    def of(cls, client) -> ReceiptTopic:
+        topic = getattr(client, "_pipeline_receipts", None)
+        if topic is None:
+            topic = client._pipeline_receipts = cls(client)
+        return topic
+
+    def open(self, token: str) -> queue.SimpleQueue:
+        with self._lock:
+            return self._queues.setdefault(token, queue.SimpleQueue())
+
+    def close(self, token: str) -> None:
+        """Stop routing run ``token``'s receipts; the last run leaves the topic (the
+        scheduler then sends the client none of its own events on it, such as the one
+        it logs as the client closes, into a stream that is closing)."""
+        with self._lock:
+            self._queues.pop(token, None)
+            if self._queues or self.client.status != "running":
+                return
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(self.topic)
+        self.client._pipeline_receipts = None
+
+    def _handle(self, event) -> None:
+        # In the client's event loop: route, never block.
+        _time, message = event
+        self._route(message)
+
+    def _route(self, message) -> None:
+        if isinstance(message, dict) and MARK in message:
+            q = self._queues.get(message[MARK])
+            if q is not None:
+                q.put(message)
+
+    def resubscribe(self) -> None:
+        """After the client reconnected: the scheduler forgot the subscription."""
+        self.client.subscribe_topic(self.topic, self._handle)
+
+    def catch_up(self) -> int:
+        """Route the topic's events the scheduler still holds (those published while the
+        client was away among them); duplicates are the runs' to drop. Their count."""
+        events = self.client.get_events(self.topic)
+        for _time, message in events:
+            self._route(message)
+        return len(events)

@@ -1,0 +1,388 @@
+"""Running lists of tasks on the cluster, their receipts back as they complete.
+
+Tasks go to the scheduler with ``Client.map``, a batch of them in one message, each
+under a key of its own; receipts come back as events (:mod:`.receipts`), never as
+results fetched from a worker. The runner watches the tasks' futures only for what
+Dask itself reports: a task given up on (its workers died), or cancelled with the
+connection to the scheduler.
+
+Tasks are also wanted by the scheduler's fire-and-forget client, so they run on while
+the driver's connection is down (a load balancer failing over, a network blip). The
+client reconnects by itself within its connect timeout; the runner then takes the
+receipts published meanwhile from the scheduler's log of the topic and submits the
+tasks not heard from again under the same keys: the scheduler attaches those queued or
+running, and one that completed meanwhile (its key gone) finds its manifest entry and
+reports it without running again.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import queue
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cluster.connect import worker_threads
+from ..errors import ClusterError
+from ..storage import Store
+from ..workload import Task, TaskReceipt, Workload
+from . import shipping
+from .receipts import ReceiptTopic, decode
+from .task import TaskCall, failed_receipt, killed_receipt, run_task
+
+__all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner", "send_promptly"]
+
+log = logging.getLogger("pipeline.runner")
+
+#: Times a task that failed at the Dask level (not KilledWorker) is submitted again.
+DASK_LEVEL_RETRIES = 2
+#: Times a task Dask gave up on (its workers kept dying) runs again, alone, after the
+#: others: one whose code ends its process does not take the rest along.
+SUSPECT_RETRIES = 1
+#: Seconds a run waits, with tasks left, on a cluster that has no worker.
+WORKERLESS_SECONDS = 60
+#: Tasks per message to the scheduler: one message of thousands of tasks holds its
+#: event loop (heartbeats, other clients) for seconds.
+SUBMIT_BATCH = 500
+#: Seconds between looks at the tasks' futures while receipts come or not.
+CHECK_SECONDS = 1.0
+#: Seconds a task Dask says finished may go without its receipt before the scheduler's
+#: log of the topic is read for it, and then before it is submitted again.
+RECEIPT_GRACE = 30.0
+#: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
+SEND_INTERVAL = 0.001
+
+
+def send_promptly(client) -> None:
+    """Have ``client`` send its messages to the scheduler at most 1 ms apart. Dask's
+    client batches them 10 ms apart, and a probe round is submitted just after the
+    last round's receipts came, so its tasks waited for the next batch: from a round's
+    dispatch to its first task running took 11-14 ms (median), 5.5 ms after this
+    (embedded cluster, 2 workers). A reconnected client is back at Dask's interval."""
+    stream = getattr(client, "scheduler_comm", None)
+    if isinstance(getattr(stream, "interval", None), float):
+        stream.interval = min(stream.interval, SEND_INTERVAL)
+
+
+@dataclass
+class _Launch:
+    """One call's tasks: those not heard from, their futures and attempts."""
+
+    pending: dict[int, Task]
+    futures: dict[int, Any] = field(default_factory=dict)
+    attempts: collections.Counter = field(default_factory=collections.Counter)
+    ready: collections.deque = field(default_factory=collections.deque)
+    #: Tasks Dask gave up on, to run again alone once the others are done.
+    suspects: list[Task] = field(default_factory=list)
+    named: collections.Counter = field(default_factory=collections.Counter)
+    retries: collections.Counter = field(default_factory=collections.Counter)
+    #: When Dask said a task finished whose receipt has not come (monotonic seconds).
+    unreceipted: dict[int, float] = field(default_factory=dict)
+    generation: int = 0
+
+
+@dataclass
+class TaskRunner:
+    """Runs lists of tasks of one workload on ``client``'s cluster."""
+
+    workload: Workload
+    store: Store | None
+    client: Any
+    bar: Any
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        send_promptly(self.client)
+        self._token = secrets.token_hex(8)
+        self._topic = ReceiptTopic.of(self.client)
+        self._inbox = self._topic.open(self._token)
+        self._launches: list[_Launch] = []
+        self._owner: dict[int, _Launch] = {}
+        self._generation = 0
+        self._arg: Any = None
+        self._shipped: shipping.Shipped | None = None
+        self._workerless_since: float | None = None
+        self._checked = time.monotonic()
+
+    def __enter__(self) -> TaskRunner:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel the tasks not heard from (they would run on: the scheduler's
+        fire-and-forget client wants them), stop listening for this runner's receipts,
+        and free the workers of its workload."""
+        for run in list(self._launches):
+            self._abandon(run)
+        self._topic.close(self._token)
+        if self._shipped is not None:
+            shipping.unship(self.client, self._shipped)
+            self._shipped = None
+
+    def _abandon(self, run: _Launch) -> None:
+        futures = [f for i, f in run.futures.items() if i in run.pending]
+        if futures and self.client.status == "running":
+            with contextlib.suppress(Exception):
+                self.client.cancel(futures, force=True)
+
+    def __call__(self, tasks: Sequence[Task]) -> list[TaskReceipt]:
+        """Run ``tasks``; receipts in completion order, one per task."""
+        return list(self.launch(tasks))
+
+    def launch(self, tasks: Sequence[Task]) -> Iterator[TaskReceipt]:
+        """Submit ``tasks`` now; their receipts as they complete, one per task. The
+        tasks run whether or not the receipts are being read (another call's may be
+        read first).
+
+        A task Dask gives up on (``KilledWorker``: the workers running it died) runs
+        again alone after the others (:data:`SUSPECT_RETRIES` times), then is failed;
+        one that fails at the Dask level otherwise is submitted again
+        (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
+        scheduler is waited out within the client's connect timeout, then is an
+        error (every task that completed is stored: a rerun resumes)."""
+        run = _Launch({t.index: t for t in tasks}, generation=self._generation)
+        for t in tasks:
+            self._owner[t.index] = run
+        self._launches.append(run)
+        self._submit(run, list(tasks))
+        return self._receipts(run)
+
+    # -- submitting --------------------------------------------------------------------
+
+    def _key(self, run: _Launch, task: Task) -> str:
+        return f"pipeline-task-{self._token}-{task.index}-{run.attempts[task.index]}"
+
+    def _workload_arg(self, count: int):
+        """The workload as tasks carry it: itself, unless the submission's copies of it
+        would pass :data:`~.shipping.INLINE_BYTES`; then shipped once, by name."""
+        if self._shipped is not None:
+            return self._shipped
+        if self._arg is None:
+            self._arg = shipping.pickled_size(self.workload)
+        size, data = self._arg
+        if size * count <= shipping.INLINE_BYTES:
+            return self.workload
+        self._shipped = shipping.ship(self.client, data)
+        return self._shipped
+
+    def _submit(self, run: _Launch, tasks: list[Task], *, again: bool = False) -> None:
+        from distributed import fire_and_forget
+
+        if not tasks:
+            return
+        self._wait_for_a_worker()
+        store_url = self.store.url if self.store is not None else None
+        call = TaskCall(self._workload_arg(len(tasks)), store_url, self.profile,
+                        self._topic.topic, self._token, again)  # fmt: skip
+        for first in range(0, len(tasks), SUBMIT_BATCH):
+            batch = tasks[first : first + SUBMIT_BATCH]
+            futures = self.client.map(
+                run_task,
+                batch,
+                [call] * len(batch),
+                key=[self._key(run, t) for t in batch],
+                pure=False,
+            )
+            fire_and_forget(futures)
+            run.futures.update(zip((t.index for t in batch), futures, strict=True))
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _receipts(self, run: _Launch) -> Iterator[TaskReceipt]:
+        try:
+            while run.pending or run.ready:
+                if run.ready:
+                    receipt = run.ready.popleft()
+                    self.bar.update(receipt.units)
+                    yield receipt
+                    continue
+                if run.suspects and set(run.pending) == {t.index for t in run.suspects}:
+                    task = run.suspects.pop(0)  # the others are done: alone, in turn
+                    run.attempts[task.index] += 1
+                    self._submit(run, [task])
+                self._pump()
+        finally:
+            self._abandon(run)  # (read to the end: none is left)
+            self._launches.remove(run)
+            for index in list(run.pending):
+                self._owner.pop(index, None)
+            for future in run.futures.values():
+                future.release()
+            run.futures.clear()
+
+    def _pump(self) -> None:
+        """Route the next receipt to its run, waiting for it at most :data:`CHECK_SECONDS`;
+        look at the futures every :data:`CHECK_SECONDS` (the cluster failing under us)."""
+        try:
+            message = self._inbox.get(timeout=CHECK_SECONDS)
+        except queue.Empty:
+            message = None
+        if message is not None:
+            self._accept(decode(message))
+        now = time.monotonic()
+        if now - self._checked >= CHECK_SECONDS:
+            self._checked = now
+            self._check()
+
+    def _accept(self, receipt: TaskReceipt) -> None:
+        run = self._owner.get(receipt.index)
+        if run is None or receipt.index not in run.pending:
+            return  # (a task's second receipt: run again after its worker was lost)
+        self._done(run, receipt)
+
+    def _done(self, run: _Launch, receipt: TaskReceipt) -> None:
+        del run.pending[receipt.index]
+        self._owner.pop(receipt.index, None)
+        run.unreceipted.pop(receipt.index, None)
+        future = run.futures.pop(receipt.index, None)
+        if future is not None:
+            future.release()
+        run.ready.append(receipt)
+
+    # -- what Dask reports -------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.client.status != "running":
+            self._reconnected()
+            return
+        self._stalled()
+        for run in list(self._launches):
+            for index, future in list(run.futures.items()):
+                if index not in run.pending:
+                    continue
+                status = future.status
+                if status == "error":
+                    self._given_up(run, run.pending[index], future.exception())
+                elif status == "cancelled":
+                    if run.generation < self._generation:
+                        continue  # submitted again after the reconnection already
+                    self._reconnected()
+                    return
+                elif status == "finished":
+                    self._unreceipted(run, run.pending[index])
+
+    def _given_up(self, run: _Launch, task: Task, error: BaseException) -> None:
+        """A task Dask gave up on: run again (alone, if its workers died), or failed."""
+        del run.futures[task.index]
+        killed = type(error).__name__ == "KilledWorker"
+        if killed:
+            run.named[task.index] += 1
+            if run.named[task.index] <= SUSPECT_RETRIES:
+                run.suspects.append(task)
+                log.warning(
+                    "task %d (units %d..%d): the workers running it died (%s); it runs "
+                    "again alone after the others", task.index, task.start, task.stop - 1,
+                    type(error).__name__,
+                )  # fmt: skip
+                return
+        elif run.retries[task.index] < DASK_LEVEL_RETRIES:
+            run.retries[task.index] += 1
+            run.attempts[task.index] += 1
+            log.warning("task %d failed on the cluster (%s: %s); submitting it again",
+                        task.index, type(error).__name__, error)  # fmt: skip
+            self._submit(run, [task])
+            return
+        log.warning(
+            "task %d (units %d..%d) failed on the cluster (%s); its units are failed in "
+            "this run, and the next tries it again", task.index, task.start, task.stop - 1,
+            type(error).__name__,
+        )  # fmt: skip
+        self._done(run, killed_receipt(error, task) if killed else failed_receipt(task, error))
+
+    def _unreceipted(self, run: _Launch, task: Task) -> None:
+        """A task Dask says finished, whose receipt has not come: looked for in the
+        scheduler's log of the topic, then submitted again (its stored entry, if any,
+        is its receipt)."""
+        now = time.monotonic()
+        since = run.unreceipted.setdefault(task.index, now)
+        if now - since < RECEIPT_GRACE:
+            return
+        self._catch_up()
+        if task.index in run.pending and now - since >= 2 * RECEIPT_GRACE:
+            log.warning("task %d finished without a receipt; submitting it again", task.index)
+            del run.futures[task.index]
+            run.unreceipted.pop(task.index, None)
+            run.attempts[task.index] += 1
+            self._submit(run, [task], again=True)
+
+    def _catch_up(self) -> None:
+        self._topic.catch_up()
+        while True:
+            try:
+                self._accept(decode(self._inbox.get_nowait()))
+            except queue.Empty:
+                return
+
+    def _reconnected(self) -> None:
+        """Wait for the client to reconnect, catch up and submit the tasks not heard
+        from again; a ClusterError when it cannot reconnect."""
+        deadline = time.monotonic() + _reconnect_seconds(self.client)
+        if self.client.status != "running":
+            log.warning("lost the connection to the scheduler at %s; waiting for it",
+                        self.client.scheduler.address)  # fmt: skip
+        while self.client.status != "running":
+            if self.client.status in ("closing", "closed") or time.monotonic() > deadline:
+                raise ClusterError(
+                    f"lost the connection to the Dask scheduler at "
+                    f"{self.client.scheduler.address} in the middle of the run, and it did "
+                    "not come back (the scheduler or the way to it failed; every task "
+                    "that completed is stored): when the scheduler is reachable, run the "
+                    "same command again: it resumes where this run stopped"
+                )
+            time.sleep(0.1)
+        send_promptly(self.client)
+        self._topic.resubscribe()
+        self._catch_up()
+        self._generation += 1
+        again = 0
+        for run in self._launches:
+            run.generation = self._generation
+            tasks = [t for i, t in run.pending.items() if t not in run.suspects]
+            for t in tasks:
+                run.futures.pop(t.index, None)
+            self._submit(run, tasks, again=True)
+            again += len(tasks)
+        log.warning("reconnected to the scheduler; %d tasks not heard from submitted again "
+                    "(those running or done meanwhile are not run twice)", again)  # fmt: skip
+
+    def _wait_for_a_worker(self) -> None:
+        while not worker_threads(self.client):
+            self._stalled()  # raises after WORKERLESS_SECONDS
+            time.sleep(1.0)
+
+    def _stalled(self) -> None:
+        """A cluster that has had no worker for :data:`WORKERLESS_SECONDS` ends the run
+        (every worker gone, none restarted: the driver waited, silent, for ever)."""
+        if self.client.status != "running":
+            return
+        try:
+            workers = worker_threads(self.client)
+        except Exception:  # the connection failing between the two: the next look says
+            return
+        if workers:
+            self._workerless_since = None
+            return
+        now = time.monotonic()
+        if self._workerless_since is None:
+            self._workerless_since = now
+            log.warning("the cluster has no worker left; waiting up to %d s for one",
+                        WORKERLESS_SECONDS)  # fmt: skip
+        elif now - self._workerless_since > WORKERLESS_SECONDS:
+            raise ClusterError(
+                f"the cluster at {self.client.scheduler.address} has had no worker for "
+                f"{WORKERLESS_SECONDS} s, in the middle of the run; every task that completed "
+                "is stored: start workers, then run the same command again to resume"
+            )
+
+
+def _reconnect_seconds(client) -> float:
+    """How long the client itself tries to reconnect (its ``timeout``)."""
+    timeout = getattr(client, "_timeout", None)
+    return float(timeout) if timeout else 30.0

@@ -1,0 +1,153 @@
+"""The task a worker runs: one :class:`~pipeline.workload.Task` of a workload, its
+outputs written and checked, its manifest entry last, and its receipt published.
+
+A task never raises: what its units raise is recorded as their failures, so nothing a
+unit does ends the run; only the worker process dying (or the cluster failing under
+it) fails a task at the Dask level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+
+from ..contract import check_output
+from ..layout import manifest_key
+from ..storage import open_store, write_parquet
+from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
+from . import shipping
+from .receipts import encode
+
+__all__ = [
+    "TaskCall",
+    "execute_task",
+    "failed_receipt",
+    "killed_receipt",
+    "run_queue_seconds",
+    "run_task",
+]
+
+
+class TaskCall:
+    """What the tasks of one submission share: the workload (or the name of its copy
+    shipped to every worker), the store's URL, whether to profile, where the receipt
+    goes (the topic, and the run's token), and ``skip_complete`` for tasks submitted
+    again after the driver's connection came back, which may have completed
+    meanwhile: a stored entry is then the receipt. An opaque object to Dask, passed
+    beside each task (Dask makes a large keyword argument a graph key named after the
+    argument, which the next submission's collides with)."""
+
+    __slots__ = ("profile", "skip_complete", "store_url", "token", "topic", "workload")
+
+    def __init__(self, workload, store_url, profile, topic, token, skip_complete=False):
+        self.workload, self.store_url, self.profile = workload, store_url, profile
+        self.topic, self.token, self.skip_complete = topic, token, skip_complete
+
+    def __reduce__(self):
+        return (TaskCall, (self.workload, self.store_url, self.profile, self.topic,
+                           self.token, self.skip_complete))  # fmt: skip
+
+
+def run_task(task: Task, call: TaskCall) -> None:
+    """Worker: run ``task`` and publish its receipt on the call's topic."""
+    from distributed import get_worker
+
+    workload = shipping.resolve(call.workload)
+    receipt = execute_task(workload, call.store_url, task, call.profile, call.skip_complete)
+    get_worker().log_event(call.topic, encode(receipt, call.token))
+
+
+def execute_task(
+    workload: Workload,
+    store_url: str | None,
+    task: Task,
+    profile: bool = False,
+    skip_complete: bool = False,
+) -> TaskReceipt:
+    """Worker: run one task; never raises. With ``profile``, the receipt carries the
+    task's cProfile statistics."""
+    if profile:
+        from .profiling import profiled
+
+        receipt, stats = profiled(execute_task, workload, store_url, task, False, skip_complete)
+        return dataclasses.replace(receipt, profile=stats)
+    started, t0, cpu0 = time.time(), time.perf_counter(), time.process_time()
+    queued0 = run_queue_seconds()
+    try:
+        store = open_store(store_url) if store_url else None
+        entry = manifest_key(workload.job_id, task.index)
+        if skip_complete and store is not None and store.exists(entry):
+            # Complete already: what it wrote is what it would write again.
+            host = socket.gethostname()
+            return TaskReceipt(task.index, len(task.units), (), 0, 0.0, 0.0, host,
+                               started=started, pid=os.getpid())  # fmt: skip
+        out = workload.run_task(task, store)
+        check_output(workload, task, out, writes=store is not None)
+        if not out.failures and store is not None:
+            # Last, so that an entry exists only for a task whose data is all written.
+            t_write = time.perf_counter()
+            out.bytes_written += write_parquet(
+                store, manifest_key(workload.job_id, task.index), out.manifest
+            )
+            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
+    except USER_ERRORS as exc:
+        out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
+    seconds = time.perf_counter() - t0
+    queued = run_queue_seconds()
+    return TaskReceipt(
+        index=task.index,
+        units=len(task.units),
+        failures=tuple(out.failures),
+        bytes_written=out.bytes_written,
+        seconds=seconds,
+        busy_seconds=out.busy_seconds if out.busy_seconds is not None else seconds,
+        cpu_seconds=time.process_time() - cpu0,
+        runq_seconds=None if queued is None or queued0 is None else queued - queued0,
+        worker=socket.gethostname(),
+        fingerprint=out.fingerprint,
+        phases=dict(out.phases),
+        bytes_read=out.bytes_read,
+        bytes_needed=out.bytes_needed,
+        read_seconds=out.read_seconds,
+        started=started,
+        pid=os.getpid(),
+        recorded=None if out.recorded_failures is None else tuple(out.recorded_failures),
+    )
+
+
+def run_queue_seconds() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core (Linux's
+    schedstat, its second field), None where the kernel does not say. Beside the
+    task's CPU time, it tells tasks that waited for the machine's cores (busy with
+    other work) from tasks that waited on I/O or locks: process time alone called
+    both "waiting". One read of a small file: a few microseconds."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def killed_receipt(error: BaseException, task: Task) -> TaskReceipt:
+    """The receipt of a task Dask gave up on, its message saying what that means."""
+    if type(error).__name__ != "KilledWorker":
+        return failed_receipt(task, error)
+    tries = getattr(error, "allowed_failures", 3) + 1
+    message = (
+        f"the worker process running this task died each of the {tries} times it ran it "
+        f"(units {task.start}..{task.stop - 1}): killed (out of memory?) or ended by the "
+        "code it ran (a crash in compiled code, os._exit); the other tasks ran on"
+    )
+    return failed_receipt(task, error, UnitFailure(0, "KilledWorker", message))
+
+
+def failed_receipt(
+    task: Task, error: BaseException, failure: UnitFailure | None = None
+) -> TaskReceipt:
+    """The receipt of a task that did not run: each unit failed with ``error`` (or
+    with ``failure``'s type and message)."""
+    one = failure or UnitFailure.from_exception(0, error)
+    failures = tuple(dataclasses.replace(one, unit=u) for u in task.units)
+    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")
