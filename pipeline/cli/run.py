@@ -41,6 +41,9 @@ def run_command(job_files, workload, **values) -> None:
     Flags override every job file's keys. A job whose output already holds
     complete tasks resumes: only missing tasks run (--overwrite starts over).
     """
+    from ..dispatch.runner import INTERRUPTED
+
+    INTERRUPTED.clear()
     signal.signal(signal.SIGINT, _interrupt)
     verbose = click.get_current_context().find_root().params.get("verbose", 0) > 0
     failed = False
@@ -148,6 +151,9 @@ def _interrupt(signum, frame) -> None:
     """Ctrl-C: one line, not the tracebacks that the cluster's threads and callbacks
     report when a shutdown interrupts them (closed connection pools, half-started
     workers): those are silenced from the moment of the signal."""
+    from ..dispatch.runner import INTERRUPTED
+
+    INTERRUPTED.set()  # (raised again by the run's wait if a callback swallows this one)
     logging.disable(logging.CRITICAL)
     sys.unraisablehook = lambda unraisable: None
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -55,19 +55,7 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
                 "(or PIPELINE_TLS_CA_FILE, PIPELINE_TLS_CERT, PIPELINE_TLS_KEY); `pipeline "
                 "certs` makes a set"
             )
-        try:
-            client = Client(
-                address,
-                security=security,
-                timeout="30s",
-                set_as_default=True,
-                direct_to_workers=bool(options.direct_to_workers),
-            )
-        except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
-            raise ClusterError(
-                f"cannot reach the Dask scheduler at {address} "
-                f"(--scheduler / PIPELINE_SCHEDULER): {exc}"
-            ) from exc
+        client = _reach(address, security, bool(options.direct_to_workers))
         with _closing(client):
             try:
                 yield client
@@ -93,6 +81,62 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
     ):
         client.run(_quiet_closing)
         yield client
+
+
+def connect_seconds() -> float:
+    """How long a client tries to reach the scheduler, and to reach it again after losing
+    it: Dask's ``distributed.comm.timeouts.connect`` (the image's 60 s; Dask's 30 s)."""
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", "30s")))
+
+
+def _reach(address: str, security, direct_to_workers: bool):
+    """A client of the scheduler at ``address``. An address that accepts connections and
+    closes them (a load balancer with no healthy scheduler behind it yet, as while a
+    stack starts) is tried again until the connect timeout; then an error says so."""
+    from distributed import Client
+
+    timeout = connect_seconds()
+    deadline = time.monotonic() + timeout
+    waiting = False
+    while True:
+        try:
+            return Client(
+                address,
+                security=security,
+                timeout=timeout,
+                set_as_default=True,
+                direct_to_workers=direct_to_workers,
+            )
+        except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
+            if not _answered(exc):
+                raise ClusterError(
+                    f"cannot reach the Dask scheduler at {address} "
+                    f"(--scheduler / PIPELINE_SCHEDULER): {exc}"
+                ) from exc
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the load balancer at {address} answered but no scheduler is behind "
+                    f"it (waited {timeout:g} s): start the scheduler, or check the "
+                    "balancer's health checks"
+                ) from None
+            if not waiting:
+                waiting = True
+                log.warning("%s answered but no scheduler is behind it yet; waiting up to "
+                            "%g s for one", address, timeout)  # fmt: skip
+            time.sleep(1.0)
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether a failed connection was accepted and then closed by the other end (what a
+    load balancer does with no server behind it), not refused or unanswered."""
+    from distributed.comm.core import CommClosedError
+
+    text = str(exc)
+    return isinstance(exc, CommClosedError | ConnectionResetError) or any(
+        s in text for s in ("IOStream is not idle", "Stream is closed", "reset by peer")
+    )
 
 
 class _ClosingNoise(logging.Filter):

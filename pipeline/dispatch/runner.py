@@ -22,12 +22,13 @@ import contextlib
 import logging
 import queue
 import secrets
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cluster.connect import worker_threads
+from ..cluster.connect import connect_seconds, worker_threads
 from ..errors import ClusterError
 from ..storage import Store
 from ..workload import Task, TaskReceipt, Workload
@@ -35,7 +36,13 @@ from . import shipping
 from .receipts import ReceiptTopic, decode
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
-__all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner", "send_promptly"]
+__all__ = [
+    "DASK_LEVEL_RETRIES",
+    "INTERRUPTED",
+    "WORKERLESS_SECONDS",
+    "TaskRunner",
+    "send_promptly",
+]
 
 log = logging.getLogger("pipeline.runner")
 
@@ -49,11 +56,15 @@ WORKERLESS_SECONDS = 60
 #: Tasks per message to the scheduler: one message of thousands of tasks holds its
 #: event loop (heartbeats, other clients) for seconds.
 SUBMIT_BATCH = 500
+#: Tasks a run keeps on the cluster per worker thread (at least a batch's worth).
+IN_FLIGHT_PER_WORKER = 4
 #: Seconds between looks at the tasks' futures while receipts come or not.
 CHECK_SECONDS = 1.0
 #: Seconds a task Dask says finished may go without its receipt before the scheduler's
 #: log of the topic is read for it, and then before it is submitted again.
 RECEIPT_GRACE = 30.0
+#: Set by a Ctrl-C (the command line's handler): the runner's wait raises it again.
+INTERRUPTED = threading.Event()
 #: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
 SEND_INTERVAL = 0.001
 
@@ -84,6 +95,9 @@ class _Launch:
     #: When Dask said a task finished whose receipt has not come (monotonic seconds).
     unreceipted: dict[int, float] = field(default_factory=dict)
     generation: int = 0
+    #: Tasks not submitted yet, in order, and how many may be on the cluster at once.
+    waiting: collections.deque = field(default_factory=collections.deque)
+    window: int = 0
 
 
 @dataclass
@@ -151,7 +165,9 @@ class TaskRunner:
         for t in tasks:
             self._owner[t.index] = run
         self._launches.append(run)
-        self._submit(run, list(tasks))
+        run.waiting.extend(tasks)
+        run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._wait_for_a_worker())
+        self._refill(run)
         return self._receipts(run)
 
     # -- submitting --------------------------------------------------------------------
@@ -172,12 +188,18 @@ class TaskRunner:
         self._shipped = shipping.ship(self.client, data)
         return self._shipped
 
-    def _submit(self, run: _Launch, tasks: list[Task], *, again: bool = False) -> None:
-        from distributed import fire_and_forget
+    def _refill(self, run: _Launch) -> None:
+        """Submit the run's next tasks while fewer than half its window are in flight:
+        the scheduler holds a bounded number of them, and a stopped run cancels few."""
+        if not run.waiting or len(run.futures) > run.window // 2:
+            return
+        while run.waiting and len(run.futures) < run.window:
+            count = min(SUBMIT_BATCH, run.window - len(run.futures), len(run.waiting))
+            self._submit(run, [run.waiting.popleft() for _ in range(count)])
 
+    def _submit(self, run: _Launch, tasks: list[Task], *, again: bool = False) -> None:
         if not tasks:
             return
-        self._wait_for_a_worker()
         store_url = self.store.url if self.store is not None else None
         call = TaskCall(self._workload_arg(len(tasks)), store_url, self.profile,
                         self._topic.topic, self._token, again)  # fmt: skip
@@ -190,7 +212,7 @@ class TaskRunner:
                 key=[self._key(run, t) for t in batch],
                 pure=False,
             )
-            fire_and_forget(futures)
+            _fire_and_forget(self.client, futures)
             run.futures.update(zip((t.index for t in batch), futures, strict=True))
 
     # -- receiving ---------------------------------------------------------------------
@@ -203,7 +225,11 @@ class TaskRunner:
                     self.bar.update(receipt.units)
                     yield receipt
                     continue
-                if run.suspects and set(run.pending) == {t.index for t in run.suspects}:
+                if (
+                    run.suspects
+                    and not run.waiting
+                    and set(run.pending) == {t.index for t in run.suspects}
+                ):
                     task = run.suspects.pop(0)  # the others are done: alone, in turn
                     run.attempts[task.index] += 1
                     self._submit(run, [task])
@@ -220,12 +246,18 @@ class TaskRunner:
     def _pump(self) -> None:
         """Route the next receipt to its run, waiting for it at most :data:`CHECK_SECONDS`;
         look at the futures every :data:`CHECK_SECONDS` (the cluster failing under us)."""
+        if INTERRUPTED.is_set():
+            # A Ctrl-C whose KeyboardInterrupt was raised inside a callback that
+            # swallows what it raises (a garbage collector's): raised here instead.
+            raise KeyboardInterrupt
         try:
             message = self._inbox.get(timeout=CHECK_SECONDS)
         except queue.Empty:
             message = None
         if message is not None:
             self._accept(decode(message))
+        for run in self._launches:
+            self._refill(run)
         now = time.monotonic()
         if now - self._checked >= CHECK_SECONDS:
             self._checked = now
@@ -344,7 +376,8 @@ class TaskRunner:
         again = 0
         for run in self._launches:
             run.generation = self._generation
-            tasks = [t for i, t in run.pending.items() if t not in run.suspects]
+            queued = set(run.waiting)
+            tasks = [t for t in run.pending.values() if t not in run.suspects and t not in queued]
             for t in tasks:
                 run.futures.pop(t.index, None)
             self._submit(run, tasks, again=True)
@@ -352,10 +385,12 @@ class TaskRunner:
         log.warning("reconnected to the scheduler; %d tasks not heard from submitted again "
                     "(those running or done meanwhile are not run twice)", again)  # fmt: skip
 
-    def _wait_for_a_worker(self) -> None:
-        while not worker_threads(self.client):
+    def _wait_for_a_worker(self) -> int:
+        """The cluster's worker threads, once it has one."""
+        while not (workers := worker_threads(self.client)):
             self._stalled()  # raises after WORKERLESS_SECONDS
             time.sleep(1.0)
+        return workers
 
     def _stalled(self) -> None:
         """A cluster that has had no worker for :data:`WORKERLESS_SECONDS` ends the run
@@ -382,7 +417,21 @@ class TaskRunner:
             )
 
 
+def _fire_and_forget(client, futures: list) -> None:
+    """``distributed.fire_and_forget`` in one message for the batch (it sends one per
+    future: thousands of messages to submit thousands of tasks)."""
+    send = getattr(client, "_send_to_scheduler", None)
+    if send is None:
+        from distributed import fire_and_forget
+
+        fire_and_forget(futures)
+        return
+    keys = [f.key for f in futures]
+    send({"op": "client-desires-keys", "keys": keys, "client": "fire-and-forget"})
+
+
 def _reconnect_seconds(client) -> float:
-    """How long the client itself tries to reconnect (its ``timeout``)."""
+    """How long the client itself tries to reconnect (its ``timeout``), and a little:
+    it says so by closing."""
     timeout = getattr(client, "_timeout", None)
-    return float(timeout) if timeout else 30.0
+    return (float(timeout) if timeout else connect_seconds()) + 5.0
