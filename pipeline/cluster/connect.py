@@ -102,13 +102,8 @@ def _reach(address: str, security, direct_to_workers: bool):
     waiting = False
     while True:
         try:
-            return Client(
-                address,
-                security=security,
-                timeout=timeout,
-                set_as_default=True,
-                direct_to_workers=direct_to_workers,
-            )
+            _probe(address, security, timeout)
+            break
         except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
             if not _answered(exc):
                 raise ClusterError(
@@ -126,6 +121,49 @@ def _reach(address: str, security, direct_to_workers: bool):
                 log.warning("%s answered but no scheduler is behind it yet; waiting up to "
                             "%g s for one", address, timeout)  # fmt: skip
             time.sleep(1.0)
+    try:
+        return Client(
+            address,
+            security=security,
+            timeout=timeout,
+            set_as_default=True,
+            direct_to_workers=direct_to_workers,
+        )
+    except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} (--scheduler / PIPELINE_SCHEDULER): "
+            f"{exc}"
+        ) from exc
+
+
+def _probe(address: str, security, timeout: float) -> None:
+    """Open one connection to ``address`` as a client would, and close it; raise what
+    opening it raised. (A client made and failed leaves an object that, collected,
+    waits seconds to close and prints a traceback.) In a thread of its own: the
+    caller may be in an event loop (a notebook's)."""
+    import asyncio
+
+    from distributed.comm import connect as open_comm
+
+    args = security.get_connection_args("client") if security is not None else {}
+
+    async def attempt() -> None:
+        comm = await open_comm(address, timeout=timeout, **args)
+        await comm.close()
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(attempt())
+        except BaseException as exc:  # (raised in the caller's thread below)
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="pipeline-probe-scheduler", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 def _answered(exc: BaseException) -> bool:

@@ -135,6 +135,13 @@ class ProcessSettings:
         str,
         "Where workers cache the frames' layout (default ~/.cache/pipeline; off disables).",
     )
+    drain_seconds: float = setting(
+        50.0,
+        float,
+        "How long a worker asked to leave (SIGTERM) lets its running tasks finish before "
+        "it stops (with the nanny preload pipeline.cluster.drain).",
+        minimum=0,
+    )
 
 
 def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSettings:
