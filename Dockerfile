@@ -109,6 +109,10 @@ FROM base AS runtime
 # HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
 # DASK_DISTRIBUTED__WORKER__PRELOAD: workers import what tasks use at start
 # (pipeline/cluster/worker.py), not in every job's first task.
+# DASK_DISTRIBUTED__NANNY__PRELOAD, PIPELINE_DRAIN_SECONDS: a worker asked to leave
+# (SIGTERM: docker stop, a spot notice) lets its running tasks finish, up to 50 s,
+# and is retired before it stops (pipeline/cluster/drain.py); give `docker stop` a
+# longer timeout.
 ENV PATH=/opt/venv/bin:$PATH \
     MKL_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
@@ -119,6 +123,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
     DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s \
     DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.cluster.worker"]' \
+    DASK_DISTRIBUTED__NANNY__PRELOAD='["pipeline.cluster.drain"]' \
+    PIPELINE_DRAIN_SECONDS=50 \
     MPLCONFIGDIR=/tmp/matplotlib \
     HEALTHCHECK_PORTS= \
     HEALTHCHECK_MIN_LISTENING=

@@ -83,6 +83,8 @@ locals {
     DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
     DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL    = "300s"
     DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"
+    DASK_DISTRIBUTED__NANNY__PRELOAD           = "[\"pipeline.cluster.drain\"]"
+    PIPELINE_DRAIN_SECONDS                     = "50"
     AWS_REGION                                 = local.region
     AWS_DEFAULT_REGION                         = local.region
   }, var.dask_env)

@@ -152,6 +152,14 @@ def test_workers_are_single_threaded_tls_through_the_load_balancer():
     assert "./deploy/haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in lb["volumes"]
 
 
+def test_stopped_workers_have_time_to_drain():
+    # The image drains a worker asked to leave for up to PIPELINE_DRAIN_SECONDS (50 s);
+    # Compose's default 10 s before SIGKILL would cut that short.
+    worker = _services()["worker"]
+    assert worker["stop_signal"] == "SIGTERM"
+    assert int(worker["stop_grace_period"].removesuffix("s")) > 50
+
+
 def test_driver_reaches_the_scheduler_through_lb_with_the_client_certificate():
     driver = _services()["driver"]
     env = driver["environment"]
@@ -212,6 +220,8 @@ def test_final_stage_is_the_non_root_runtime_with_the_cluster_environment():
         "MALLOC_MMAP_THRESHOLD_=33554432",
         "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096",
         "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s",
+        "DASK_DISTRIBUTED__NANNY__PRELOAD='[\"pipeline.cluster.drain\"]'",
+        "PIPELINE_DRAIN_SECONDS=50",
         "MPLCONFIGDIR=/tmp/matplotlib",
     ):
         assert setting in text, setting

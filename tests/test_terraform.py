@@ -434,6 +434,20 @@ def test_worker_command():
     assert "/etc/pipeline/tls/worker.pem" in text and "/etc/pipeline/tls/worker-key.pem" in text
 
 
+def test_workers_drain_on_stop_and_on_a_spot_notice():
+    # SIGTERM (docker stop) drains the workers for up to PIPELINE_DRAIN_SECONDS; docker
+    # and systemd must give them longer than that, and a spot interruption or
+    # rebalance notice must stop them while the instance still runs.
+    text = _template("worker.sh.tftpl")
+    stop = int(re.search(r"ExecStop=/usr/bin/docker stop -t (\d+) dask", text).group(1))
+    unit = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
+    assert 50 < stop < unit <= 110, (stop, unit)  # within a spot notice's 120 s
+    assert "meta-data/$what" in text and "spot/instance-action" in text
+    assert "events/recommendations/rebalance" in text
+    assert "systemctl stop dask.service" in text
+    assert "systemctl enable dask.service pipeline-spot-watch.service" in text
+
+
 def test_worker_template_inputs(mod):
     src = mod.locals["worker_user_data"]
     assert 'scheduler_address = "tls://${aws_lb.this.dns_name}:${local.scheduler_port}"' in src
@@ -454,8 +468,10 @@ def test_dask_environment(mod):
         "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG": "4096",
         "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60s",
         "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "PIPELINE_DRAIN_SECONDS": "50",
     }.items():
         assert re.search(rf'{key}\s*=\s*\\?"{re.escape(value)}\\?"', env), f"{key}={value} missing"
+    assert re.search(r'DASK_DISTRIBUTED__NANNY__PRELOAD\s*=\s*"\[\\"pipeline.cluster.drain', env)
 
 
 # --------------------------------------------------------------------------
