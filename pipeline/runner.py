@@ -15,7 +15,7 @@ from .config import RunOptions
 from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
-from .dispatch import WORKERLESS_SECONDS, TaskRunner
+from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
 from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
 from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
 from .layout import (
@@ -100,6 +100,8 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
+    if workload.writes_output:
+        release_left_tasks(client, workload, open_store(options.output).url)
     store = open_output(workload, options, echo)
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)

@@ -6,13 +6,13 @@ results fetched from a worker. The runner watches the tasks' futures only for wh
 Dask itself reports: a task given up on (its workers died), or cancelled with the
 connection to the scheduler.
 
-Tasks are also wanted by the scheduler's fire-and-forget client, so they run on while
-the driver's connection is down (a load balancer failing over, a network blip). The
-client reconnects by itself within its connect timeout; the runner then takes the
-receipts published meanwhile from the scheduler's log of the topic and submits the
-tasks not heard from again under the same keys: the scheduler attaches those queued or
-running, and one that completed meanwhile (its key gone) finds its manifest entry and
-reports it without running again.
+Tasks are also held for the driver's client (:mod:`.lease`), so they run on while the
+driver's connection is down (a load balancer failing over, a network blip), for a
+while. The client reconnects by itself within its connect timeout; the runner then
+takes the receipts published meanwhile from the scheduler's log of the topic and
+submits the tasks not heard from again under the same keys: the scheduler attaches
+those queued or running, and one that completed meanwhile (its key gone) finds its
+manifest entry and reports it without running again.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from ..cluster.connect import connect_seconds, worker_threads
 from ..errors import ClusterError
 from ..storage import Store
 from ..workload import Task, TaskReceipt, Workload
-from . import shipping
+from . import lease, shipping
 from .receipts import ReceiptTopic, decode
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
 __all__ = [
     "DASK_LEVEL_RETRIES",
     "INTERRUPTED",
+    "release_left_tasks",
     "WORKERLESS_SECONDS",
     "TaskRunner",
     "send_promptly",
@@ -98,6 +99,8 @@ class _Launch:
     #: Tasks not submitted yet, in order, and how many may be on the cluster at once.
     waiting: collections.deque = field(default_factory=collections.deque)
     window: int = 0
+    #: Each submitted task's key, by index.
+    keys: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +125,10 @@ class TaskRunner:
         self._shipped: shipping.Shipped | None = None
         self._workerless_since: float | None = None
         self._checked = time.monotonic()
+        self._holder = lease.ensure_lease(self.client, _reconnect_seconds(self.client) + 10.0)
+        url = self.store.url if self.store is not None else None
+        self._job_prefix = job_prefix(self.workload, url)
+        self._unheld: list[str] = []  # keys whose hold to let go of
 
     def __enter__(self) -> TaskRunner:
         return self
@@ -135,6 +142,7 @@ class TaskRunner:
         and free the workers of its workload."""
         for run in list(self._launches):
             self._abandon(run)
+        self._let_go()
         self._topic.close(self._token)
         if self._shipped is not None:
             shipping.unship(self.client, self._shipped)
@@ -173,7 +181,7 @@ class TaskRunner:
     # -- submitting --------------------------------------------------------------------
 
     def _key(self, run: _Launch, task: Task) -> str:
-        return f"pipeline-task-{self._token}-{task.index}-{run.attempts[task.index]}"
+        return f"{self._job_prefix}{self._token}-{task.index}-{run.attempts[task.index]}"
 
     def _workload_arg(self, count: int):
         """The workload as tasks carry it: itself, unless the submission's copies of it
@@ -212,7 +220,9 @@ class TaskRunner:
                 key=[self._key(run, t) for t in batch],
                 pure=False,
             )
-            _fire_and_forget(self.client, futures)
+            keys = [f.key for f in futures]
+            lease.hold(self.client, self._holder, keys)
+            run.keys.update(zip((t.index for t in batch), keys, strict=True))
             run.futures.update(zip((t.index for t in batch), futures, strict=True))
 
     # -- receiving ---------------------------------------------------------------------
@@ -258,6 +268,7 @@ class TaskRunner:
             self._accept(decode(message))
         for run in self._launches:
             self._refill(run)
+        self._let_go()
         now = time.monotonic()
         if now - self._checked >= CHECK_SECONDS:
             self._checked = now
@@ -269,7 +280,17 @@ class TaskRunner:
             return  # (a task's second receipt: run again after its worker was lost)
         self._done(run, receipt)
 
+    def _let_go(self) -> None:
+        """Let go of the holds on the tasks whose receipts came (their results, None, can
+        leave the workers' memory)."""
+        if self._unheld:
+            lease.release(self.client, self._holder, self._unheld)
+            self._unheld = []
+
     def _done(self, run: _Launch, receipt: TaskReceipt) -> None:
+        key = run.keys.pop(receipt.index, None)
+        if key is not None:
+            self._unheld.append(key)
         del run.pending[receipt.index]
         self._owner.pop(receipt.index, None)
         run.unreceipted.pop(receipt.index, None)
@@ -370,6 +391,7 @@ class TaskRunner:
                 )
             time.sleep(0.1)
         send_promptly(self.client)
+        lease.hold(self.client, self._holder, [])  # (the holder again, had it expired)
         self._topic.resubscribe()
         self._catch_up()
         self._generation += 1
@@ -417,17 +439,20 @@ class TaskRunner:
             )
 
 
-def _fire_and_forget(client, futures: list) -> None:
-    """``distributed.fire_and_forget`` in one message for the batch (it sends one per
-    future: thousands of messages to submit thousands of tasks)."""
-    send = getattr(client, "_send_to_scheduler", None)
-    if send is None:
-        from distributed import fire_and_forget
+def job_prefix(workload: Workload, output_url: str | None) -> str:
+    """The start of the keys of a job's tasks on the scheduler: the job and its output."""
+    import xxhash
 
-        fire_and_forget(futures)
-        return
-    keys = [f.key for f in futures]
-    send({"op": "client-desires-keys", "keys": keys, "client": "fire-and-forget"})
+    where = f"{output_url or ''}/{workload.job_id}"
+    return f"pipeline-{workload.kind}-{xxhash.xxh3_64_hexdigest(where.encode())[:12]}-"
+
+
+def release_left_tasks(client, workload: Workload, output_url: str) -> None:
+    """Before a run of a job that writes its output (it holds the job's lock, so any
+    driver that ran it before is gone): the tasks such a driver left held on the
+    scheduler start no more (:func:`.lease.release_job`)."""
+    lease.ensure_lease(client, _reconnect_seconds(client) + 10.0)
+    lease.release_job(client, job_prefix(workload, output_url))
 
 
 def _reconnect_seconds(client) -> float:

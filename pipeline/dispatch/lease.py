@@ -1,0 +1,144 @@
+"""A run's tasks outlive a lost connection to its driver for a while, not for ever.
+
+A scheduler forgets every task a client wanted the moment the client's connection
+closes, as it does when a load balancer fails over: the tasks queued are dropped and
+those running are done for nothing. So the runner has each of its tasks wanted also
+by a holder, a name the scheduler keeps for the driver's client
+(``pipeline-holder-<client id>``), and lets go of a task's hold when its receipt
+comes. :class:`RunLease`, a scheduler plug-in, lets go of the holder's tasks once the
+driver has been gone for ``grace`` seconds (its client reconnects within its own
+connect timeout, shorter), and a rerun of the job lets go of them as it starts
+(:func:`release_job`): a driver that was killed leaves no tasks running on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+__all__ = ["RunLease", "ensure_lease", "hold", "holder_of", "release", "release_job"]
+
+log = logging.getLogger("pipeline.dispatch.lease")
+
+PLUGIN_NAME = "pipeline-run-lease"
+HOLDER_PREFIX = "pipeline-holder-"
+#: The scheduler's handler a driver calls to let go of a job's tasks left held.
+RELEASE_HANDLER = "pipeline_release_prefix"
+
+
+def holder_of(client_id: str) -> str:
+    """The name holding a client's tasks on the scheduler."""
+    return f"{HOLDER_PREFIX}{client_id}"
+
+
+class RunLease(SchedulerPlugin):
+    """Scheduler: release a client's held tasks ``grace`` seconds after it left, unless
+    it came back."""
+
+    name = PLUGIN_NAME
+    #: One per scheduler: a later run's registration keeps the one running (and its
+    #: pending releases).
+    idempotent = True
+
+    def __init__(self, grace: float):
+        self.grace = grace
+        self._pending: dict[str, asyncio.TimerHandle] = {}
+        self._scheduler = None
+
+    async def start(self, scheduler) -> None:
+        self._scheduler = scheduler
+        scheduler.handlers[RELEASE_HANDLER] = self.release_prefix
+
+    def release_prefix(self, prefix: str) -> int:
+        """Let go of every held task whose key starts with ``prefix`` (a job's tasks left
+        by a driver that is gone); how many."""
+        released = 0
+        for name, held in list(self._scheduler.clients.items()):
+            if not name.startswith(HOLDER_PREFIX):
+                continue
+            keys = [ts.key for ts in held.wants_what if str(ts.key).startswith(prefix)]
+            if keys:
+                self._scheduler.client_releases_keys(
+                    keys=keys, client=name, stimulus_id=f"pipeline-job-rerun-{time.time()}"
+                )
+                released += len(keys)
+        if released:
+            log.info("released %d held tasks of %s (a rerun of their job)", released, prefix)
+        return released
+
+    def add_client(self, scheduler, client: str) -> None:
+        handle = self._pending.pop(client, None)
+        if handle is not None:
+            handle.cancel()
+
+    def remove_client(self, scheduler, client: str) -> None:
+        holder = holder_of(client)
+        if holder not in scheduler.clients or client in self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        self._pending[client] = loop.call_later(self.grace, self._release, scheduler, client)
+
+    def _release(self, scheduler, client: str) -> None:
+        self._pending.pop(client, None)
+        holder = holder_of(client)
+        held = scheduler.clients.get(holder)
+        if held is None:
+            return
+        keys = [ts.key for ts in held.wants_what]
+        log.info("client %s gone for %g s: releasing the %d tasks it held", client,
+                 self.grace, len(keys))  # fmt: skip
+        if keys:
+            scheduler.client_releases_keys(
+                keys=keys, client=holder, stimulus_id=f"pipeline-lease-expired-{time.time()}"
+            )
+        scheduler.clients.pop(holder, None)
+
+    async def close(self) -> None:
+        for handle in self._pending.values():
+            with contextlib.suppress(Exception):
+                handle.cancel()
+        self._pending.clear()
+
+
+def ensure_lease(client, grace: float) -> str | None:
+    """The holder of ``client``'s tasks, once the scheduler runs :class:`RunLease`;
+    None (tasks not held) where the scheduler cannot run it (this package is not
+    installed where it runs)."""
+    if getattr(client, "_pipeline_lease", None) is None:
+        try:
+            client.register_plugin(RunLease(grace), name=PLUGIN_NAME)
+            client._pipeline_lease = holder_of(client.id)
+        except Exception as exc:
+            log.warning(
+                "the scheduler cannot hold this run's tasks while its connection to the "
+                "driver is down (%s: %s): a lost connection drops its queued tasks, which "
+                "the run then submits again", type(exc).__name__, exc,
+            )  # fmt: skip
+            client._pipeline_lease = ""
+    return client._pipeline_lease or None
+
+
+def release_job(client, prefix: str) -> None:
+    """Let go of the held tasks of a job (keys starting with ``prefix``) that a driver
+    killed left running: its rerun, about to start, runs what they did not finish. The
+    tasks already running finish; none queued starts."""
+    if not getattr(client, "_pipeline_lease", None):
+        return
+    with contextlib.suppress(Exception):
+        client.sync(getattr(client.scheduler, RELEASE_HANDLER), prefix=prefix)
+
+
+def hold(client, holder: str | None, keys: list) -> None:
+    """Have ``holder`` want ``keys`` too (one message)."""
+    if holder and keys:
+        client._send_to_scheduler({"op": "client-desires-keys", "keys": keys, "client": holder})
+
+
+def release(client, holder: str | None, keys: list) -> None:
+    """Let go of ``holder``'s want of ``keys`` (one message)."""
+    if holder and keys and client.status == "running":
+        client._send_to_scheduler({"op": "client-releases-keys", "keys": keys, "client": holder})
