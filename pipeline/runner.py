@@ -97,6 +97,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
+    t_command = time.perf_counter()
     store = open_output(workload, options, echo)
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)
@@ -223,6 +224,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     )
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
     summary.task_timings = task_timings(receipts, t_epoch)
+    summary.command_seconds = time.perf_counter() - t_command  # (the batch adds its start-up)
     add_run_cost(summary, price, remote=summary.remote)
     return summary
 

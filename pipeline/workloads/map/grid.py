@@ -52,8 +52,6 @@ class GridInput:
     order written, or a list of points, in the order listed."""
 
     kind = "grid"
-    #: Input bytes read, needed and seconds reading, of the last calls (none: computed).
-    reads = (0, 0, 0.0)
 
     def __init__(self, grid: dict[str, Any] | list[dict[str, Any]] | tuple):
         if not grid:
@@ -119,7 +117,10 @@ class GridInput:
         index = self._indices(np.array([i], dtype=np.int64))
         return {k: self._values(k, index[k])[0] for k in self.keys}
 
-    def calls(self, start: int, stop: int, only: set[int] | None = None) -> Iterator[Call]:
+    def calls(
+        self, start: int, stop: int, only: set[int] | None = None, reads: list | None = None
+    ) -> Iterator[Call]:
+        """The calls of units ``start..stop-1`` (or those of them in ``only``)."""
         if only is None:
             units = np.arange(start, stop, dtype=np.int64)
         else:

@@ -51,11 +51,9 @@ class FilesInput:
         # The versions are for the job's record, on the driver: not sent with each task
         return {**self.__dict__, "versions": ()}
 
-    #: Input bytes read, needed and seconds reading, of the last calls (none: files
-    #: are the function's to read).
-    reads = (0, 0, 0.0)
-
-    def calls(self, start: int, stop: int, only: set[int] | None = None) -> Iterator[Call]:
+    def calls(
+        self, start: int, stop: int, only: set[int] | None = None, reads: list | None = None
+    ) -> Iterator[Call]:
         for unit in units_of(start, stop, only):
             yield unit, (self.paths[unit],), {}
 
@@ -87,8 +85,6 @@ class DataInput:
     the regressions plan theirs: from footers and the chunk columns only."""
 
     kind = "data"
-    #: Input bytes read, needed and seconds reading, of the last calls.
-    reads = (0, 0, 0.0)
 
     def __init__(self, data: str, chunk_by: tuple[str, ...], chunk_rows: int | None,
                  columns: tuple[str, ...]):  # fmt: skip
@@ -113,18 +109,21 @@ class DataInput:
         self.key_names = tuple(self.index.by) or ("row_start", "row_stop")
         self.n_units = self.index.n_chunks
 
-    def calls(self, start: int, stop: int, only: set[int] | None = None) -> Iterator[Call]:
+    def calls(
+        self, start: int, stop: int, only: set[int] | None = None, reads: list | None = None
+    ) -> Iterator[Call]:
         """Units ``start..stop-1`` (or those of them in ``only``), each run of
-        consecutive units read together: the row groups of the others are not read."""
+        consecutive units read together: the row groups of the others are not read.
+        ``reads`` ([bytes read, bytes the units hold, seconds]) is added to."""
         from ...inputs.task_rows import read_task_rows
 
-        self.reads = (0, 0, 0.0)
         for first, last in unit_runs(units_of(start, stop, only)):
             t0 = time.perf_counter()
             rows = read_task_rows(self.dataset, self.index, first, last, list(self.columns))
-            read, needed, seconds = self.reads
-            self.reads = (read + rows.bytes_read, needed + rows.bytes_needed,
-                          seconds + time.perf_counter() - t0)  # fmt: skip
+            if reads is not None:
+                reads[0] += rows.bytes_read
+                reads[1] += rows.bytes_needed
+                reads[2] += time.perf_counter() - t0
             frame = rows.table.to_pandas()
             for i, unit in enumerate(range(first, last)):
                 a, b = int(rows.offsets[i]), int(rows.offsets[i + 1])

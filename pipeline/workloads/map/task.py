@@ -39,7 +39,8 @@ def run_map_task(workload: MapWorkload, task: Task, store: Store | None) -> Task
     failed: list[dict] = []
     fn = workload.function()
     seed = workload.job.seed if workload.seeded else None
-    for unit, args, kwargs in workload.input.calls(task.start, task.stop, retry):
+    reads = [0, 0, 0.0]  # a dataset's: bytes read, bytes its units hold, seconds
+    for unit, args, kwargs in workload.input.calls(task.start, task.stop, retry, reads):
         if seed is not None:
             kwargs["seed"] = unit_seed(seed, unit)
         try:
@@ -50,8 +51,10 @@ def run_map_task(workload: MapWorkload, task: Task, store: Store | None) -> Task
                 failed.append(failure)
         if piece is not None:
             pieces[unit] = piece
-    # (a dataset's reads, which the receipt carries: a rerun's read only its units')
-    out.bytes_read, out.bytes_needed, out.read_seconds = workload.input.reads
+    # The receipt carries the bytes (a task run again for failed units reads theirs
+    # alone); not the seconds, which the planner would take apart from the units' time
+    # while the map's layout says nothing of the bytes a task reads.
+    out.bytes_read, out.bytes_needed = reads[0], reads[1]
     results = rows.assemble(pieces, failed)
     if results is None:  # every unit returned None, or failed: a part of no rows
         results = rows.empty()
