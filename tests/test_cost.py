@@ -528,11 +528,12 @@ def test_a_price_file_without_the_fleets_scheduler_or_load_balancer(tmp_path):
 
 def test_small_costs_and_times_read_as_figures():
     # "$7.27e-07 for 0.0 worker-seconds"
-    from pipeline.summary import _figure, usd
+    from pipeline.figures import figure
+    from pipeline.summary import usd
 
     assert [usd(7.27e-7), usd(7.53e-5), usd(0.0123), usd(0.0), usd(12.345)] == [
         "$0.000000727", "$0.0000753", "$0.0123", "$0", "$12.35"
     ]  # fmt: skip
-    assert [_figure(0.04), _figure(3.14159), _figure(123.45), _figure(0.0)] == [
+    assert [figure(0.04), figure(3.14159), figure(123.45), figure(0.0)] == [
         "0.04", "3.14", "123.5", "0.0"
     ]  # fmt: skip
