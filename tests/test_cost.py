@@ -118,8 +118,9 @@ def test_runs_per_day_count_the_whole_commands_wall_time_start_up_included(tmp_p
 
 
 def test_pipeline_map_counts_its_clusters_start_up_in_runs_per_day(tmp_path):
-    import pipeline
     from mapfns import userfns
+
+    import pipeline
 
     s = pipeline.map(userfns.power, grid={"x": [1, 2], "p": 2}, output=str(tmp_path),
                      workers=1, progress=False)  # fmt: skip

@@ -167,9 +167,9 @@ def big_parts(tmp_path_factory, client):
 
 
 def test_verify_holds_one_block_of_one_part_at_a_time(big_parts, monkeypatch):
-    from pipeline import verify
+    from pipeline import manifest
 
-    monkeypatch.setattr(verify, "READ_BYTES", 64 * 1024)
+    monkeypatch.setattr(manifest, "READ_BYTES", 64 * 1024)
     checks = []
     peak = _peak(lambda: checks.extend(verify_output(str(big_parts))))
     assert checks[0].ok and checks[0].units_ok == 200 and checks[0].objects_checked == 4
