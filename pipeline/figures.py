@@ -20,7 +20,7 @@ def seconds(value: float) -> str:
 
 
 def count(n: int, name: str) -> str:
-    """``n`` of ``name``: "1 point", "2 points", "1,000 chunks"."""
+    """``n`` of ``name``: "1 unit", "2 units", "1,000 files"."""
     return f"{n:,} {name}{'' if n == 1 else 's'}"
 
 

@@ -4,8 +4,8 @@ workload's per-task tables, concatenated in unit order.
 The tables of a job are the kinds its manifest entries list (``object``, ``kind``
 and a unit range per object): only completed tasks' parts, so a partial run shows
 what it has. A workload may assemble a table further (``Workload.assemble_table``)
-and summarize it for the terminal (``Workload.summarize_table``); a table that is
-not (a map job's) is written to a file and summarized a part at a time
+and summarize it for the terminal (``Workload.summarize_table``); a table no
+workload assembles is written to a file and summarized a part at a time
 (:mod:`pipeline.table_parts`), its memory that of a part, not of the job.
 """
 

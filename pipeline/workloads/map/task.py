@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,13 +24,11 @@ from ...storage import Store, read_parquet_object
 from ...workload import USER_ERRORS, Task, TaskOutput, UnitFailure
 from .usercode import unit_seed
 
-if TYPE_CHECKING:
-    from .workload import MapWorkload
-
 __all__ = ["recorded_failure", "run_map_task"]
 
 
-def run_map_task(workload: MapWorkload, task: Task, store: Store | None) -> TaskOutput:
+def run_map_task(workload, task: Task, store: Store | None) -> TaskOutput:
+    """Run ``task`` of ``workload`` (a :class:`.workload.MapWorkload`, which calls this)."""
     t0 = time.perf_counter()
     out = TaskOutput(phases={"compute": 0.0, "writing": 0.0})
     job_id, rows = workload.job_id, workload.rows
@@ -84,7 +82,7 @@ def run_map_task(workload: MapWorkload, task: Task, store: Store | None) -> Task
     return out
 
 
-def _call_again(workload: MapWorkload, unit: int, args: tuple, kwargs: dict, error):
+def _call_again(workload, unit: int, args: tuple, kwargs: dict, error):
     """A unit whose first call raised: called up to ``retries`` more times; its rows,
     or its failure record."""
     attempt = 0
