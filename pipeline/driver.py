@@ -101,8 +101,8 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
             echo(f"{_first_line(workload)} on {_cluster_name(client)}")
             with _performance_report(job.options.report, job.job_id):
                 summary = run_job(workload, job.options, client, echo=echo)
-            summary.cluster_seconds = startup.get("waited for the cluster", 0.0)
-            summary.startup, startup = startup, {}
+            summary.add_startup(startup)
+            startup = {}
             _write_report(job.options, job.job_id, summary, echo)
             summaries.append(summary)
             if on_summary:
@@ -208,6 +208,7 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     """Run one workload built in Python (not from a job file): on ``client``'s cluster,
     or on an embedded one started for it unless the job is complete already."""
     echo = echo or (lambda message: None)
+    t0 = time.perf_counter()
     check_driver_paths(options, workload.job_id)
     check_inputs_outside(workload, options)
     preflight(workload)
@@ -220,6 +221,8 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
                 client = stack.enter_context(connect(options))
             with _performance_report(options.report, workload.job_id):
                 finished = run_job(workload, options, client, echo=echo)
+            # The call's whole wall time: the cluster's start-up (when it started one) too
+            finished.count_command(time.perf_counter() - t0)
     _write_report(options, workload.job_id, finished, echo)
     return finished
 

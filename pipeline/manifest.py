@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from .coverage import unit_coverage, units_text
 from .layout import consolidated_manifest_key, manifest_key
 from .storage import Store, read_parquet_tables, write_parquet
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from .workload import Task
 
 __all__ = [
+    "READ_BYTES",
     "UNIT_RANGE",
     "check_listed_objects",
     "checksum",
@@ -85,40 +87,64 @@ def check_listed_objects(
     its checksum; every unit lies in exactly one entry's range (``columns``: the
     object's column, the range's first unit and the one past its last). Problems go
     into ``check`` (a :class:`pipeline.verify.JobCheck`); ``on_object(row, data)`` may
-    check an object's content further. Returns the objects listed."""
+    check an object's content further (it is then read whole; else
+    :data:`READ_BYTES` at a time). Returns the objects listed. Units are worked out
+    as ranges (:mod:`pipeline.coverage`), never one by one."""
     listed: set[str] = set()
     if manifest is None:
-        check.missing = [f"unit {u}" for u in range(check.units_expected)]
+        if check.units_expected:
+            check.missing.append(units_text(0, check.units_expected))
         return listed
     key, start, stop = columns
+    data = None
     for row in manifest.itertuples():
         obj = getattr(row, key)
         listed.add(obj)
         where = store.describe(obj)
         units = range(int(getattr(row, start)), int(getattr(row, stop)))
         try:
-            data = store.read_bytes(obj)
+            if on_object is not None:
+                data = store.read_bytes(obj)
+                actual = checksum(data)
+            else:
+                actual = _streamed_checksum(store, obj, getattr(row, "size", None))
         except FileNotFoundError:
             check.missing.append(where)
             check.damaged_units.add(units.start)
             check.unverified.update(units)
             continue
         check.objects_checked += 1
-        actual = checksum(data)
         if actual != row.checksum:
             check.corrupt.append(f"{where}: checksum {actual} != manifest {row.checksum}")
             check.damaged_units.add(units.start)
             check.unverified.update(units)
         elif on_object is not None:
             on_object(row, data)
+        data = None  # (one object's bytes held at a time)
     if not coverage:
         return listed
-    ranges = manifest[[start, stop]].drop_duplicates()
-    counts = [0] * check.units_expected
-    for a, b in ranges.itertuples(index=False):
-        for u in range(int(a), min(int(b), check.units_expected)):
-            counts[u] += 1
-    check.duplicated += [f"unit {u}" for u, n in enumerate(counts) if n > 1]
-    check.missing += [f"unit {u}" for u, n in enumerate(counts) if n == 0]
-    check.units_ok = sum(1 for u, n in enumerate(counts) if n == 1 and u not in check.unverified)
+    ranges = manifest[[start, stop]].drop_duplicates().to_numpy(dtype="int64")
+    missing, duplicated, once = unit_coverage(ranges, check.units_expected)
+    check.duplicated += [units_text(a, b) for a, b in duplicated]
+    check.missing += [units_text(a, b) for a, b in missing]
+    check.units_ok = sum(b - a - check.unverified.overlap(a, b) for a, b in once)
     return listed
+
+
+#: Bytes of an object read at a time to checksum it: what verify holds of a part,
+#: whatever its size (an internal knob; a part no larger is read in one request).
+READ_BYTES = 8 << 20
+
+
+def _streamed_checksum(store: Store, key: str, size) -> str:
+    """:func:`checksum` of an object, read :data:`READ_BYTES` at a time (in one request
+    when its manifest size says it is no larger)."""
+    import xxhash
+
+    if size is not None and 0 <= size <= READ_BYTES:
+        return checksum(store.read_bytes(key))
+    digest = xxhash.xxh3_64()
+    with store.open_input(key) as f:
+        while block := f.read(READ_BYTES):
+            digest.update(block)
+    return digest.hexdigest()

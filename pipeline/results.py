@@ -4,7 +4,9 @@ workload's per-task tables, concatenated in unit order.
 The tables of a job are the kinds its manifest entries list (``object``, ``kind``
 and a unit range per object): only completed tasks' parts, so a partial run shows
 what it has. A workload may assemble a table further (``Workload.assemble_table``)
-and summarize it for the terminal (``Workload.summarize_table``).
+and summarize it for the terminal (``Workload.summarize_table``); a table no
+workload assembles is written to a file and summarized a part at a time
+(:mod:`pipeline.table_parts`), its memory that of a part, not of the job.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from __future__ import annotations
 import io
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,9 +33,19 @@ from .layout import (
 )
 from .manifest import UNIT_RANGE
 from .storage import Store, join, open_store, read_parquet_object
+from .table_parts import (
+    Collected,
+    differing_units,
+    parquet_chunks,
+    part_footers,
+    read_aligned,
+    table_schema,
+)
+from .workload import Workload
 
 __all__ = [
     "IncompleteJob",
+    "differing_units",
     "find_job",
     "incomplete_note",
     "job_tables",
@@ -96,24 +107,29 @@ def job_tables(
 def results_table(output: str, table: str | None = None, job: str | None = None) -> pa.Table:
     """One table of every completed task's rows of ``table``, in unit order."""
     found = _JobTable.read(output, table, job)
+    result = found.result
     if found.note:
         warnings.warn(f"{found.where}: {found.note}", IncompleteJob, stacklevel=2)
-    return found.result
+    return result
 
 
 @dataclass
 class _JobTable:
-    """A job's table as read once: the rows, the job's tables' parts, and what is
+    """A job's table, found once: its parts, the job's tables' parts, and what is
     missing when its run has not finished (``results_table`` and ``summarize`` both
-    need them; reading them twice listed and read every manifest entry twice)."""
+    need them; reading them twice listed and read every manifest entry twice). Its
+    rows are read whole (:attr:`result`) or a part at a time (:meth:`chunks`)."""
 
     store: Store
+    output: str
     job_id: str
     record: dict
+    workload: type[Workload]
     name: str
-    result: pa.Table
+    parts: list[tuple[int, str]]
     tables: dict[str, list[tuple[int, str]]]
     note: str | None
+    _result: pa.Table | None = None
 
     @property
     def where(self) -> str:
@@ -142,14 +158,57 @@ class _JobTable:
             raise InputError(
                 f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(named)}"
             )
-        if table in tables:
-            parts = [(first, _read_part(store, key, output)) for first, key in tables[table]]
-            result = concat_parts(store, parts)
-        else:
-            result = pa.table({})  # none of its units has a row in it
-        result = workload.assemble_table(store, job_id, table, result, tables)
         note = incomplete_note(store, job_id, record)
-        return cls(store, job_id, record, table, result, tables, note)
+        parts = tables.get(table, [])
+        return cls(store, output, job_id, record, workload, table, parts, tables, note)
+
+    @property
+    def result(self) -> pa.Table:
+        """The whole table, as the workload assembles it."""
+        if self._result is None:
+            if self.parts:
+                read = [(first, self._read(key)) for first, key in self.parts]
+                result = concat_parts(self.store, read)
+            else:
+                result = pa.table({})  # none of its units has a row in it
+            self._result = self.workload.assemble_table(
+                self.store, self.job_id, self.name, result, self.tables
+            )
+        return self._result
+
+    @property
+    def by_parts(self) -> bool:
+        """Whether the table is its parts as they are (no workload assembles or
+        summarizes it): then read a part at a time."""
+        return all(
+            getattr(self.workload, m).__func__ is getattr(Workload, m).__func__
+            for m in ("assemble_table", "summarize_table")
+        )
+
+    def _read(self, key: str) -> pa.Table:
+        return _read_part(self.store, key, self.output)
+
+    def footers(self) -> tuple[pa.Schema, list[int]]:
+        """The table's columns and each part's rows, from the parts' footers."""
+        try:
+            found = part_footers(self.store, [key for _, key in self.parts])
+        except (FileNotFoundError, UnreadableObject):
+            for _, key in self.parts:  # the first that fails, said as a read says it
+                self._read(key)
+            raise
+        return table_schema(self.parts, [f[0] for f in found]), [f[1] for f in found]
+
+    def chunks(self, suffix: str) -> tuple[Iterator[bytes], int]:
+        """The bytes of the table as a ``suffix`` file, a part read at a time, and its
+        rows."""
+        if not self.parts:
+            schema, rows = pa.schema([]), []
+        else:
+            schema, rows = self.footers()
+        tables = read_aligned(self._read, self.parts, schema)
+        if suffix == ".csv":
+            return _csv_chunks(tables, schema), sum(rows)
+        return parquet_chunks(tables, schema), sum(rows)
 
 
 def _read_part(store: Store, key: str, output: str) -> pa.Table:
@@ -223,73 +282,95 @@ def _as_csv_cells(table: pa.Table) -> pa.Table:
 
 def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
     """Write the concatenated table to ``out`` (a local path or s3:// URL), parquet or
-    CSV by its suffix; return rows."""
+    CSV by its suffix; return rows. A table no workload assembles is written a part at
+    a time (the same bytes)."""
     suffix = PurePosixPath(out).suffix.lower()
     if suffix not in RESULT_FORMATS:
         raise ConfigError(
             f"--out {out}: write to a {' or '.join(RESULT_FORMATS)} file "
             f"(the suffix chooses the format)"
         )
-    result = results_table(output, table, job)
     parent, _, name = out.rstrip("/").rpartition("/")
-    sink = io.BytesIO()
-    if suffix == ".csv":
-        import pyarrow.csv as pcsv
-
-        pcsv.write_csv(_as_csv_cells(result), sink)
+    found = _JobTable.read(output, table, job)
+    store = open_store(parent or ".")
+    if found.by_parts:
+        chunks, rows = found.chunks(suffix)
+        store.write(name, chunks)
     else:
-        pq.write_table(result, sink)
-    open_store(parent or ".").write_bytes(name, sink.getbuffer())
-    return result.num_rows
+        result = found.result
+        sink = io.BytesIO()
+        if suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            pcsv.write_csv(_as_csv_cells(result), sink)
+        else:
+            pq.write_table(result, sink)
+        store.write_bytes(name, sink.getbuffer())
+        rows = result.num_rows
+    if found.note:
+        warnings.warn(f"{found.where}: {found.note}", IncompleteJob, stacklevel=2)
+    return rows
+
+
+def _csv_chunks(tables: Iterator[pa.Table], schema: pa.Schema) -> Iterator[bytes]:
+    """The bytes of one CSV file of ``tables`` (each of ``schema``), a table at a time."""
+    import pyarrow.csv as pcsv
+
+    sink = Collected()
+    writer = pcsv.CSVWriter(
+        pa.PythonFile(sink, mode="w"), _as_csv_cells(schema.empty_table()).schema
+    )
+    for table in tables:
+        writer.write_table(_as_csv_cells(table))
+        yield from sink.drain()
+    writer.close()
+    yield from sink.drain()
 
 
 def summarize(output: str, table: str | None = None, job: str | None = None) -> str:
-    """A few lines about a job's table, for the terminal."""
+    """A few lines about a job's table, for the terminal (of a table no workload
+    assembles: its rows counted from the parts' footers, and the parts holding the
+    first ten read)."""
     found = _JobTable.read(output, table, job)
-    workload = registry.load(found.record["workload"])
-    note, result = found.note, found.result
-    custom = workload.summarize_table(found.name, result)
-    if custom:
-        return custom + (f"\nincomplete: {note}" if note else "")
-    if result.num_rows:
-        lines = [f"{found.where}: table {found.name!r}, {result.num_rows:,} rows"]
+    note = found.note
+    if found.by_parts:
+        schema, counts = found.footers() if found.parts else (pa.schema([]), [])
+        rows, head = sum(counts), _head(found, schema, counts)
+    else:
+        result = found.result
+        custom = found.workload.summarize_table(found.name, result)
+        if custom:
+            return custom + (f"\nincomplete: {note}" if note else "")
+        rows, schema, head = result.num_rows, result.schema, result.slice(0, SHOWN_ROWS)
+    if rows:
+        lines = [f"{found.where}: table {found.name!r}, {rows:,} rows"]
     else:
         # (pandas printed "Empty DataFrame", and ten index entries for a table of no columns)
-        columns = f" (its columns: {', '.join(result.column_names)})" if result.num_columns else ""
+        columns = f" (its columns: {', '.join(schema.names)})" if schema.names else ""
         lines = [f"{found.where}: table {found.name!r} is empty: no rows{columns}"]
     if note:
         lines.append(f"incomplete: {note}")
     failures = found.tables.get("failures", []) if found.name != "failures" else []
-    failed = sum(read_parquet_object(found.store, key).num_rows for _, key in failures)
+    failed = sum(f[1] for f in part_footers(found.store, [key for _, key in failures]))
     if failed:
         units = "unit" if failed == 1 else "units"
         lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
-    if result.num_rows:
-        lines.append(result.slice(0, 10).to_pandas().to_string(max_cols=12))
+    if rows:
+        lines.append(head.to_pandas().to_string(max_cols=12))
     return "\n".join(lines)
 
 
-def differing_units(schemas: list[pa.Schema], units: list, exc: Exception) -> str:
-    """A message naming two units whose result columns cannot be combined."""
-    seen: dict[str, tuple[Any, pa.DataType]] = {}
-    for unit, schema in zip(units, schemas, strict=True):
-        for field in schema:
-            if field.name in seen:
-                other, typ = seen[field.name]
-                if typ != field.type and not _widens(typ, field.type):
-                    return (
-                        f"results of units {other} and {unit} cannot be combined: column "
-                        f"{field.name!r} is {typ} in one and {field.type} in the other"
-                    )
-            else:
-                seen[field.name] = (unit, field.type)
-    return f"results cannot be combined: {exc}"
+#: Rows a summary shows.
+SHOWN_ROWS = 10
 
 
-def _widens(a: pa.DataType, b: pa.DataType) -> bool:
-    numeric = (pa.types.is_integer, pa.types.is_floating)
-    return (
-        pa.types.is_null(a)
-        or pa.types.is_null(b)
-        or (any(t(a) for t in numeric) and any(t(b) for t in numeric))
-    )
+def _head(found: _JobTable, schema: pa.Schema, counts: list[int]) -> pa.Table:
+    """The table's first :data:`SHOWN_ROWS` rows, from the parts that hold them."""
+    shown, left = [], SHOWN_ROWS
+    for (first, key), rows in zip(found.parts, counts, strict=True):
+        if left <= 0:
+            break
+        if rows:
+            shown.append(next(read_aligned(found._read, [(first, key)], schema)).slice(0, left))
+            left -= rows
+    return pa.concat_tables(shown) if shown else schema.empty_table()

@@ -100,6 +100,7 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
 
 def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
+    t_command = time.perf_counter()
     if workload.writes_output:
         release_left_tasks(client, workload, open_store(options.output).url)
     store = open_output(workload, options, echo)
@@ -230,6 +231,7 @@ def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> Ru
     )
     summary.plan = {"probe_sizes": list(plan.head), "cost_model": plan.model}
     summary.task_timings = task_timings(receipts, t_epoch)
+    summary.command_seconds = time.perf_counter() - t_command  # (the batch adds its start-up)
     add_run_cost(summary, price, remote=summary.remote)
     return summary
 

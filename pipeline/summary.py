@@ -10,13 +10,31 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .figures import count, figure, rate, seconds, size, usd
 from .workload import unit_label
 
-__all__ = ["PHASES", "RunSummary", "TaskTime", "cost_line", "summary_lines", "task_bound", "usd"]
+__all__ = [
+    "PHASES",
+    "RunSummary",
+    "TaskTime",
+    "cost_line",
+    "runs_per_day",
+    "summary_lines",
+    "task_bound",
+    "usd",
+]
+
+#: Seconds in a day: runs back to back at a run's pace.
+DAY_SECONDS = 86_400.0
+
+
+def runs_per_day(wall_seconds: float) -> float | None:
+    """Runs back to back in a day at this wall time (None when there is none)."""
+    return DAY_SECONDS / wall_seconds if wall_seconds > 0 else None
+
 
 #: What a task's time is spent on, as workloads report it (worker-seconds).
 PHASES = ("inputs", "compute", "writing")
@@ -122,6 +140,11 @@ class RunSummary:
     units_not_kept: int = 0
     failures: list[dict] = field(default_factory=list)
     wall_seconds: float = 0.0
+    #: The whole command's wall time for this job, as a user running a batch of such
+    #: commands sees it: the job's run from planning to finalize (probes included)
+    #: and, for a batch's first job, its start-up (checking the inputs, starting the
+    #: cluster). Runs per day divide a day by it.
+    command_seconds: float = 0.0
     #: Seconds the driver waited for the cluster, after validating the inputs.
     cluster_seconds: float = 0.0
     #: The batch's start-up (its first job's summary): seconds checking the inputs,
@@ -160,6 +183,21 @@ class RunSummary:
     #: One entry per task this run ran: index, worker, start (s since the run's
     #: start), seconds, units, failed units; for the report page.
     task_timings: list[dict] = field(default_factory=list)
+
+    def count_command(self, seconds: float) -> None:
+        """Take ``seconds`` as the whole command's wall time (:attr:`command_seconds`),
+        and runs per day at its pace once the run's cost is counted."""
+        self.command_seconds = seconds
+        if self.runs_per_day is not None:
+            self.runs_per_day = runs_per_day(seconds)
+
+    def add_startup(self, startup: dict[str, float]) -> None:
+        """The batch's start-up (its first job's): said in the time line, and part of
+        the whole command's wall time."""
+        self.startup = startup
+        self.cluster_seconds = startup.get("waited for the cluster", 0.0)
+        before = startup.get("inputs checked", 0.0) + self.cluster_seconds
+        self.count_command(self.command_seconds + before)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -243,57 +281,10 @@ def time_split(s: RunSummary) -> str:
     return ", ".join(parts)
 
 
-def seconds(value: float) -> str:
-    """A duration as a person reads it: 2.5 h, 12.5 min, 1.2 s, 85 ms, 3.4 ms (not
-    0.0 s, nor 9,000.0 s)."""
-    if value >= 7200:
-        return f"{value / 3600:,.1f} h"
-    if value >= 600:
-        return f"{value / 60:.1f} min"
-    if value >= 0.095:
-        return f"{value:,.1f} s"
-    return f"{value * 1e3:.0f} ms" if value >= 0.0095 else f"{value * 1e3:.1f} ms"
-
-
-def count(n: int, name: str) -> str:
-    """``n`` of ``name``: "1 point", "2 points", "1,000 chunks"."""
-    return f"{n:,} {name}{'' if n == 1 else 's'}"
-
-
-def rate(per_second: float) -> str:
-    """A rate as a person reads it: 42,274, 35, 2.5, 0.30 (not 0 for slow units)."""
-    if per_second >= 100 or per_second == 0:
-        return f"{per_second:,.0f}"
-    return f"{per_second:.2g}" if per_second < 10 else f"{per_second:.0f}"
-
-
-def size(nbytes: float) -> str:
-    """Bytes as a person reads them: 1.9 kB, 12.3 MB, 8.0 GB, 800.0 TB (not 0.0 GB)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= 0.95 * scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes:,.0f} bytes"
-
-
-def usd(amount: float) -> str:
-    """Dollars as a person reads them: cents from $1 up, three figures below."""
-    if amount >= 1:
-        return f"${amount:,.2f}"
-    if amount <= 0:
-        return "$0"
-    # three figures, in decimals ($0.0000753, not $7.53e-05)
-    return f"${amount:.{max(2, 2 - math.floor(math.log10(amount)))}f}"
-
-
-def _figure(value: float) -> str:
-    """One decimal, or three figures below 10 (0.04, not 0.0)."""
-    return f"{value:,.1f}" if value >= 10 or value == 0 else f"{value:.3g}"
-
-
 def cost_line(s: RunSummary) -> str:
     per_day = f"; {s.runs_per_day:,.0f} runs/day at this pace" if s.runs_per_day else ""
     return (
-        f"cost: {usd(s.cost_usd or 0.0)} for {_figure(s.worker_seconds)} worker-seconds at "
+        f"cost: {usd(s.cost_usd or 0.0)} for {figure(s.worker_seconds)} worker-seconds at "
         f"{usd(s.usd_per_worker_hour or 0.0)}/worker-hour ({s.price_source}){per_day}"
     )
 

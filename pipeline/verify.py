@@ -3,8 +3,14 @@
 Every object the manifest lists must exist, every checksum must match the bytes
 read back, every unit must be listed exactly once, and nothing else may sit under
 the job's prefix but its own bookkeeping. The checks of a manifest that lists
-objects with checksums and unit ranges are generic (:func:`check_listed_objects`);
-a workload with a manifest of its own kind overrides ``Workload.verify_job``.
+objects with checksums and unit ranges are generic
+(:func:`pipeline.manifest.check_listed_objects`); a workload with a manifest of its
+own kind overrides ``Workload.verify_job``.
+
+Verify holds per-task state, never per-unit: the units' coverage is worked out from
+the manifest's ranges (units missing or listed twice are reported as ranges), and
+each object is read and checksummed ``pipeline.manifest.READ_BYTES`` at a time, so
+its memory does not grow with the job's units nor with the size of its parts.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import registry
+from .coverage import UnitRanges
 from .errors import InputError, UnreadableObject
 from .layout import (
     consolidated_manifest_key,
@@ -51,7 +58,7 @@ class JobCheck:
     #: their tasks are what ``repair`` marks to run again.
     damaged_units: set[int] = field(default_factory=set)
     #: Every unit of those entries: not counted in ``units_ok``.
-    unverified: set[int] = field(default_factory=set)
+    unverified: UnitRanges = field(default_factory=UnitRanges)
     #: The consolidated manifest is there but unreadable (``repair`` removes it).
     damaged_manifest: bool = False
     #: Tasks' manifest entries that are not readable tables: ``repair`` removes them,

@@ -9,13 +9,32 @@ units/s, the per-unit overhead of (c) against the work ((c)'s worker-seconds per
 unit minus the loop's seconds per unit), and (c)/(b).
 
     python scripts/bench_map.py [--workers 2] [--scale 1.0]
+
+With ``--units``, jobs of many units instead: ``pipeline run`` of a job file whose
+grid is a range (``i = {start = 0, stop = N}``) of a function returning
+``{"y": 2 * i}`` (or busy for ``--unit-ms`` per unit), in a process of its own
+whose resident memory is sampled every 20 ms. Prints the command's wall time
+(process start to exit) and units/s over it, the driver's peak RSS and its excess
+over the same job of 1,000 units per unit, the inputs' check (validation, the
+job's record) and the probes' time, and the workers' busy share of the run and of
+the whole command:
+
+    python scripts/bench_map.py --units 1000000,10000000 [--repeat 3]
+    python scripts/bench_map.py --units 200000 --unit-ms 1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def noop(x):
@@ -42,7 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="Multiply the unit counts.")
+    parser.add_argument("--units", help="Jobs of these many units (comma-separated) instead.")
+    parser.add_argument("--unit-ms", type=float, default=0.0, help="With --units: busy ms/unit.")
+    parser.add_argument("--repeat", type=int, default=1, help="With --units: runs of each.")
     args = parser.parse_args()
+    if args.units:
+        bench_units(args)
+        return
 
     from joblib import Parallel, delayed, parallel_config
 
@@ -75,6 +100,73 @@ def main() -> None:
             print(f"{label:<8} {n:>7,} {loop:>11,.0f} {joblib_rate:>13,.0f} {map_rate:>10,.0f} "
                   f"{map_rate / joblib_rate:>8.2f} {map_rate / loop:>8.2f} "
                   f"{overhead * 1e6:>15,.0f} us")  # fmt: skip
+
+
+UNITS_MODULE = """
+import time
+
+
+def f(i):
+    if SECONDS:
+        end = time.perf_counter() + SECONDS
+        while time.perf_counter() < end:
+            pass
+    return {"y": 2 * i}
+"""
+
+
+def run_units(folder: Path, n: int, workers: int) -> dict:
+    """``pipeline run`` of a job of ``n`` units in a process of its own; its figures."""
+    import psutil
+
+    job = folder / f"job{n}.toml"
+    job.write_text(f'workload = "map"\nfunction = "bench_units:f"\nworkers = {workers}\n'
+                   f"[grid]\ni = {{start = 0, stop = {n}}}\n")  # fmt: skip
+    report, out = folder / "report", Path(tempfile.mkdtemp(dir=folder))
+    command = [sys.executable, "-m", "pipeline", "run", str(job), "--output", str(out),
+               "--report", str(report), "--no-progress"]  # fmt: skip
+    log = (folder / "stderr.log").open("w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=log)
+    driver, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):  # (exited meanwhile)
+            peak = max(peak, driver.memory_info().rss)
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    log.close()
+    if proc.returncode:
+        sys.stderr.write((folder / "stderr.log").read_text())
+        raise SystemExit(f"{' '.join(command)} exited {proc.returncode}")
+    shutil.rmtree(out)
+    s = json.loads((report / f"job{n}-summary.json").read_text())
+    probes = [t for t in s["task_timings"] if t["index"] < s["probe_tasks"]]
+    probing = max((t["start"] + t["seconds"] for t in probes), default=0.0)
+    busy = s["busy_seconds"] / s["workers"]
+    return {"units": n, "wall": wall, "rss": peak, "inputs": s["startup"]["inputs checked"],
+            "probing": probing, "run_busy": busy / s["wall_seconds"], "wall_busy": busy / wall,
+            "tasks": s["tasks"]}  # fmt: skip
+
+
+def bench_units(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "bench_units.py").write_text(
+            f"SECONDS = {args.unit_ms / 1000!r}\n" + UNITS_MODULE
+        )
+        base = run_units(folder, 1000, args.workers)["rss"]
+        print(f"driver peak RSS of a job of 1,000 units: {base / 1e6:,.0f} MB; "
+              f"{args.unit_ms} ms of work per unit; {os.cpu_count()} cores, load "
+              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        print(f"{'units':>11} {'wall':>7} {'units/s':>10} {'RSS MB':>7} {'B/unit':>7} {'inputs':>7}"
+              f" {'probes':>7} {'tasks':>6} {'busy run':>9} {'busy wall':>9}")  # fmt: skip
+        for n in (int(u) for u in args.units.split(",")):
+            for _ in range(args.repeat):
+                r = run_units(folder, n, args.workers)
+                print(f"{n:>11,} {r['wall']:>6.1f}s {n / r['wall']:>10,.0f} "
+                      f"{r['rss'] / 1e6:>7,.0f} {(r['rss'] - base) / n:>7.2f} "
+                      f"{r['inputs']:>6.2f}s {r['probing']:>6.2f}s {r['tasks']:>6} "
+                      f"{r['run_busy']:>9.2f} {r['wall_busy']:>9.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

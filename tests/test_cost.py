@@ -84,7 +84,9 @@ def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
     # The embedded cluster: the worker-seconds the tasks were busy, at $3.60/h = $0.001/s.
     assert s.worker_seconds == s.busy_seconds >= 0.4
     assert s.cost_usd == pytest.approx(s.worker_seconds * 0.001)
-    assert s.runs_per_day == pytest.approx(86_400 / s.wall_seconds)
+    # A day over the whole command's wall time: here run_job's, planning to finalize
+    assert s.command_seconds >= s.wall_seconds > 0
+    assert s.runs_per_day == pytest.approx(86_400 / s.command_seconds)
     line = next(line for line, _ in summary_lines(s) if line.strip().startswith("cost:"))
     assert usd(s.cost_usd) in line and "--price-per-worker-hour" in line
     report = json.loads(s.to_json())
@@ -94,6 +96,36 @@ def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
     assert sum(t["units"] for t in s.task_timings) == 40
     assert len({t["worker"] for t in s.task_timings}) <= 2
     assert all(t["start"] >= 0 and t["seconds"] >= 0.01 for t in s.task_timings)
+
+
+def test_runs_per_day_count_the_whole_commands_wall_time_start_up_included(tmp_path):
+    """A batch of `pipeline run` commands runs at the pace of each command's whole wall
+    time: runs per day divided a day by the run alone, leaving out the cluster's
+    start-up (and the end of the run, after its wall time was taken)."""
+    from pipeline import load_jobs, run_jobs
+
+    cli = {"function": "mapfns.userfns:power", "grid": '{"x": [1, 2, 3], "p": 2}',
+           "output": str(tmp_path), "workers": 1, "progress": False}  # fmt: skip
+    (s,) = run_jobs(load_jobs([], cli, workload="map", environ={}), echo=lambda m: None)
+    assert s.complete and s.units_run == 3
+    start_up = s.startup["inputs checked"] + s.startup["waited for the cluster"]
+    assert start_up > 0 and s.wall_seconds > 0
+    assert s.command_seconds >= start_up + s.wall_seconds
+    assert s.runs_per_day == pytest.approx(86_400 / s.command_seconds)
+    assert json.loads(s.to_json())["command_seconds"] == s.command_seconds
+    line = next(line for line, _ in summary_lines(s) if line.strip().startswith("cost:"))
+    assert f"{86_400 / s.command_seconds:,.0f} runs/day at this pace" in line
+
+
+def test_pipeline_map_counts_its_clusters_start_up_in_runs_per_day(tmp_path):
+    from mapfns import userfns
+
+    import pipeline
+
+    s = pipeline.map(userfns.power, grid={"x": [1, 2], "p": 2}, output=str(tmp_path),
+                     workers=1, progress=False)  # fmt: skip
+    assert s.complete and s.command_seconds > s.wall_seconds > 0
+    assert s.runs_per_day == pytest.approx(86_400 / s.command_seconds)
 
 
 def test_a_remote_run_is_charged_every_worker_for_the_whole_run():
@@ -497,11 +529,12 @@ def test_a_price_file_without_the_fleets_scheduler_or_load_balancer(tmp_path):
 
 def test_small_costs_and_times_read_as_figures():
     # "$7.27e-07 for 0.0 worker-seconds"
-    from pipeline.summary import _figure, usd
+    from pipeline.figures import figure
+    from pipeline.summary import usd
 
     assert [usd(7.27e-7), usd(7.53e-5), usd(0.0123), usd(0.0), usd(12.345)] == [
         "$0.000000727", "$0.0000753", "$0.0123", "$0", "$12.35"
     ]  # fmt: skip
-    assert [_figure(0.04), _figure(3.14159), _figure(123.45), _figure(0.0)] == [
+    assert [figure(0.04), figure(3.14159), figure(123.45), figure(0.0)] == [
         "0.04", "3.14", "123.5", "0.0"
     ]  # fmt: skip

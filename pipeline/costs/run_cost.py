@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..planning.plan import Plan, is_small_job, requested_units_per_task
 from ..planning.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
-from ..summary import RunSummary, TaskTime, count, seconds, task_bound, usd
+from ..summary import (
+    DAY_SECONDS,
+    RunSummary,
+    TaskTime,
+    count,
+    runs_per_day,
+    seconds,
+    task_bound,
+    usd,
+)
 from .prices import (
     DEFAULT_SCHEDULER_INSTANCE,
     Instance,
@@ -44,6 +53,7 @@ from .prices import (
 __all__ = [
     "Fleet",
     "JobSample",
+    "DAY_SECONDS",
     "Projection",
     "add_run_cost",
     "parse_fleet",
@@ -51,16 +61,10 @@ __all__ = [
     "runs_per_day",
 ]
 
-DAY_SECONDS = 86_400.0
 #: S3 accepts about this many PUT requests a second per prefix (AWS's figure).
 S3_PUTS_PER_SECOND = 3_500.0
 #: The most workers one scheduler handled in the reference deployment.
 SCHEDULER_WORKER_WALL = 480
-
-
-def runs_per_day(wall_seconds: float) -> float | None:
-    """Runs back to back in a day at this wall time (None when there is none)."""
-    return DAY_SECONDS / wall_seconds if wall_seconds > 0 else None
 
 
 def add_run_cost(summary: RunSummary, price: WorkerPrice, *, remote: bool) -> None:
@@ -72,7 +76,8 @@ def add_run_cost(summary: RunSummary, price: WorkerPrice, *, remote: bool) -> No
     summary.usd_per_worker_hour = price.usd_per_hour
     summary.price_source = price.source
     summary.cost_usd = summary.worker_seconds / 3600 * price.usd_per_hour
-    summary.runs_per_day = runs_per_day(summary.wall_seconds)
+    # The whole command's pace (start-up, planning, the run, finalize), where known
+    summary.runs_per_day = runs_per_day(summary.command_seconds or summary.wall_seconds)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The three inputs a ``map`` job can take: dataset chunks, a parameter grid, files.
+"""The inputs a ``map`` job can take besides a grid (:mod:`.grid`): dataset chunks, files;
+and how the job's record holds long lists of values.
 
 Each numbers its units 0..n-1 in a fixed order, gives each unit's key columns (the
 first columns of the unit's result rows) and the arguments of the unit's call.
@@ -7,129 +8,27 @@ first columns of the unit's result rows) and the arguments of the unit's call.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 
 from ...contract import as_recorded, json_value
 from ...errors import ConfigError, InputError
 
-__all__ = ["DataInput", "FilesInput", "GridInput"]
+__all__ = [
+    "DataInput",
+    "FilesInput",
+    "check_stable_text",
+    "key_type",
+    "recorded",
+    "unit_runs",
+    "units_of",
+]
 
 Call = tuple[int, tuple, dict]
-
-
-class GridInput:
-    """A parameter grid: the cartesian product of a table of lists, keys in the order
-    written, or a list of points (tables of one value per key), in the order listed."""
-
-    kind = "grid"
-
-    def __init__(self, grid: dict[str, Any] | list[dict[str, Any]] | tuple):
-        if not grid:
-            raise ConfigError("grid: empty; expected a table of lists, e.g. {alpha = [0.1, 1]}")
-        if isinstance(grid, list | tuple):
-            self.listed = True  # points, in order; else every combination
-            keys = tuple(grid[0])
-            if not keys:
-                raise ConfigError("grid: point 0 has no keys; a point gives the call's arguments")
-            for i, point in enumerate(grid):
-                if set(point) != set(keys):
-                    raise ConfigError(
-                        f"grid: point {i} has keys {_names(point)} where point 0 has "
-                        f"{_names(keys)}; every point of a list of points needs the same keys"
-                    )
-            self.grid: dict[str, list] = {k: [p[k] for p in grid] for k in keys}
-            self.n_units = len(grid)
-        else:
-            self.listed = False
-            self.grid = {key: _grid_values(key, values) for key, values in grid.items()}
-            self.n_units = 1
-            for values in self.grid.values():
-                self.n_units *= len(values)
-        for key in self.grid:
-            if not key.isidentifier():
-                raise ConfigError(f"grid: key {key!r} is not a valid parameter name")
-        self.keys = self.key_names = tuple(self.grid)
-        # One type per key for the whole grid: typed per task, a task's keys would
-        # depend on which values it holds (True among 1 and 2.5 as 1.0, alone as bool)
-        self.key_types = {k: _key_type(self.grid[k]) for k in self.keys}
-        for key, t in self.key_types.items():
-            if t is None:
-                _check_stable_text(key, self.grid[key])
-
-    def unit(self, i: int) -> dict[str, Any]:
-        if self.listed:
-            return {k: self.grid[k][i] for k in self.keys}
-        out = {}
-        for key in reversed(self.keys):
-            values = self.grid[key]
-            i, j = divmod(i, len(values))
-            out[key] = values[j]
-        return {k: out[k] for k in self.keys}
-
-    def calls(self, start: int, stop: int) -> Iterator[Call]:
-        if self.listed:
-            combos = zip(*(self.grid[k][start:stop] for k in self.keys), strict=True)
-        else:
-            combos = itertools.islice(itertools.product(*self.grid.values()), start, stop)
-        for unit, values in enumerate(combos, start):
-            yield unit, (), dict(zip(self.keys, values, strict=True))
-
-    def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
-        rows = [self.unit(u) for u in units]
-        out = {}
-        for k, t in self.key_types.items():
-            if t is None:
-                out[k] = pa.array([repr(r[k]) for r in rows], pa.string())
-            else:
-                out[k] = pa.array([r[k] for r in rows], type=t)
-        return out
-
-    def fingerprint(self) -> dict:
-        # Objects (from Python) as their repr, which says their parameters: checked
-        # to hold no memory address (_check_stable_text)
-        if not self.listed:
-            return {"grid": as_recorded(self.grid)}
-        # (the digest of many points from them as they are: their JSON round trip was
-        # 2 of a 300,000-point grid's 3 s)
-        return {"grid": _recorded([self.unit(i) for i in range(self.n_units)], "points")}
-
-    def describe(self) -> str:
-        if self.listed:
-            return f"{self.n_units} grid points (listed: {', '.join(self.keys)})"
-        return f"{self.n_units} grid points ({' x '.join(self.keys)})"
-
-
-def _grid_values(key: str, values: Any) -> list:
-    """A key's values as a list: from Python a tuple, a range or a 1-D array (numpy,
-    pandas) will do too, its elements as Python scalars; a set has no order to keep.
-    A single value (``n = 1000``) is held fixed: a list of one."""
-    if isinstance(values, list | tuple | range):
-        listed = list(values)
-    elif getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):
-        listed = values.tolist()
-    elif getattr(values, "ndim", None) == 0 and hasattr(values, "item"):
-        listed = [values.item()]  # a numpy scalar
-    elif values is not None and not isinstance(values, set | frozenset | dict):
-        listed = [values]
-    else:
-        listed = []
-    if not listed:
-        raise ConfigError(
-            f"grid: key {key!r} is {values!r}; expected a value or a non-empty list of values "
-            "(a list, tuple, range or 1-D array; or give a list of points: [[grid]] tables "
-            "in a job file)"
-        )
-    return listed
-
-
-def _names(keys) -> str:
-    return "(" + ", ".join(sorted(map(str, keys))) + ")"
 
 
 class FilesInput:
@@ -152,8 +51,10 @@ class FilesInput:
         # The versions are for the job's record, on the driver: not sent with each task
         return {**self.__dict__, "versions": ()}
 
-    def calls(self, start: int, stop: int) -> Iterator[Call]:
-        for unit in range(start, stop):
+    def calls(
+        self, start: int, stop: int, only: set[int] | None = None, reads: list | None = None
+    ) -> Iterator[Call]:
+        for unit in units_of(start, stop, only):
             yield unit, (self.paths[unit],), {}
 
     def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
@@ -162,8 +63,8 @@ class FilesInput:
     def fingerprint(self) -> dict:
         # (the key "versions", as a data input's: a change of them alone is said to be
         # the input files')
-        return {"files": _recorded(list(self.paths), "files"),
-                "versions": _recorded(list(self.versions), "versions")}  # fmt: skip
+        return {"files": recorded(list(self.paths), "files"),
+                "versions": recorded(list(self.versions), "versions")}  # fmt: skip
 
     def describe(self) -> str:
         return f"{self.n_units} files in {self.where}"
@@ -208,14 +109,25 @@ class DataInput:
         self.key_names = tuple(self.index.by) or ("row_start", "row_stop")
         self.n_units = self.index.n_chunks
 
-    def calls(self, start: int, stop: int) -> Iterator[Call]:
+    def calls(
+        self, start: int, stop: int, only: set[int] | None = None, reads: list | None = None
+    ) -> Iterator[Call]:
+        """Units ``start..stop-1`` (or those of them in ``only``), each run of
+        consecutive units read together: the row groups of the others are not read.
+        ``reads`` ([bytes read, bytes the units hold, seconds]) is added to."""
         from ...inputs.task_rows import read_task_rows
 
-        rows = read_task_rows(self.dataset, self.index, start, stop, list(self.columns))
-        frame = rows.table.to_pandas()
-        for i, unit in enumerate(range(start, stop)):
-            a, b = int(rows.offsets[i]), int(rows.offsets[i + 1])
-            yield unit, (frame.iloc[a:b].reset_index(drop=True),), {}
+        for first, last in unit_runs(units_of(start, stop, only)):
+            t0 = time.perf_counter()
+            rows = read_task_rows(self.dataset, self.index, first, last, list(self.columns))
+            if reads is not None:
+                reads[0] += rows.bytes_read
+                reads[1] += rows.bytes_needed
+                reads[2] += time.perf_counter() - t0
+            frame = rows.table.to_pandas()
+            for i, unit in enumerate(range(first, last)):
+                a, b = int(rows.offsets[i]), int(rows.offsets[i + 1])
+                yield unit, (frame.iloc[a:b].reset_index(drop=True),), {}
 
     def key_columns(self, units: list[int]) -> dict[str, pa.Array]:
         import numpy as np
@@ -240,11 +152,29 @@ class DataInput:
         return object.__sizeof__(self) + self.index.nbytes
 
 
+def units_of(start: int, stop: int, only: set[int] | None = None) -> range | list[int]:
+    """Units ``start..stop-1``, or those of them in ``only``, ascending."""
+    if only is None:
+        return range(start, stop)
+    return sorted(u for u in only if start <= u < stop)
+
+
+def unit_runs(units) -> list[tuple[int, int]]:
+    """Ascending ``units`` as runs of consecutive ones: ``(first, stop)`` each."""
+    runs: list[list[int]] = []
+    for u in units:
+        if runs and runs[-1][1] == u:
+            runs[-1][1] = u + 1
+        else:
+            runs.append([u, u + 1])
+    return [(a, b) for a, b in runs]
+
+
 #: Listed grid points (or files) a job's record holds as they are; beyond, their digest.
 LISTED_RECORDED = 1000
 
 
-def _recorded(values: list, count: str) -> list | dict:
+def recorded(values: list, count: str) -> list | dict:
     """``values`` as a job's record holds them: as JSON holds them, or beyond
     :data:`LISTED_RECORDED` their number (named ``count``) and digest. A record of
     300,000 grid points was 16 MB, written each time the plan was (8 s each)."""
@@ -263,7 +193,7 @@ def has_address(text: str) -> bool:
     return _ADDRESS.search(text) is not None
 
 
-def _check_stable_text(key: str, values: list) -> None:
+def check_stable_text(key: str, values: list) -> None:
     """Values written as their repr must say the same in every run: the key column,
     the job's record (which a resume compares) and the output's bytes are that text."""
     for v in values:
@@ -277,7 +207,7 @@ def _check_stable_text(key: str, values: list) -> None:
             )
 
 
-def _key_type(values: list) -> pa.DataType | None:
+def key_type(values: list) -> pa.DataType | None:
     """The column type of a grid key's values, or None to write them as their repr
     text: values that pyarrow cannot type (objects), or of mixed kinds (numbers with
     text, or booleans with numbers, which pyarrow would turn into 1.0 silently).

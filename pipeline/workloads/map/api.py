@@ -1,0 +1,87 @@
+"""``pipeline.map``: a ``map`` job from Python, its function passed by value."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+from ...errors import ConfigError
+from .job import MapJob
+from .usercode import describe_function
+from .workload import MapWorkload
+
+__all__ = ["run_map"]
+
+
+def run_map(
+    fn: Callable,
+    *,
+    data: str | None = None,
+    grid: Mapping[str, list] | Sequence[Mapping] | None = None,
+    files: str | None = None,
+    output: str | None = None,
+    name: str | None = None,
+    client=None,
+    **settings,
+):
+    """Call ``fn`` per unit of one input, on the embedded cluster (or ``client``'s),
+    writing the rows it returns under ``output``; return the run's summary.
+
+    ``grid`` is a mapping of lists (each combination; a ``range`` is held as one, not
+    listed) or a sequence of mappings or a pandas DataFrame (each point, in order).
+    ``fn`` may be defined in the calling script (it travels by value). ``settings``
+    are the map job's (``chunk_by``, ``chunk_rows``, ``columns``, ``seed``,
+    ``retries``) and the run's (``workers``, ``overwrite``, ``max_failures``, ...).
+    A second call resumes: only units not yet done, or that raised, run. Settings not
+    given come from ``PIPELINE_*`` variables, as for ``pipeline run`` (``output``
+    from ``PIPELINE_OUTPUT``, else ``results``).
+    """
+    from ...config import RunOptions, resolve, settings_of
+    from ...driver import CONNECTION_SETTINGS, run_workload
+
+    run_keys = {f.name for f in settings_of(RunOptions)}
+    map_keys = {f.name for f in settings_of(MapJob)}
+    unknown = sorted(set(settings) - run_keys - map_keys)
+    if unknown:
+        raise ConfigError(f"pipeline.map: unknown setting(s) {', '.join(unknown)}")
+    ignored = [k for k in CONNECTION_SETTINGS if settings.get(k) is not None]
+    if client is not None and ignored:
+        # The run is on client's cluster: they would have been ignored, unsaid.
+        given = ", ".join(f"{k}={settings[k]!r}" for k in ignored)
+        raise ConfigError(
+            f"pipeline.map: {given} set up a cluster, but client= gives the cluster to run "
+            "on; leave them out (or the client, to have pipeline.map start or reach one)"
+        )
+    given = {
+        "name": name,
+        "function": describe_function(fn),
+        "data": data,
+        "grid": _grid_value(grid),
+        "files": files,
+        **{k: v for k, v in settings.items() if k in map_keys},
+    }
+    job = resolve(MapJob, None, given)
+    run_given = {k: v for k, v in settings.items() if k in run_keys}
+    options = resolve(RunOptions, None, {"output": output, **run_given})
+    workload = MapWorkload(job, name or _default_name(fn), fn=fn)
+    return run_workload(workload, options, client=client)
+
+
+def _default_name(fn: Callable) -> str:
+    """The job's folder when no name is given: the function's name, as a folder name
+    (a lambda's '<lambda>' would make a folder named with angle brackets)."""
+    while isinstance(fn, functools.partial):  # partial(fit, alpha=2): 'fit'
+        fn = fn.func
+    name = re.sub(r"[^\w.-]", "", getattr(fn, "__name__", "")).lstrip("._")
+    return name or "map"
+
+
+def _grid_value(grid) -> dict | list | None:
+    if grid is None:
+        return None
+    if isinstance(grid, Mapping):
+        return dict(grid)
+    if hasattr(grid, "to_dict") and hasattr(grid, "columns"):  # a DataFrame of points
+        return grid.to_dict("records")
+    return [dict(point) if isinstance(point, Mapping) else point for point in grid]
