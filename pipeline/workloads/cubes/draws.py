@@ -78,8 +78,11 @@ class _DrawProcess:
 
     def submit(self, *args) -> Callable[[], np.ndarray]:
         """Ask for a draw; call the result to get it (answers come in the order asked)."""
-        pickle.dump(args, self.proc.stdin)
-        self.proc.stdin.flush()
+        try:
+            pickle.dump(args, self.proc.stdin)
+            self.proc.stdin.flush()
+        except OSError:  # (a broken pipe: it has ended)
+            raise self._ended() from None
         self.asked += 1
         return self._receive
 
@@ -88,13 +91,16 @@ class _DrawProcess:
             self.asked -= 1
             result = pickle.load(self.proc.stdout)
         except EOFError:
-            raise PipelineError(
-                f"a process drawing cube columns (pid {self.proc.pid}) ended with "
-                f"status {self.proc.wait()}"
-            ) from None
+            raise self._ended() from None
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _ended(self) -> PipelineError:
+        return PipelineError(
+            f"a process drawing cube columns (pid {self.proc.pid}) ended with status "
+            f"{self.proc.wait()}"
+        )
 
     def close(self) -> None:
         if self.asked:  # its answers would not be read: it would wait to write them

@@ -7,6 +7,10 @@ cubes, or batches of cubes); its loader workers split that share again, worker
 ``w`` of ``N`` taking every N-th of it. Over all ranks and workers each item is
 taken exactly once, and a rank's share does not depend on its number of workers
 (so ``len()`` in the main process is right whatever the DataLoader starts).
+
+Loader workers started by spawn or forkserver have no process group, and one
+initialized with an explicit rank sets no ``RANK`` variable: a dataset sent to them
+carries the rank its training process had (``CubeStream.__getstate__``).
 """
 
 from __future__ import annotations
@@ -44,10 +48,13 @@ def distributed_rank() -> tuple[int, int]:
     return rank_n, world_n
 
 
-def share(worker: tuple[int, int] | None = None) -> tuple[int, int]:
+def share(
+    worker: tuple[int, int] | None = None, rank: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """(i, k): this process takes items ``i, i + k, ...``. ``worker`` is (id, number of
-    loader workers) inside a DataLoader worker, else None."""
-    rank, world = distributed_rank()
+    loader workers) inside a DataLoader worker, else None; ``rank``: (rank, world size)
+    as the training process saw it, else :func:`distributed_rank` now."""
+    rank, world = rank or distributed_rank()
     w, workers = worker or (0, 1)
     return rank + w * world, world * workers
 

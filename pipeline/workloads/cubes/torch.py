@@ -98,6 +98,14 @@ class CubeStream(IterableDataset):
         self.with_ids = with_ids
         self.batch_size = batch_size
 
+    def __getstate__(self) -> dict:
+        # Sent to loader workers from the training process: with the rank it has, which
+        # a spawned worker could not see (no process group there, maybe no RANK).
+        return {**self.__dict__, "_rank": distributed_rank()}
+
+    def _share(self, worker) -> tuple[int, int]:
+        return share(worker, self.__dict__.get("_rank") if worker else None)
+
     def __len__(self) -> int:
         """Items (cubes, or batches with ``batch_size``) this process iterates: all of
         them, or its rank's share under ``torch.distributed``."""
@@ -140,12 +148,12 @@ class CubeStream(IterableDataset):
             return
         if worker is None:  # DataLoader(num_workers=0): threads of this process build
             batches = thread_batches(
-                self.workload, self.batch_size or 1, shard=share(), memory=memory
+                self.workload, self.batch_size or 1, shard=self._share(None), memory=memory
             )
             yield from self._handed_over(batches)
             return
         n, b = self.workload.n_units, self.batch_size
-        first, step = share(worker)
+        first, step = self._share(worker)
         if b is None:
             yield from self._cubes(range(first, n, step))
             return
@@ -158,7 +166,7 @@ class CubeStream(IterableDataset):
     def _device_built(self, worker):
         """Items gathered on the device: this process's (or loader worker's) share."""
         n, b = self.workload.n_units, self.batch_size
-        first, step = share(worker)
+        first, step = self._share(worker)
         if b is None:
             ids = range(first, n, step)
             plan = (ids[i : i + DEVICE_CHUNK] for i in range(0, len(ids), DEVICE_CHUNK))
@@ -185,7 +193,7 @@ class CubeStream(IterableDataset):
             client=client,
             cubes_per_task=self.batch_size,
             delivery="auto" if client else "shared-memory",  # cluster=True: an embedded one
-            shard=share(),
+            shard=self._share(None),
             memory=memory,
         )
         yield from self._handed_over(batches)
