@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
-from pipeline.workloads.cubes.delivery.channel import MEMFD_NAME
 
 from pipeline import CubeJob, CubeWorkload, iter_cubes
 from pipeline.errors import ConfigError
 from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning, local
+from pipeline.workloads.cubes.delivery.channel import MEMFD_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -149,10 +149,11 @@ def test_columns_per_layer_drawn_by_fresh_processes_equal_the_threads(frames_dir
         next(failing)
 
 
-def test_draw_processes_only_for_large_jobs_with_columns_per_layer():
-    assert draws.draw_processes(False, 10**9, 100) == 0
-    assert draws.draw_processes(True, 100, 100) == 0  # 60 ms of draws: one thread
-    assert draws.draw_processes(True, 10**6, 100) >= 1
+def test_draws_run_in_processes_only_for_jobs_with_seconds_of_draws():
+    assert draws.draw_processes(False, 1000, 100) == 0  # 8 ms of draws: one thread
+    assert draws.draw_processes(True, 100, 100) == 0  # 80 ms
+    assert 1 <= draws.draw_processes(False, 10**7, 100) <= draws.SHARED_PROCESSES
+    assert 1 <= draws.draw_processes(True, 10**6, 100) <= draws.MAX_PROCESSES
 
 
 def test_a_device_that_cannot_be_used_is_refused_by_name(frames_dir):

@@ -1,18 +1,20 @@
 """Cube columns drawn ahead of a device builder, off the consumer's thread.
 
 A GPU gathers a cube in microseconds; drawing its columns (:func:`.workload.
-cube_columns`, numpy's Philox keyed by (seed, cube id)) costs about 8 us a cube on
-one core, and 0.6 ms with columns per layer (d draws of d). The draws therefore run
-in the background, a bounded number of batches ahead, with the very function the
-CPU builders call, so the columns are the same by construction:
+cube_columns`, numpy's Philox keyed by (seed, cube id)) costs about 8.5 us a cube
+on one core (117,000 cubes/s measured here), and 0.6 ms with columns per layer (d
+draws of d). The draws therefore run in the background, a bounded number of
+batches ahead, with the very function the CPU builders call, so the columns are
+the same by construction:
 
-- one thread for columns shared by the layers (about 120,000 cubes/s on one core);
-- a few fresh interpreters for columns per layer, when the job is large enough
-  that their start (about a second) pays. Started as new processes, never forked
-  (the consumer may have initialized CUDA, which a forked child inherits broken),
-  and not through multiprocessing's spawn, which runs the consumer's script again
-  in each child: a training script without an ``if __name__ == "__main__":`` guard
-  would start its loop there.
+- in one thread for a small job;
+- in a few fresh interpreters for a job whose draws would take more than a few
+  seconds of one core: a thread drawing 50,000 cubes/s would hold the GIL for
+  40 % of the time, which the training loop's own Python needs. Started as new
+  processes, never forked (the consumer may have initialized CUDA, which a forked
+  child inherits broken), and not through multiprocessing's spawn, which runs the
+  consumer's script again in each child: a training script without an
+  ``if __name__ == "__main__":`` guard would start its loop there.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from .workload import cube_columns
 
 __all__ = ["ColumnDraws", "draw_columns"]
 
-#: Draw time of one cube's columns per layer, per unit of d, on one core (measured:
-#: 0.59 ms at d = 100): with the job's total above PROCESS_POOL_SECONDS, processes draw.
-PER_LAYER_SECONDS_PER_DIM = 6e-6
-PROCESS_POOL_SECONDS = 2.0
+#: One core's draw time of a cube's columns (8.5 us at d = 100, 6 us at d = 10), d times
+#: that per layer; a job whose draws take more than PROCESS_SECONDS gets processes.
+DRAW_SECONDS = 8e-6
+PROCESS_SECONDS = 2.0
+#: Processes for columns shared by the layers (together 200,000+ cubes/s), and at
+#: most for columns per layer.
+SHARED_PROCESSES = 2
 MAX_PROCESSES = 8
 
 
@@ -54,11 +59,12 @@ def draw_columns(
 
 
 def draw_processes(per_layer: bool, cubes: int, dim: int) -> int:
-    """Processes to draw a job's columns with: 0 (one thread) unless its columns are
-    per layer and drawing them on one core would take more than a few seconds."""
-    if not per_layer or cubes * dim * PER_LAYER_SECONDS_PER_DIM < PROCESS_POOL_SECONDS:
+    """Processes to draw a job's columns with: 0 (one thread) unless drawing them on
+    one core would take more than :data:`PROCESS_SECONDS`."""
+    if cubes * DRAW_SECONDS * (dim if per_layer else 1) < PROCESS_SECONDS:
         return 0
-    return max(1, min(MAX_PROCESSES, (os.cpu_count() or 2) - 1))
+    cores = max(1, (os.cpu_count() or 2) - 1)
+    return min(cores, MAX_PROCESSES if per_layer else SHARED_PROCESSES)
 
 
 class _DrawProcess:

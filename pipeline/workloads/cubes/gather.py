@@ -138,11 +138,14 @@ class DeviceCubes:
                 for _ in range(INDEX_SLOTS)
             ]
         self.batches = 0
+        self.streams: set = set()
 
     def gather(self, columns: np.ndarray) -> torch.Tensor:
         """Cubes with ``columns`` (0-based positions, as :func:`.draws.draw_columns`
         gives them) as one contiguous (n, d, d, d) tensor on the device."""
         n, d = len(columns), self.d
+        if self.device.type == "cuda":
+            self._used_on(torch.cuda.current_stream(self.device))
         idx = self._index(columns)
         if self.per_layer:  # F[f, c - 1, r]
             out = self.frames[self.f, idx.view(n, d, 1, d), self.r]
@@ -152,6 +155,15 @@ class DeviceCubes:
             rows = self.frames.view(-1, d * d).index_select(0, idx.view(-1))
             out = rows.view(n, d, d, d).permute(0, 3, 2, 1)
         return out if out.is_contiguous() else out.contiguous()
+
+    def _used_on(self, stream) -> None:
+        """The frames are read on ``stream`` (the consumer's, which may change): freed,
+        their memory waits for its gathers (the allocator knows only the stream they
+        were made on)."""
+        if stream not in self.streams:
+            self.streams.add(stream)
+            for tensor in (self.frames, self.f):
+                tensor.record_stream(stream)
 
     def _index(self, columns: np.ndarray) -> torch.Tensor:
         flat = columns.reshape(len(columns), -1)
