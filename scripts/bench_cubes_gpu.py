@@ -15,8 +15,9 @@ and sums it there; a rate counts cubes from the first item to the last one's sum
   CPU-built, into the GPU from page-locked memory off the consumer's thread:
   (T)      CubeStream(job, device="cuda", build="cpu", batch_size=4): threads;
            (T0) the same with the consumer's own ``.to`` (CubeStream(job), as before)
-  (W)      to_device(DataLoader(CubeStream(job, batch_size=32), num_workers=N)): loader
-           workers' shared memory, through page-locked staging buffers
+  (W)      to_device(DataLoader(CubeStream(job, batch_size=32), num_workers=4)) and the
+           same with 15 workers (batches of 8): loader workers' shared memory, through
+           page-locked staging buffers
   (C)      CubeStream(job, device="cuda", batch_size=8, cluster=True): the embedded
            cluster's shared memory, page-locked in place
   (S)      CubeShards(...).batches(32, device="cuda"): a stored job read back (from the
@@ -123,19 +124,27 @@ def gather_limit(device, d: int, dtype, seconds: float, ncols: int = 1000) -> fl
 
 
 def reference(frames_dir: Path, device, d: int, seconds: float) -> float:
-    """(R): gpu_feed.py's reference case."""
+    """(R): gpu_feed.py's reference case, with at most two cubes a thread in flight
+    (an unbounded ``imap`` builds 8 MB cubes four times faster than the GPU takes
+    them, into memory, until the run ends)."""
     import pyarrow.parquet as pq
     import torch
 
     files = sorted(frames_dir.glob("*.parquet"))[:d]
     arr = np.stack([pq.read_table(f).to_pandas().to_numpy(dtype=np.float64) for f in files])
-    ncols = arr.shape[2]
+    ncols, threads = arr.shape[2], os.cpu_count() or 2
 
     def cube(_):
         return torch.from_numpy(arr[:, :d, random.sample(range(1, ncols), d)])
 
-    with ThreadPool(os.cpu_count()) as pool:
-        return consume(pool.imap(cube, range(10**9)), device, seconds, False)
+    def cubes(pool):
+        pending = [pool.apply_async(cube, (k,)) for k in range(2 * threads)]
+        while True:
+            pending.append(pool.apply_async(cube, (0,)))
+            yield pending.pop(0).get()
+
+    with ThreadPool(threads) as pool:
+        return consume(cubes(pool), device, seconds, False)
 
 
 def stored_job(frames_dir: Path, d: int, cubes: int, out: Path) -> str:
@@ -182,8 +191,11 @@ def paths(frames_dir: Path, device, d: int, dtype: str, args, shards: str | None
             T0=lambda: consume(DataLoader(stream, batch_size=None), device, secs, False),
         )
         for n in args.loader_workers:
+            # gpu_feed.py's loader4 with 4 workers (batches of 32, 4 prefetched); with
+            # more, batches of 8, 2 prefetched: each is a segment of /dev/shm
+            b, ahead = (32, 4) if n <= 4 else (8, 2)
             loader = DataLoader(
-                CubeStream(job, batch_size=32), batch_size=None, num_workers=n, prefetch_factor=4
+                CubeStream(job, batch_size=b), batch_size=None, num_workers=n, prefetch_factor=ahead
             )
             cases[f"W{n}"] = lambda loader=loader: consume(
                 to_device(loader, device), device, secs, True
