@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload, load_jobs, run_jobs  # noqa: E402
 from pipeline.torch import CubeShards, CubeStream, to_device  # noqa: E402
-from pipeline.workloads.cubes import feed  # noqa: E402
+from pipeline.workloads.cubes import feed, host_memory  # noqa: E402
 from pipeline.workloads.cubes.delivery import iter_cube_batches  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -188,7 +188,7 @@ def test_threads_build_into_page_locked_buffers_for_a_gpu(frames_dir):
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=10, seed=8)
     workload = CubeWorkload(job, "cubes", job.frames)
     workload.preflight()
-    memory = feed.HostMemory(torch.device("cuda"))
+    memory = host_memory.HostMemory(torch.device("cuda"))
     for _ids, batch in thread_batches(workload, 2, memory=memory):
         assert torch.from_numpy(batch).is_pinned()
     region = np.zeros(1 << 20, dtype=np.uint8)

@@ -20,8 +20,9 @@ the consumer trains on the batch before:
   consumer's work on it is queued.
 - A host buffer goes back to its builder only once the copy out of it is done (its
   event), so a builder never overwrites a batch still being copied.
-- At most ``depth`` batches wait on the device for the consumer; with those being
-  copied, device memory stays a few batches whatever the job's length.
+- At most ``depth`` batches wait on the device for the consumer, and at most
+  ``COPIES_IN_FLIGHT`` copies are not known to be done: host and device memory
+  stay a few batches whatever the job's length.
 
 On the CPU (``device="cpu"``) the same thread makes each batch contiguous in the
 training layout, and nothing else.
@@ -32,83 +33,32 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import math
 import queue
 import threading
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import torch
 
 from ...errors import PipelineError
 from .gather import resolve_device
+from .host_memory import HostMemory
 
-__all__ = ["HostMemory", "to_device"]
+__all__ = ["to_device"]
 
 log = logging.getLogger("pipeline.cubes")
 
 #: Batches moved and waiting for the consumer.
 DEPTH = 2
+#: Copies issued and not known to be done: each holds a host buffer and a batch's
+#: device memory, so the feeder waits for the oldest before issuing more. (The
+#: consumer takes batches without waiting for their copies, which it orders on its
+#: stream, so nothing else keeps the feeder within reach of the copy engine.)
+COPIES_IN_FLIGHT = DEPTH + 2
 #: Page-locked staging buffers at most (for batches that are not page-locked).
 STAGING_BUFFERS = 3
 #: Seconds the consumer waits for the feeder thread to stop when it stops early
 #: (the thread finishes the batch it is taking from its source first).
 STOP_SECONDS = 60.0
-#: cudaHostRegisterPortable: page-locked for every CUDA context, as torch's own helper.
-_REGISTER_PORTABLE = 1
-
-
-class HostMemory:
-    """Where CPU-built batches live before their copy to ``device``: page-locked
-    memory for a CUDA device, ordinary memory otherwise."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.registered: list[np.ndarray] = []  # kept mapped until unregistered
-        self.refused = False
-
-    @property
-    def page_locked(self) -> bool:
-        return self.device.type == "cuda"
-
-    def empty(self, shape: tuple, dtype) -> np.ndarray:
-        """A Fortran-ordered array, page-locked for a CUDA device."""
-        dtype = np.dtype(dtype)
-        if not self.page_locked:
-            return np.empty(shape, dtype=dtype, order="F")
-        nbytes = math.prod(shape) * dtype.itemsize
-        raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
-        return np.ndarray(shape, dtype=dtype, buffer=raw, order="F")  # (holds raw)
-
-    def register(self, array: np.ndarray) -> None:
-        """Page-lock ``array``'s memory in place (a CUDA device; else nothing). If the
-        driver refuses, its batches are copied through staging buffers instead."""
-        if not self.page_locked or self.refused:
-            return
-        with torch.cuda.device(self.device):
-            error = int(
-                torch.cuda.cudart().cudaHostRegister(
-                    array.ctypes.data, array.nbytes, _REGISTER_PORTABLE
-                )
-            )
-        if error:
-            self.refused = True
-            log.warning(
-                "cudaHostRegister of a %.0f MB batch buffer failed (CUDA error %d): "
-                "batches are copied to page-locked buffers first",
-                array.nbytes / 1e6,
-                error,
-            )
-            return
-        self.registered.append(array)
-
-    def close(self) -> None:
-        """Unregister what :meth:`register` page-locked; call it once no copy out of
-        that memory is pending."""
-        while self.registered:
-            array = self.registered.pop()
-            with torch.cuda.device(self.device):
-                torch.cuda.cudart().cudaHostUnregister(array.ctypes.data)
 
 
 def to_device(
@@ -203,6 +153,7 @@ class _Feeder:
                     if self.stopped.is_set() or not self._put(self._move(item)):
                         break
                     del item
+                    self._reap()  # a builder may be waiting for a buffer
                 else:
                     self._put(_End())
         except BaseException as exc:
@@ -240,6 +191,10 @@ class _Feeder:
         if not self.cuda:
             return head, (batch.contiguous(), None)
         self._reap()
+        while len(self.pending) >= COPIES_IN_FLIGHT:
+            entry = self.pending.popleft()
+            entry[0].synchronize()
+            self._release(entry)
         host = batch if _dense(batch) else batch.contiguous()
         staging = None
         if host.is_pinned():
@@ -260,7 +215,7 @@ class _Feeder:
 
     def _reap(self) -> None:
         """Let go of host memory whose copies are done (in order)."""
-        while self.pending and self.pending[0][0].query():
+        while self.cuda and self.pending and self.pending[0][0].query():
             self._release(self.pending.popleft())
 
     def _release(self, entry: tuple) -> None:

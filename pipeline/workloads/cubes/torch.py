@@ -42,8 +42,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ...errors import ConfigError
 from .delivery.threads import thread_batches
-from .feed import HostMemory, to_device
+from .feed import to_device
 from .gather import device_batches, resolve_device
+from .host_memory import HostMemory
 from .sharding import distributed_rank, items_in, share
 from .torch_shards import CubeShards
 from .workload import CubeJob, CubeWorkload, build_cube, ensure_auto_frames

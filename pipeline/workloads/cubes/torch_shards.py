@@ -18,8 +18,9 @@ from ...results import find_job
 from ...storage import open_store, read_parquet
 from ...workload import checksum
 from .delivery.local import _BatchMemory
-from .feed import HostMemory, to_device
+from .feed import to_device
 from .gather import resolve_device
+from .host_memory import HostMemory
 from .sharding import share
 from .shards import npy_header
 
