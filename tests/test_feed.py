@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload, load_jobs, run_jobs  # noqa: E402
+from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.torch import CubeShards, CubeStream, to_device  # noqa: E402
 from pipeline.workloads.cubes import feed, host_memory  # noqa: E402
 from pipeline.workloads.cubes.delivery import iter_cube_batches  # noqa: E402
@@ -90,6 +91,9 @@ def test_the_clusters_batches_reach_the_device_and_each_rank_share_is_disjoint(f
                     assert k not in got
                     got[k] = torch.from_numpy(np.ascontiguousarray(batch[..., j]))
         assert same_bytes(got, want), delivery
+    for bad in ((2, 2), (0, 0), (1,), (0.5, 2), [0, 2]):
+        with pytest.raises(ConfigError, match=r"shard=.*expected \(i, k\), integers"):
+            next(iter_cube_batches(job, shard=bad))
 
 
 def test_to_device_runs_a_bounded_number_of_batches_ahead(frames_dir):

@@ -110,10 +110,10 @@ def iter_cube_batches(
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
     if cubes_per_task is not None and cubes_per_task < 1:
         raise ConfigError(f"iter_cubes: cubes_per_task={cubes_per_task}; expected at least 1")
-    if not (
-        isinstance(shard, tuple) and len(shard) == 2 and 0 <= shard[0] < shard[1]
-    ):  # (bools and other ints than these would be a share of nothing, or of all twice)
-        raise ConfigError(f"iter_cubes: shard={shard!r}; expected (i, k) with 0 <= i < k")
+    whole = isinstance(shard, tuple) and len(shard) == 2
+    whole = whole and all(isinstance(v, int) and not isinstance(v, bool) for v in shard)
+    if not (whole and 0 <= shard[0] < shard[1]):
+        raise ConfigError(f"iter_cubes: shard={shard!r}; expected (i, k), integers with 0 <= i < k")
     frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
     workload = CubeWorkload(job, job.name or "cubes", frames)
     workload.writes_output = False
