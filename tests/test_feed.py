@@ -6,6 +6,7 @@ shards), each delivering every cube of its share once with the CPU builder's byt
 
 from __future__ import annotations
 
+import mmap
 import threading
 
 import numpy as np
@@ -195,7 +196,7 @@ def test_threads_build_into_page_locked_buffers_for_a_gpu(frames_dir):
     memory = host_memory.HostMemory(torch.device("cuda"))
     for _ids, batch in thread_batches(workload, 2, memory=memory):
         assert torch.from_numpy(batch).is_pinned()
-    region = np.zeros(1 << 20, dtype=np.uint8)
+    region = np.frombuffer(mmap.mmap(-1, 1 << 20), dtype=np.uint8)  # as shared memory is
     memory.register(region)
     assert torch.from_numpy(region).is_pinned()
     memory.close()
