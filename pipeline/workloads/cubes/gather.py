@@ -14,11 +14,12 @@ by-frame layout ``F[f, c - 1, r]`` and ``cols`` (n, d, d): ``F[f, cols[k, f, c],
 A gather copies values, so the batch holds the CPU builder's bytes.
 
 The read pattern: the d columns of a cube are d contiguous blocks of ``T`` (d x d
-each, 8 MB together at d = 100 float64), which the GPU's L2 cache holds while the
-cube is written, so each byte of the frames is read from memory about once a cube.
-The alternative ``gather="rows"`` (whole blocks by ``index_select``, then one
-transposition) reads and writes each cube twice; ``scripts/bench_cubes.py --gpu``
-times both.
+each, 8 MB together at d = 100 float64), which fit in a large GPU's L2 cache (50 MB
+on an H200) while the cube is written, so each byte of them should be read from
+memory about once a cube. The alternative ``gather="rows"`` (whole blocks by
+``index_select``, then one transposition) reads and writes each cube twice;
+``scripts/bench_cubes.py --gpu`` times both (on the CPU, whose caches serve the
+one-kernel gather's strided reads worse, ``rows`` is faster).
 
 The columns are drawn on the host (:mod:`.draws`, ahead in the background) and go
 to the device through a few page-locked index buffers, copied with
