@@ -104,6 +104,24 @@ def test_both_gathers_give_the_same_bytes_at_d_100(wide_frames):
             assert same_bytes(got, want), (dtype, how)
 
 
+def test_the_device_builder_asks_for_a_bounded_number_of_batches_ahead(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=40, dim=6, seed=3)
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    asked = []
+
+    def plan():
+        for start in range(0, 40, 4):
+            asked.append(start)
+            yield range(start, start + 4)
+
+    batches = gather.device_batches(workload, torch.device("cpu"), plan(), 4)
+    held = [next(batches) for _ in range(2)]
+    assert len(asked) <= 4  # the two taken, and two being drawn
+    assert [list(ids) for ids, _ in held] == [list(range(4)), list(range(4, 8))]
+    assert sum(1 for _ in batches) == 8 and len(asked) == 10
+
+
 def test_the_same_cubes_whatever_the_batch_size_and_loader_workers(frames_dir):
     job = CubeJob(frames=str(frames_dir), cubes=19, dim=9, seed=2)
     want = cpu_cubes(job)

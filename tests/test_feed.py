@@ -169,6 +169,25 @@ def test_stored_shards_read_in_batches_into_reused_buffers(tmp_path, frames_dir,
         ds.batches(0)
 
 
+def test_stored_shards_in_batches_take_the_ranks_share(tmp_path, frames_dir, client, monkeypatch):
+    from pipeline import run_job
+
+    cli = {"output": str(tmp_path), "frames": str(frames_dir), "cubes": 7, "dim": 6, "seed": 2,
+           "cubes_per_shard": 3, "progress": False}  # fmt: skip
+    (job,) = load_jobs([], cli, environ={})
+    assert run_job(job.build(), job.options, client, echo=lambda m: None).complete
+    ds = CubeShards(str(tmp_path), "cubes")
+    got = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        cubes = [c.contiguous() for batch in ds.batches(2, device="cpu") for c in batch]
+        got[rank] = cubes
+    assert len(got[0]) == 4 and len(got[1]) == 3  # cubes 0, 2, 4, 6 and 1, 3, 5
+    assert all(torch.equal(c, ds[2 * i].contiguous()) for i, c in enumerate(got[0]))
+    assert all(torch.equal(c, ds[2 * i + 1].contiguous()) for i, c in enumerate(got[1]))
+
+
 @needs_cuda
 @pytest.mark.parametrize("batch_size", [None, 4])
 def test_cpu_built_batches_reach_the_gpu_with_the_builders_bytes(frames_dir, client, batch_size):

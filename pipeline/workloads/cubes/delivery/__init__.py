@@ -75,6 +75,10 @@ def iter_cubes(
     (``cubes_per_task`` cubes each; default one cube from threads, about 8 MB in
     shared memory, 32 MB through Dask) is in flight, so memory stays bounded however
     many cubes the job has.
+
+    Into a GPU: :class:`pipeline.torch.CubeStream` with ``device="cuda"`` builds the
+    cubes there, or (``build="cpu"``) builds them as here into page-locked memory
+    and copies them in, contiguous, off the consumer's thread.
     """
     batches = iter_cube_batches(
         job, client=client, cubes_per_task=cubes_per_task, output=output, delivery=delivery
