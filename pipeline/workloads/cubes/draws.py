@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -71,9 +72,8 @@ class _DrawProcess:
     """A fresh interpreter serving :func:`draw_columns` requests in order over pipes."""
 
     def __init__(self):
-        import pipeline
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(pipeline.__file__)))
+        # the folder that holds the package (pipeline/workloads/cubes/draws.py)
+        root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
         code = "from pipeline.workloads.cubes.draws import serve; serve()"
