@@ -37,9 +37,13 @@ on the same frames and machine.
       consumer reading each batch (when torch is installed).
   (g) the task planner's regret: (d) with default settings over (d) with the best
       of a sweep of fixed units_per_task (--regret-cubes).
+  GPU section, where CUDA is present (else it says so and skips): cubes into GPU
+      memory by every path, against the limits measured in the same run
+      (scripts/bench_cubes_gpu.py describes it); --gpu runs it alone.
 
   python scripts/bench_cubes.py                 # 100 frames of 1000x1000, d = 100
   python scripts/bench_cubes.py --store-cubes 500 --none-cubes 20000
+  python scripts/bench_cubes.py --gpu --frames FRAMES   # the GPU section alone
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench_cubes_gpu import arguments as gpu_arguments  # noqa: E402
+from bench_cubes_gpu import gpu_section  # noqa: E402
 
 from pipeline import load_jobs, run_jobs  # noqa: E402
 from pipeline.storage import LocalStore  # noqa: E402
@@ -512,6 +519,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--workdir", type=Path, help="scratch space (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--gpu", action="store_true", help="only the GPU section")
+    gpu_arguments(ap)
     args = ap.parse_args()
 
     if args.workdir:
@@ -529,6 +538,11 @@ def main() -> None:
 
         # A fresh layout cache: (d) pays for reading the frames, (e) reuses them.
         os.environ["PIPELINE_CACHE_DIR"] = str(work / "cache")
+        if args.gpu:
+            gpu = gpu_section(frames_dir, args)
+            if args.json and gpu is not None:
+                args.json.write_text(json.dumps({"gpu": gpu}, indent=2))
+            return
         arr = load_reference_array(files, d, column_major=False)
         a = reference(arr, d, args.ref_cubes, cores)
         print(f"(a) reference, ThreadPool({cores})       {a:10,.0f} cubes/s", flush=True)
@@ -620,6 +634,7 @@ def main() -> None:
             f"(e)/write rate = {ratios['e/f']:.2f} (target >= 0.8); "
             f"(d)/(a') = {ratios['d/a_column_major']:.1f}"
         )
+        gpu = gpu_section(frames_dir, args)
         if args.json:
             args.json.write_text(
                 json.dumps(
@@ -635,6 +650,7 @@ def main() -> None:
                         "write_rate": f,
                         "ratios": ratios,
                         "delivery": delivery,
+                        "gpu": gpu,
                     },
                     indent=2,
                 )

@@ -13,15 +13,21 @@
   With ``DataLoader(num_workers=0)`` and no cluster, threads of the training
   process build them, as :func:`pipeline.iter_cubes` does with no client: the
   fastest way on one machine (no process boundary, each cube read from the cache).
-- :class:`CubeShards`: a map-style ``Dataset`` over a stored cube job:
-  ``len(ds)`` cubes, ``ds[k]`` is cube k. Local shards are memory-mapped; on S3
-  each cube is one ranged GET of its bytes. ``verify=True`` checks every cube read
-  against the manifest's checksum.
+- ``device=``: the cubes arrive on that device, contiguous (n, d, d, d): gathered
+  there from the frames uploaded once (``build="device"``, :mod:`.gather`), or
+  built by the CPUs as above and copied in from page-locked memory off the
+  consumer's thread (``build="cpu"``, :mod:`.feed`).
+- :class:`CubeShards` (:mod:`.torch_shards`): a map-style ``Dataset`` over a stored
+  cube job.
 
-Cubes are ``torch.float64`` (or ``float32``) tensors of shape (d, d, d), axes
-(frame, row, column). They share memory with the arrays they were built in (no
-copy), laid out as stored: Fortran order over those axes, so ``is_contiguous()``
-is False; the DataLoader's collate copies them into one batch tensor anyway.
+Under ``torch.distributed`` each rank takes a disjoint share of the cubes (or
+batches), and its loader workers split that share (:mod:`.sharding`).
+
+Without ``device``, cubes are ``torch.float64`` (or ``float32``) tensors of shape
+(d, d, d), axes (frame, row, column), sharing memory with the arrays they were
+built in (no copy), laid out as built: Fortran order over those axes, so
+``is_contiguous()`` is False; the DataLoader's collate copies them into one batch
+tensor anyway.
 """
 
 from __future__ import annotations
@@ -29,28 +35,40 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-from ...errors import InputError, StorageError
-from ...layout import consolidated_manifest_key, job_folder, job_record_key, read_job_record
-from ...manifest import checksum
-from ...results import find_job
-from ...storage import open_store, read_parquet
+from ...errors import ConfigError
 from .delivery.threads import thread_batches
-from .shards import npy_header
+from .feed import to_device
+from .gather import device_batches, resolve_device
+from .host_memory import HostMemory
+from .sharding import distributed_rank, items_in, share
+from .torch_shards import CubeShards
 from .workload import CubeJob, CubeWorkload, build_cube, ensure_auto_frames
 
 __all__ = ["CubeShards", "CubeStream"]
+
+#: Cubes gathered at a time on a device when the stream yields single cubes.
+DEVICE_CHUNK = 16
+BUILDS = ("device", "cpu")
 
 
 class CubeStream(IterableDataset):
     """Cubes ``0 .. job.cubes - 1`` built as they are read; with ``with_ids`` each item
     is ``(cube_id, cube)``. Nothing is written anywhere (except the default frames
-    of a job that names none, made once under ``output``)."""
+    of a job that names none, made once under ``output``).
+
+    ``device`` ('cuda', 'cuda:N', 'cpu' or a ``torch.device``): items are on that
+    device, contiguous, axes (cube, frame, row, column). ``build``: ``"device"`` (the
+    default without a cluster) gathers them on the device from the frames uploaded
+    once; ``"cpu"`` (the default with ``cluster=``) builds them with the CPUs as
+    without ``device`` (threads, or the cluster's workers) and copies each batch to
+    the device from page-locked memory while the next is built. Either way the bytes
+    are those of the CPU builder, and iterate it in the training process
+    (``DataLoader(num_workers=0)``, or no DataLoader at all)."""
 
     def __init__(
         self,
@@ -60,6 +78,8 @@ class CubeStream(IterableDataset):
         with_ids: bool = False,
         batch_size: int | None = None,
         cluster=None,
+        device=None,
+        build: str | None = None,
     ):
         if batch_size is not None and (
             not isinstance(batch_size, numbers.Integral)
@@ -70,6 +90,8 @@ class CubeStream(IterableDataset):
                 f"CubeStream: batch_size={batch_size!r}; expected an integer, at least 1"
             )
         self.cluster = cluster
+        self.device = None if device is None else resolve_device(device)
+        self.build = _build(build, self.device, cluster not in (None, False))
         frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
         self.workload = CubeWorkload(job, job.name or "cubes", frames)
         self.workload.writes_output = False
@@ -77,34 +99,90 @@ class CubeStream(IterableDataset):
         self.with_ids = with_ids
         self.batch_size = batch_size
 
+    def __getstate__(self) -> dict:
+        # Sent to loader workers from the training process: with the rank it has, which
+        # a spawned worker could not see (no process group there, maybe no RANK).
+        return {**self.__dict__, "_rank": distributed_rank()}
+
+    def _share(self, worker) -> tuple[int, int]:
+        return share(worker, self.__dict__.get("_rank") if worker else None)
+
     def __len__(self) -> int:
+        """Items (cubes, or batches with ``batch_size``) this process iterates: all of
+        them, or its rank's share under ``torch.distributed``."""
         n, b = self.workload.n_units, self.batch_size
-        return n if b is None else -(-n // b)
+        return items_in(distributed_rank(), n if b is None else -(-n // b))
 
     def __iter__(self):
         info = get_worker_info()
+        worker = None if info is None else (info.id, info.num_workers)
+        if self.device is not None:
+            if worker is not None and self.device.type == "cuda":
+                raise RuntimeError(
+                    f"CubeStream(device={str(self.device)!r}): a DataLoader worker cannot "
+                    "put tensors on a GPU; iterate it in the training process "
+                    "(DataLoader(num_workers=0)), or move a loader's CPU batches with "
+                    "pipeline.torch.to_device(DataLoader(CubeStream(job, batch_size=b), "
+                    "batch_size=None, num_workers=N), 'cuda')"
+                )
+            if self.build == "device":
+                yield from self._device_built(worker)
+                return
+            if worker is None:
+                memory = HostMemory(self.device)
+                yield from to_device(self._built(None, memory), self.device, memory=memory)
+                return
+        for item in self._built(worker):
+            if self.device is not None:  # 'cpu' in a loader worker: contiguous here
+                item = (*item[:-1], item[-1].contiguous()) if self.with_ids else item.contiguous()
+            yield item
+
+    def _built(self, worker, memory=None):
+        """The items, built by the CPUs: this process's (or loader worker's) share."""
         if self.cluster is not None and self.cluster is not False:
-            if info is not None:
+            if worker is not None:
                 raise RuntimeError(
                     "CubeStream(cluster=...): the cluster's workers build the cubes; "
                     "use it with DataLoader(num_workers=0)"
                 )
-            yield from self._from_cluster()
+            yield from self._from_cluster(memory)
             return
-        if info is None:  # DataLoader(num_workers=0): threads of this process build
-            yield from self._handed_over(thread_batches(self.workload, self.batch_size or 1))
+        if worker is None:  # DataLoader(num_workers=0): threads of this process build
+            batches = thread_batches(
+                self.workload, self.batch_size or 1, shard=self._share(None), memory=memory
+            )
+            yield from self._handed_over(batches)
             return
         n, b = self.workload.n_units, self.batch_size
+        first, step = self._share(worker)
         if b is None:
-            yield from self._cubes(range(info.id, n, info.num_workers))
+            yield from self._cubes(range(first, n, step))
             return
         # Whole batches in turn, not cubes: batches of each worker's cubes ended in a
         # short batch per worker (50 cubes in 8s on 2 workers: 6 of 8, 2 of 1), and
         # more batches than len() said
-        for j in range(info.id, -(-n // b), info.num_workers):
+        for j in range(first, -(-n // b), step):
             yield self._batch(range(j * b, min(n, (j + 1) * b)))
 
-    def _from_cluster(self):
+    def _device_built(self, worker):
+        """Items gathered on the device: this process's (or loader worker's) share."""
+        n, b = self.workload.n_units, self.batch_size
+        first, step = self._share(worker)
+        if b is None:
+            ids = range(first, n, step)
+            plan = (ids[i : i + DEVICE_CHUNK] for i in range(0, len(ids), DEVICE_CHUNK))
+        else:
+            plan = (range(j * b, min(n, (j + 1) * b)) for j in range(first, -(-n // b), step))
+        batches = device_batches(self.workload, self.device, plan, b or DEVICE_CHUNK)
+        for ids, batch in batches:
+            if b is not None:
+                yield (torch.tensor(list(ids)), batch) if self.with_ids else batch
+                continue
+            for cube_id, cube in zip(ids, batch, strict=True):
+                yield (cube_id, cube) if self.with_ids else cube
+            del cube, batch  # (a cube held past the next item holds its batch)
+
+    def _from_cluster(self, memory=None):
         """Batches from :func:`pipeline.iter_cube_batches`: built by the cluster's
         workers, on this host in shared memory, and handed over without a copy."""
         from .delivery import iter_cube_batches
@@ -116,6 +194,8 @@ class CubeStream(IterableDataset):
             client=client,
             cubes_per_task=self.batch_size,
             delivery="auto" if client else "shared-memory",  # cluster=True: an embedded one
+            shard=self._share(None),
+            memory=memory,
         )
         yield from self._handed_over(batches)
 
@@ -159,125 +239,21 @@ class CubeStream(IterableDataset):
         return (torch.tensor(list(ids)), batch) if self.with_ids else batch
 
 
-class CubeShards(Dataset):
-    """The cubes of job ``job`` stored under ``output`` (a folder or ``s3://`` prefix),
-    as written by ``pipeline run`` with ``sink = "store"``. Without ``job``: the one
-    job there, or ``output`` itself when it is a job's folder (``results/cubes``)."""
-
-    def __init__(self, output: str, job: str | None = None, *, verify: bool = False):
-        output, job = job_folder(output, job)
-        if job is None:
-            job = find_job(output)[0]
-        self.output, self.job, self.verify = output, job, verify
-        store = open_store(output)
-        record_key, manifest_key = job_record_key(job), consolidated_manifest_key(job)
-        if not store.exists(manifest_key):
-            raise InputError(
-                f"{store.describe(manifest_key)} does not exist: no complete cube job "
-                f"{job!r} under {output} (run it with sink = 'store' to the end first)"
+def _build(build: str | None, device, cluster: bool) -> str | None:
+    """Where a stream's cubes are built: None without a device, else ``build`` (by
+    default on the device, or by the cluster's CPUs when it has one)."""
+    if build is not None and build not in BUILDS:
+        raise ConfigError(f"CubeStream: build={build!r}; expected one of {BUILDS}")
+    if device is None:
+        if build is not None:
+            raise ConfigError(
+                f"CubeStream: build={build!r} needs device= (where the cubes go: "
+                "'cuda', 'cuda:N' or 'cpu')"
             )
-        record = read_job_record(store, record_key)
-        if record.get("workload") != "cubes":
-            raise InputError(f"{store.describe(record_key)}: job {job!r} is not a cube job")
-        fingerprint = record["fingerprint"]
-        self.dim, self.dtype = int(fingerprint["dim"]), np.dtype(fingerprint["dtype"])
-        manifest = read_parquet(store.open_input(manifest_key)).sort_by("cube_id")
-        ids = manifest["cube_id"].to_numpy()
-        if not np.array_equal(ids, np.arange(len(ids))):
-            raise InputError(f"{store.describe(manifest_key)}: does not list cubes 0..n-1 once")
-        shards = manifest["shard"].to_pylist()
-        self._shard = shards
-        self._offset = manifest["offset"].to_numpy()
-        self._checksum = manifest["checksum"].to_pylist()
-        per_shard: dict[str, int] = {}
-        for key in shards:
-            per_shard[key] = per_shard.get(key, 0) + 1
-        self._cubes_in = per_shard
-        self._local = not store.url.startswith("s3://")
-        self._store = None  # reopened in each loader process (boto3 clients do not fork)
-        self._maps: dict[str, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self._shard)
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.update(_store=None, _maps={})
-        return state
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        # Python's fallback iteration stops at any IndexError from __getitem__, which
-        # made a damaged shard's cubes end the data without a word.
-        for k in range(len(self)):
-            yield self[k]
-
-    def __getitem__(self, k: int) -> torch.Tensor:
-        if isinstance(k, torch.Tensor) and k.ndim == 0 and not k.is_floating_point():
-            k = int(k)
-        if isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu":
-            k = int(k)
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
-            raise TypeError(
-                f"a cube's index is an integer, not {type(k).__name__} ({k!r}); "
-                "a DataLoader (with a sampler or batch_size) reads many"
-            )
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"cube {k} out of range: the job has {len(self)} cubes")
-        k = int(k) % len(self)
-        shard, offset = self._shard[k], int(self._offset[k])
-        raw = self._local_cube(shard, offset) if self._local else self._s3_cube(shard, offset)
-        if self.verify:
-            actual = checksum(raw)
-            if actual != self._checksum[k]:
-                raise StorageError(
-                    f"{self._open().describe(shard)}[{offset}] (cube {k}): checksum "
-                    f"{actual} != manifest {self._checksum[k]}"
-                )
-        d = self.dim
-        cube = raw.view(self.dtype).reshape((d, d, d), order="F")
-        return torch.from_numpy(cube)
-
-    def _open(self):
-        if self._store is None:
-            self._store = open_store(self.output)
-        return self._store
-
-    def _local_cube(self, shard: str, offset: int) -> np.ndarray:
-        """The cube's bytes, copied from a read-only mapping of its shard: tensors need
-        writable memory, the file must not change, and a tensor changed in place (an
-        augmentation) must not change the next read of its cube, as it did when one
-        copy-on-write mapping of the shard served every read. (A private mapping per
-        read instead: 913 cubes/s of 8 MB, against 2,179 for the copy and 2,471 for
-        the shared mapping, reading each cube whole.)"""
-        array = self._maps.get(shard)
-        if array is None:
-            path = self._open().describe(shard)
-            d, n = self.dim, self._cubes_in[shard]
-            mend = f"`pipeline verify {self.output} --repair` and a rerun of the job mend it"
-            try:
-                array = np.load(path, mmap_mode="r")
-            except ValueError as exc:  # "mmap length is greater than file size"
-                raise StorageError(
-                    f"{path}: not a whole shard ({exc}): truncated? {mend}"
-                ) from None
-            except OSError as exc:
-                raise StorageError(f"{path}: cannot be read ({exc.strerror}): {mend}") from None
-            if array.shape != (d, d, d, n) or array.dtype != self.dtype:
-                raise StorageError(
-                    f"{path}: holds {array.dtype} cubes of shape {array.shape}, not the "
-                    f"{n} {self.dtype} cubes of {d}^3 the manifest lists: {mend}"
-                )
-            self._maps[shard] = array
-        return np.array(array[..., offset].reshape(-1, order="F").view(np.uint8))
-
-    def _s3_cube(self, shard: str, offset: int) -> np.ndarray:
-        d, n = self.dim, self._cubes_in[shard]
-        cube_bytes = d**3 * self.dtype.itemsize
-        start = len(npy_header((d, d, d, n), self.dtype.str)) + offset * cube_bytes
-        data = self._open()._get(shard, Range=f"bytes={start}-{start + cube_bytes - 1}")
-        if len(data) != cube_bytes:
-            raise StorageError(
-                f"{self._open().describe(shard)}: asked for {cube_bytes} bytes of cube "
-                f"{offset} at {start}, got {len(data)}"
-            )
-        return np.frombuffer(bytearray(data), dtype=np.uint8)
+        return None
+    if build == "device" and cluster:
+        raise ConfigError(
+            "CubeStream: cluster= builds the cubes on the cluster's CPUs, and build="
+            "'device' on the device: give build='cpu' (copied to the device) or no cluster"
+        )
+    return build or ("cpu" if cluster else "device")

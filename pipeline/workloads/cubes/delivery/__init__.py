@@ -75,6 +75,10 @@ def iter_cubes(
     (``cubes_per_task`` cubes each; default one cube from threads, about 8 MB in
     shared memory, 32 MB through Dask) is in flight, so memory stays bounded however
     many cubes the job has.
+
+    Into a GPU: :class:`pipeline.torch.CubeStream` with ``device="cuda"`` builds the
+    cubes there, or (``build="cpu"``) builds them as here into page-locked memory
+    and copies them in, contiguous, off the consumer's thread.
     """
     batches = iter_cube_batches(
         job, client=client, cubes_per_task=cubes_per_task, output=output, delivery=delivery
@@ -92,9 +96,17 @@ def iter_cube_batches(
     cubes_per_task: int | None = None,
     output: str = "results",
     delivery: str = "auto",
+    shard: tuple[int, int] = (0, 1),
+    memory=None,
 ) -> Iterator[tuple[range, np.ndarray]]:
     """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
-    (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``."""
+    (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``.
+
+    ``shard=(i, k)``: only this consumer's share of k, batches ``i, i + k, ...`` (the
+    batches of ``cubes_per_task`` cubes, numbered from 0), e.g. one training process's
+    of k. ``memory``: where batch buffers live, for :mod:`pipeline.torch`'s copies to a
+    GPU (``memory.empty(shape, dtype)`` makes the threads' buffers, a Fortran-ordered
+    array; ``memory.register(array)`` is told of each shared-memory buffer)."""
     from ....cluster.connect import connect
     from ....config import RunOptions, env_name, resolve, settings_of
 
@@ -102,13 +114,17 @@ def iter_cube_batches(
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
     if cubes_per_task is not None and cubes_per_task < 1:
         raise ConfigError(f"iter_cubes: cubes_per_task={cubes_per_task}; expected at least 1")
+    whole = isinstance(shard, tuple) and len(shard) == 2
+    whole = whole and all(isinstance(v, int) and not isinstance(v, bool) for v in shard)
+    if not (whole and 0 <= shard[0] < shard[1]):
+        raise ConfigError(f"iter_cubes: shard={shard!r}; expected (i, k), integers with 0 <= i < k")
     frames = job.frames or ensure_auto_frames(output, job.dim, job.seed)
     workload = CubeWorkload(job, job.name or "cubes", frames)
     workload.writes_output = False
     workload.preflight()
     if delivery == "threads" or (delivery == "auto" and client is None):
         # One cube a batch: it is read while still in the cache it was built in.
-        yield from thread_batches(workload, cubes_per_task or 1)
+        yield from thread_batches(workload, cubes_per_task or 1, shard=shard, memory=memory)
         return
     with contextlib.ExitStack() as stack:
         embedded = client is None
@@ -133,8 +149,11 @@ def iter_cube_batches(
             delivery = "shared-memory" if here and all(here.values()) else "dask"
         if delivery == "shared-memory":
             batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype, LOCAL_BATCH_BYTES)
-            yield from LocalDelivery(client, workload, batch, listener, address).batches()
+            local = LocalDelivery(
+                client, workload, batch, listener, address, shard=shard, memory=memory
+            )
+            yield from local.batches()
         else:
             listener.close()
             batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype)
-            yield from remote_batches(client, workload, batch, warn=not embedded)
+            yield from remote_batches(client, workload, batch, warn=not embedded, shard=shard)

@@ -102,17 +102,30 @@ def _release(released: collections.deque, wake: socket.socket, key: tuple) -> No
 
 
 class LocalDelivery:
-    def __init__(self, client, workload: CubeWorkload, batch_cubes: int, listener, address: str):
+    def __init__(
+        self,
+        client,
+        workload: CubeWorkload,
+        batch_cubes: int,
+        listener,
+        address: str,
+        *,
+        shard: tuple[int, int] = (0, 1),
+        memory=None,
+    ):
         self.client = client
         self.workload = workload
         self.batch_cubes = batch_cubes
         self.listener = listener
         self.address = address
+        self.memory = memory  # ``memory.register(array)``: e.g. page-locks each buffer
         d = workload.job.dim
         self.dtype = np.dtype(workload.job.dtype)
         self.cube_shape = (d, d, d)
         self.buffer_bytes = batch_cubes * d**3 * self.dtype.itemsize
-        self.n_batches = -(-workload.n_units // batch_cubes)
+        # The job's batches this consumer takes, numbered 0.. in this list
+        self.numbers = range(shard[0], -(-workload.n_units // batch_cubes), shard[1])
+        self.n_batches = len(self.numbers)
         self.next_batch = 0
         self.retry: collections.deque[int] = collections.deque()
         self.ready: collections.deque[tuple[_Producer, int, int]] = collections.deque()
@@ -159,7 +172,7 @@ class LocalDelivery:
             self._close()
 
     def _batch_range(self, batch: int) -> range:
-        start = batch * self.batch_cubes
+        start = self.numbers[batch] * self.batch_cubes
         return range(start, min(self.workload.n_units, start + self.batch_cubes))
 
     def _batch_view(self, producer: _Producer, batch: int, slot: int) -> np.ndarray:
@@ -224,6 +237,8 @@ class LocalDelivery:
 
     def _mapped(self, region: mmap.mmap) -> tuple:
         raw = np.frombuffer(region, dtype=np.uint8, count=self.buffer_bytes)
+        if self.memory is not None:
+            self.memory.register(raw)
         return (region, raw, *buffer_views(region, self.workload.job, self.batch_cubes))
 
     def _help(self) -> bool:

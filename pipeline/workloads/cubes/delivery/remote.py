@@ -59,17 +59,20 @@ def build_batch(workload: CubeWorkload, start: int, stop: int) -> tuple[range, n
     return ids, batch
 
 
-def remote_batches(client, workload: CubeWorkload, batch_cubes: int, *, warn=True) -> Iterator:
+def remote_batches(
+    client, workload: CubeWorkload, batch_cubes: int, *, warn=True, shard=(0, 1)
+) -> Iterator:
     """Yield ``(cube ids, batch)`` from batches built as Dask tasks, at most
     ``IN_FLIGHT_PER_WORKER`` per worker in flight, in completion order. ``warn``: of
-    results relayed through the scheduler (not for an embedded cluster, on this host)."""
+    results relayed through the scheduler (not for an embedded cluster, on this host).
+    ``shard=(i, k)``: only batches ``i, i + k, ...`` of the job."""
     from distributed import as_completed
 
     d = workload.job.dim
     if warn and not client.direct_to_workers:
         _warn_relayed(d**3 * np.dtype(workload.job.dtype).itemsize)
     n = workload.n_units
-    starts = iter(range(0, n, batch_cubes))
+    starts = iter(range(shard[0] * batch_cubes, n, shard[1] * batch_cubes))
     n_workers = max(1, len(client.scheduler_info()["workers"]))
 
     def submit(start: int):

@@ -61,12 +61,17 @@ class _Batch:
 class _Builders:
     """Threads, and the consumer while it waits, build batches in order into free buffers."""
 
-    def __init__(self, workload: CubeWorkload, batch_cubes: int, threads: int):
+    def __init__(
+        self, workload: CubeWorkload, batch_cubes: int, threads: int, shard: tuple, memory
+    ):
         d, dtype = workload.job.dim, np.dtype(workload.job.dtype)
-        self.workload, self.batch_cubes = workload, batch_cubes
+        self.workload, self.batch_cubes, self.memory = workload, batch_cubes, memory
         self.shape, self.dtype = (d, d, d, batch_cubes), dtype
         self.bounds = part_bounds(workload.job)
-        self.n_batches = -(-workload.n_units // batch_cubes)
+        # The job's batches this consumer takes (every one, or its shard's share);
+        # batches are numbered 0.. in that list.
+        self.numbers = range(shard[0], -(-workload.n_units // batch_cubes), shard[1])
+        self.n_batches = len(self.numbers)
         self.layout = workload._layout()  # loaded (and cached) once, not by each thread
         # A Condition's default lock is re-entrant: a buffer may come back (its last view
         # dropped) in a thread that already holds it.
@@ -84,6 +89,8 @@ class _Builders:
             thread.start()
 
     def new_buffer(self) -> np.ndarray:
+        if self.memory is not None:  # e.g. page-locked, for copies to a GPU
+            return self.memory.empty(self.shape, self.dtype)
         return np.empty(self.shape, dtype=self.dtype, order="F")
 
     def release(self, array: np.ndarray) -> None:
@@ -92,7 +99,7 @@ class _Builders:
             self.cond.notify_all()
 
     def ids(self, batch: int) -> range:
-        start = batch * self.batch_cubes
+        start = self.numbers[batch] * self.batch_cubes
         return range(start, min(self.workload.n_units, start + self.batch_cubes))
 
     def _start(self, array: np.ndarray) -> _Batch:
@@ -182,12 +189,21 @@ class _Builders:
 
 
 def thread_batches(
-    workload: CubeWorkload, batch_cubes: int, threads: int | None = None
+    workload: CubeWorkload,
+    batch_cubes: int,
+    threads: int | None = None,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    memory=None,
 ) -> Iterator[tuple[range, np.ndarray]]:
     """Yield ``(cube ids, batch)`` in id order; ``batch`` is (d, d, d, n) Fortran-ordered,
-    ``batch[..., i]`` cube ``ids[i]``, as the other deliveries give them."""
+    ``batch[..., i]`` cube ``ids[i]``, as the other deliveries give them.
+
+    ``shard=(i, k)``: only batches ``i, i + k, ...`` of the job (one consumer's share
+    of k). ``memory``: makes the batch buffers (``memory.empty(shape, dtype)``, a
+    Fortran-ordered array), e.g. in page-locked memory that a GPU copies from."""
     batch_cubes = max(1, min(batch_cubes, workload.n_units))  # buffers no larger than the job
-    builders = _Builders(workload, batch_cubes, threads or builder_threads())
+    builders = _Builders(workload, batch_cubes, threads or builder_threads(), shard, memory)
     try:
         for batch in range(builders.n_batches):
             array = builders.take(batch)

@@ -1,0 +1,293 @@
+"""Cubes built on a device (pipeline.workloads.cubes.gather): the same torch code runs
+on the CPU here and on a GPU where there is one, and its cubes must be the CPU
+builder's bytes; columns drawn ahead (draws), errors, the memory check, and the
+shares of ranks and loader workers (sharding), with a real gloo process group."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from pipeline import CubeJob, CubeWorkload  # noqa: E402
+from pipeline.errors import ConfigError, PipelineError  # noqa: E402
+from pipeline.torch import CubeStream  # noqa: E402
+from pipeline.workloads.cubes import draws, gather, sharding  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available())")
+
+
+def cpu_cubes(job: CubeJob) -> dict[int, torch.Tensor]:
+    """Every cube of the job from the CPU builder, axes (frame, row, column)."""
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    return {k: torch.from_numpy(np.ascontiguousarray(workload.cube(k))) for k in range(job.cubes)}
+
+
+def collect(items, batched: bool) -> dict[int, torch.Tensor]:
+    """{cube id: cube} from ``(ids, batch)`` or ``(cube id, cube)`` items, each id once,
+    each batch contiguous in the training layout."""
+    got: dict[int, torch.Tensor] = {}
+    for ids, x in items:
+        assert x.is_contiguous()
+        pairs = zip(ids.tolist(), x, strict=True) if batched else [(ids, x)]
+        for cube_id, cube in pairs:
+            assert cube_id not in got, f"cube {cube_id} twice"
+            got[cube_id] = cube.cpu()
+    return got
+
+
+def same_bytes(got: dict, want: dict) -> bool:
+    return sorted(got) == sorted(want) and all(
+        got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want
+    )
+
+
+@pytest.fixture(scope="module")
+def wide_frames(tmp_path_factory) -> Path:
+    """100 frames of 100 x 130: cubes of d = 100."""
+    from pipeline.storage import LocalStore
+    from pipeline.workloads.cubes.frames import write_frames
+
+    path = tmp_path_factory.mktemp("wide-frames")
+    write_frames(LocalStore(path), "", count=100, rows=100, cols=130, seed=3)
+    return path
+
+
+@pytest.mark.parametrize(
+    "dtype, per_layer, batch_size",
+    [
+        ("float64", False, 4),  # 23 cubes: a last batch of 3
+        ("float32", False, 7),
+        ("float64", True, 5),
+        ("float32", True, None),
+        ("float64", False, None),
+    ],
+)
+def test_cubes_gathered_by_torch_on_the_cpu_are_the_cpu_builders_bytes(
+    frames_dir, dtype, per_layer, batch_size
+):
+    job = CubeJob(
+        frames=str(frames_dir), cubes=23, dim=10, seed=5, dtype=dtype, per_layer_columns=per_layer
+    )
+    stream = CubeStream(job, device="cpu", batch_size=batch_size, with_ids=True)
+    got = collect(stream, batched=batch_size is not None)
+    assert same_bytes(got, cpu_cubes(job))
+    assert got[0].dtype == getattr(torch, dtype) and got[0].shape == (10, 10, 10)
+    # without ids: the batches themselves, contiguous (n, d, d, d)
+    first = next(iter(CubeStream(job, device="cpu", batch_size=batch_size)))
+    assert first.is_contiguous() and first.shape[-3:] == (10, 10, 10)
+
+
+def test_both_gathers_give_the_same_bytes_at_d_100(wide_frames):
+    for dtype in ("float64", "float32"):
+        job = CubeJob(frames=str(wide_frames), cubes=5, dim=100, seed=11, dtype=dtype)
+        workload = CubeWorkload(job, "cubes", job.frames)
+        workload.preflight()
+        want = cpu_cubes(job)
+        for how in gather.GATHERS:
+            plan = [range(0, 3), range(3, 5)]
+            cpu = torch.device("cpu")
+            got = {}
+            for ids, batch in gather.device_batches(workload, cpu, plan, 3, how):
+                assert batch.is_contiguous() and batch.shape == (len(ids), 100, 100, 100)
+                got.update(zip(ids, batch, strict=True))
+            assert same_bytes(got, want), (dtype, how)
+
+
+def test_the_device_builder_asks_for_a_bounded_number_of_batches_ahead(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=40, dim=6, seed=3)
+    workload = CubeWorkload(job, "cubes", job.frames)
+    workload.preflight()
+    asked = []
+
+    def plan():
+        for start in range(0, 40, 4):
+            asked.append(start)
+            yield range(start, start + 4)
+
+    batches = gather.device_batches(workload, torch.device("cpu"), plan(), 4)
+    held = [next(batches) for _ in range(2)]
+    assert len(asked) <= 4  # the two taken, and two being drawn
+    assert [list(ids) for ids, _ in held] == [list(range(4)), list(range(4, 8))]
+    assert sum(1 for _ in batches) == 8 and len(asked) == 10
+
+
+def test_the_same_cubes_whatever_the_batch_size_and_loader_workers(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=19, dim=9, seed=2)
+    want = cpu_cubes(job)
+    for batch_size in (None, 1, 6):
+        for workers in (0, 2):
+            stream = CubeStream(job, device="cpu", batch_size=batch_size, with_ids=True)
+            loader = DataLoader(stream, batch_size=None, num_workers=workers)
+            got = collect(loader, batched=batch_size is not None)
+            assert same_bytes(got, want), (batch_size, workers)
+
+
+def test_columns_drawn_ahead_are_bounded_and_equal_the_builders(frames_dir):
+    asked = []
+
+    def batches():
+        for start in range(0, 40, 4):
+            asked.append(start)
+            yield range(start, start + 4)
+
+    with draws.ColumnDraws(3, 10, 30, False, batches(), ahead=2) as drawn:
+        assert len(asked) == 2  # drawn ahead: two batches, no more
+        ids, columns = next(drawn)
+        assert len(asked) == 3 and drawn.in_flight == 2
+        from pipeline.workloads.cubes import cube_columns
+
+        assert columns.dtype == np.int64 and columns.shape == (4, 10)
+        want = np.stack([cube_columns(3, k, 10, 30, False) for k in ids]) - 1
+        np.testing.assert_array_equal(columns, want)
+        assert sum(1 for _ in drawn) == 9  # the rest, in order
+    assert asked == list(range(0, 40, 4))
+
+
+def test_columns_per_layer_drawn_by_fresh_processes_equal_the_threads(frames_dir):
+    plan = [range(i, i + 3) for i in range(0, 12, 3)]
+    with draws.ColumnDraws(9, 10, 30, True, plan) as by_thread:
+        want = [columns for _ids, columns in by_thread]
+    with draws.ColumnDraws(9, 10, 30, True, plan, processes=2) as by_processes:
+        got = [columns for _ids, columns in by_processes]
+    assert len(got) == 4 and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    # a draw that fails in a process is raised here, with numpy's own message
+    failing = draws.ColumnDraws(9, 10, 5, False, [range(2)], processes=1)
+    with failing, pytest.raises(ValueError, match="larger sample than population"):
+        next(failing)
+
+
+def test_draws_run_in_processes_only_for_jobs_with_seconds_of_draws():
+    assert draws.draw_processes(False, 1000, 100) == 0  # 8 ms of draws: one thread
+    assert draws.draw_processes(True, 100, 100) == 0  # 80 ms
+    assert 1 <= draws.draw_processes(False, 10**7, 100) <= draws.SHARED_PROCESSES
+    assert 1 <= draws.draw_processes(True, 10**6, 100) <= draws.MAX_PROCESSES
+
+
+def test_a_device_that_cannot_be_used_is_refused_by_name(frames_dir):
+    job = CubeJob(frames=str(frames_dir), cubes=3, dim=4)
+    with pytest.raises(ConfigError, match=r"device='gpu0'; expected 'cuda', 'cuda:N' or 'cpu'"):
+        CubeStream(job, device="gpu0")
+    with pytest.raises(ConfigError, match="only 'cuda' and 'cpu' are supported"):
+        CubeStream(job, device="meta")
+    with pytest.raises(ConfigError, match="device=3"):
+        CubeStream(job, device=3)
+    with pytest.raises(ConfigError, match=r"build='gpu'; expected one of \('device', 'cpu'\)"):
+        CubeStream(job, device="cpu", build="gpu")
+    with pytest.raises(ConfigError, match="build='cpu' needs device="):
+        CubeStream(job, build="cpu")
+    with pytest.raises(ConfigError, match="cluster= builds the cubes on the cluster's CPUs"):
+        CubeStream(job, device="cpu", build="device", cluster=True)
+    assert CubeStream(job, device="cpu", cluster=True).build == "cpu"
+    assert CubeStream(job, device="cpu").build == "device"
+    if not CUDA:
+        with pytest.raises(ConfigError, match=r"device='cuda', but CUDA is not available"):
+            CubeStream(job, device="cuda")
+        with pytest.raises(ConfigError, match=r"device='cuda:1', but CUDA is not available"):
+            CubeStream(job, device="cuda:1")
+
+
+def test_frames_too_large_for_the_device_are_refused_naming_both_sizes():
+    gather.check_fits(80 << 20, 3 * (256 << 20), 1 << 30, "cuda:0")  # fits
+    with pytest.raises(ConfigError) as err:
+        gather.check_fits(80 << 20, 768 << 20, 50 << 20, "cuda:0", total_bytes=141 << 30)
+    message = str(err.value)
+    assert "frames take 80.0 MiB on cuda:0" in message
+    assert "3 batches of cubes 768.0 MiB" in message
+    assert "cuda:0 has 50.0 MiB free (of 141.00 GiB)" in message
+    assert "build='cpu'" in message
+
+
+def test_shares_of_ranks_and_loader_workers_take_every_item_once(monkeypatch):
+    for world in (1, 2, 3):
+        for workers in (1, 2, 4):
+            taken = []
+            for rank in range(world):
+                monkeypatch.setenv("RANK", str(rank))
+                monkeypatch.setenv("WORLD_SIZE", str(world))
+                rank_items = []
+                for w in range(workers):
+                    first, step = sharding.share((w, workers) if workers > 1 else None)
+                    rank_items += list(range(first, 50, step))
+                # a rank's share does not depend on its loader workers
+                assert sorted(rank_items) == list(range(rank, 50, world))
+                assert sharding.items_in(sharding.distributed_rank(), 50) == len(rank_items)
+                taken += rank_items
+            assert sorted(taken) == list(range(50))
+    for rank, world in (("2", "2"), ("x", "2"), ("0", "0")):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", world)
+        with pytest.raises(ConfigError, match=r"RANK=.*WORLD_SIZE="):
+            sharding.distributed_rank()
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert sharding.distributed_rank() == (0, 1)
+
+
+@pytest.mark.slow
+def test_ranks_of_a_gloo_process_group_take_disjoint_shares_of_every_cube(frames_dir, tmp_path):
+    import subprocess
+
+    job = dict(frames=str(frames_dir), cubes=17, dim=8, seed=4)
+    script = ROOT / "tests" / "distributed_cubes.py"
+    args = [sys.executable, str(script), json.dumps(job), str(tmp_path)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    want = {k: xxhash.xxh3_64_hexdigest(c.numpy()) for k, c in cpu_cubes(CubeJob(**job)).items()}
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for case in ranks[0]:
+        union: dict[str, str] = {}
+        for got in ranks:
+            shared = set(union) & set(got[case]["cubes"])
+            assert not shared, f"{case}: cubes {shared} on both ranks"
+            union.update(got[case]["cubes"])
+            assert got[case]["len"] == got[case]["items"], case
+        assert {int(k): v for k, v in union.items()} == want, case
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype, per_layer", [("float64", False), ("float32", True)])
+def test_cubes_gathered_on_the_gpu_are_the_cpu_builders_bytes(frames_dir, dtype, per_layer):
+    job = CubeJob(
+        frames=str(frames_dir), cubes=23, dim=10, seed=5, dtype=dtype, per_layer_columns=per_layer
+    )
+    for batch_size in (None, 4):
+        stream = CubeStream(job, device="cuda", batch_size=batch_size, with_ids=True)
+        items = [(ids, x) for ids, x in stream]
+        assert all(x.device.type == "cuda" for _ids, x in items)
+        assert same_bytes(collect(items, batched=batch_size is not None), cpu_cubes(job))
+
+
+@needs_cuda
+def test_a_rank_without_gpu_memory_for_the_frames_is_refused(frames_dir):
+    free, _total = torch.cuda.mem_get_info()
+    job = CubeJob(frames=str(frames_dir), cubes=3, dim=10)
+    # a batch larger than the GPU's free memory: refused before anything is allocated
+    huge = free // (10**3 * 8) + 1
+    with pytest.raises(ConfigError, match="free"):
+        next(iter(CubeStream(job, device="cuda", batch_size=huge)))
+
+
+def test_a_draw_process_that_dies_is_one_error_naming_it():
+    from pipeline.workloads.cubes import cube_columns
+
+    proc = draws._DrawProcess()
+    try:
+        columns = proc.submit(1, [0], 10, 30, False)()
+        np.testing.assert_array_equal(columns[0] + 1, cube_columns(1, 0, 10, 30, False))
+        proc.proc.kill()
+        proc.proc.wait()
+        with pytest.raises(PipelineError, match=r"drawing cube columns \(pid \d+\) ended"):
+            proc.submit(1, [1], 10, 30, False)()
+    finally:
+        proc.close()
