@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Factor", "column_scales", "factor", "rank_tolerance", "refine", "solve"]
+__all__ = ["Factor", "column_scales", "factor", "rank_tolerance", "refine", "scales_for", "solve"]
 
 EPS = np.finfo(np.float64).eps
 #: Refine where eps * cond * (|b| + cond * |r|) may exceed this share of an estimate.
@@ -52,7 +52,11 @@ def rank_tolerance(n: int, k: int) -> float:
 def column_scales(X: np.ndarray) -> np.ndarray:
     """(B, k) powers of two bringing each column of X (B, n, k) to a norm in [0.5, 1)
     (1 for a zero or non-finite column)."""
-    norms = np.sqrt(np.einsum("bij,bij->bj", X, X))
+    return scales_for(np.sqrt(np.einsum("bij,bij->bj", X, X)))
+
+
+def scales_for(norms: np.ndarray) -> np.ndarray:
+    """The powers of two bringing ``norms`` into [0.5, 1) (1 for 0 or non-finite)."""
     _, exponent = np.frexp(np.where(np.isfinite(norms), norms, 0.0))
     return np.ldexp(1.0, -exponent)
 

@@ -1,0 +1,127 @@
+"""The estimates, covariances and condition numbers of a stack of clean chunks, each by
+the cheapest exact path: Cholesky QR where the column-scaled design is well-conditioned
+(:mod:`.gram`), Householder QR elsewhere (:mod:`.lsq`), merged chunk by chunk.
+
+The covariances use the merged factors alike: nonrobust ``s**2 D R^-1 R^-T D``; the
+sandwich ``D R^-1 Q' diag(het) Q R^-T D`` with ``Q = Xs R^-1`` on the Cholesky path
+(orthonormal to ``eps * kappa**2``) and Householder's Q elsewhere. An HC2/HC3 leverage
+``h_ii`` from the former is off by about ``eps * kappa**2 * h_ii``, which HC2/HC3
+divide by ``1 - h_ii``: a chunk where that may exceed ``LEVERAGE_TOL`` relative takes
+the Householder path instead.
+
+statsmodels' condition number, ``sqrt`` of the largest over the smallest eigenvalue of
+``X'X`` of the design as given, comes from the eigenvalues of the Gram matrix where
+their error bound, ``(n + k) * eps * trace(X'X)`` (the Gram matrix's rounding and the
+eigensolver's), is within ``COND_TOL`` of the smallest; elsewhere from the singular
+values of the unscaled triangular factor (statsmodels' own singular values err by
+``eps`` times the largest as well).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gram, lsq
+
+__all__ = ["Estimates", "estimate"]
+
+#: An HC2/HC3 weight 1 / (1 - h_ii) from the Cholesky path may err by at most this.
+LEVERAGE_TOL = 1e-10
+#: The condition number from the Gram matrix's eigenvalues may err by at most this.
+COND_TOL = 1e-10
+
+
+@dataclass
+class Estimates:
+    """Per chunk of a stack (meaningless where ``rank < k``)."""
+
+    params: np.ndarray  # (B, k) of the design as given
+    ssr: np.ndarray  # (B,)
+    cov: np.ndarray  # (B, k) variances (nonrobust) or (B, k, k) covariances (HC)
+    rank: np.ndarray  # (B,) of the scaled design
+    refined: np.ndarray  # (B,) took a refinement step
+    cond: np.ndarray  # (B,) statsmodels' condition number
+    leverage: np.ndarray | None  # (B,) the largest h_ii (HC2/HC3)
+    singular: np.ndarray | None  # (B, k) the design's singular values, where asked for
+
+
+def estimate(
+    X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float, singular: bool = False
+) -> Estimates:
+    """Fit each chunk of X (B, n, k), n > k, y (B, n), all finite; ``singular``: also
+    the singular values of each design (then the condition numbers come from them)."""
+    B, n, k = X.shape
+    g = gram.gram_fit(X, y)
+    ok, d, R, Rinv, b, resid, ssr = g.ok, g.d, g.R, g.Rinv, g.b, g.resid, g.ssr
+    refined, rank = g.refined, np.full(B, k)
+    robust = cov_type != "nonrobust"
+    Q = h = None
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if robust:
+            Q = np.matmul(X, d[:, :, None] * Rinv)  # Xs R^-1
+            if cov_type in ("HC2", "HC3"):
+                h = np.einsum("bij,bij->bi", Q, Q)
+                slack = (h / (1 - h)).max(axis=1)
+                ok &= lsq.EPS * g.kappa**2 * slack <= LEVERAGE_TOL
+        rest = np.flatnonzero(~ok)
+        if len(rest):
+            f = lsq.factor(X[rest], y[rest], with_q=robust)
+            b[rest], ssr[rest], refined[rest] = lsq.solve(f, y[rest])
+            d[rest], R[rest], Rinv[rest], rank[rest] = f.d, f.R, f.Rinv, f.rank
+            if robust:
+                Q[rest] = f.Q
+                resid[rest] = y[rest] - np.matmul(f.Xs, b[rest][:, :, None])[:, :, 0]
+                if h is not None:
+                    h[rest] = np.einsum("bij,bij->bi", f.Q, f.Q)
+        cov = _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid)
+    if singular:
+        s = np.linalg.svd(R / d[:, None, :], compute_uv=False)
+        cond = _ratio(s)
+    else:
+        s, cond = None, _condition_numbers(ok, g.gram, R, d, n)
+    leverage = None if h is None else h.max(axis=1)
+    return Estimates(b * d, ssr, cov, rank, refined, cond, leverage, s)
+
+
+def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
+    """(X'X)^-1 = D R^-1 R^-T D (its diagonal: only the robust F test needs the rest);
+    the sandwich D R^-1 Q' diag(het) Q R^-T D."""
+    if cov_type == "nonrobust":
+        return np.einsum("bij,bij->bi", Rinv, Rinv) * d**2 * (ssr / df_resid)[:, None]
+    if cov_type == "HC0":
+        het = resid**2
+    elif cov_type == "HC1":
+        het = n / df_resid * resid**2
+    else:
+        het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
+    meat = np.matmul(Q.transpose(0, 2, 1), het[:, :, None] * Q)
+    cov = np.matmul(np.matmul(Rinv, meat), Rinv.transpose(0, 2, 1))
+    cov *= d[:, :, None] * d[:, None, :]
+    return cov
+
+
+def _condition_numbers(gram_ok, G, R, d, n) -> np.ndarray:
+    """statsmodels' condition numbers: from the eigenvalues of the Gram matrices ``G``
+    (those of ``gram_ok``) where their bound allows, else from the singular values of
+    ``R / d``."""
+    B, k = d.shape
+    cond = np.empty(B)
+    eig = np.flatnonzero(gram_ok)
+    if len(eig):
+        lam = np.linalg.eigvalsh(G[eig])  # ascending
+        trace = np.trace(G[eig], axis1=1, axis2=2)
+        sure = (n + k) * lsq.EPS * trace <= COND_TOL * lam[:, 0]
+        cond[eig[sure]] = np.sqrt(lam[sure, -1] / lam[sure, 0])
+        gram_ok = gram_ok.copy()
+        gram_ok[eig[~sure]] = False
+    other = np.flatnonzero(~gram_ok)
+    if len(other):
+        cond[other] = _ratio(np.linalg.svd(R[other] / d[other][:, None, :], compute_uv=False))
+    return cond
+
+
+def _ratio(s: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s[:, -1] > 0, s[:, 0] / s[:, -1], np.inf)
