@@ -58,7 +58,10 @@ _STATSMODELS_ONLY = {
     "nw-panel",
     "nw-groupsum",
 }
-BATCH_CELLS = 96_000  # chunks per stacked solve ~ this / (n * k): arrays of ~768 kB stay in L2
+# Chunks per stacked solve ~ this / (n * k): a stack costs ~100 numpy calls whatever its
+# size, so small stacks pay it per chunk (at 250 x 9, stacks of 42 chunks ran at 0.82-0.85
+# of the rate of stacks of 128); much larger ones run out of cache (docs/benchmarks.md).
+BATCH_CELLS = 300_000
 
 
 def _canonical_cov_type(cov_type: str) -> str | None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import gram, lsq
 
-__all__ = ["Estimates", "estimate"]
+__all__ = ["Estimates", "ratio", "solve"]
 
 #: An HC2/HC3 weight 1 / (1 - h_ii) from the Cholesky path may err by at most this.
 LEVERAGE_TOL = 1e-10
@@ -42,16 +42,41 @@ class Estimates:
     cov: np.ndarray  # (B, k) variances (nonrobust) or (B, k, k) covariances (HC)
     rank: np.ndarray  # (B,) of the scaled design
     refined: np.ndarray  # (B,) took a refinement step
-    cond: np.ndarray  # (B,) statsmodels' condition number
     leverage: np.ndarray | None  # (B,) the largest h_ii (HC2/HC3)
-    singular: np.ndarray | None  # (B, k) the design's singular values, where asked for
+    # for the condition numbers:
+    on_gram: np.ndarray  # (B,) solved by Cholesky QR
+    gram: np.ndarray  # (B, k, k) X'X of the design as given (where on_gram)
+    R: np.ndarray  # (B, k, k) triangular factor of the scaled design
+    d: np.ndarray  # (B, k) column scales
+    n: int  # rows of each design
+
+    def singular_values(self) -> np.ndarray:
+        """(B, k) singular values of each design as given, largest first (those of
+        ``R / d``, its own triangular factor)."""
+        return np.linalg.svd(self.R / self.d[:, None, :], compute_uv=False)
+
+    def condition_numbers(self) -> np.ndarray:
+        """(B,) statsmodels' condition numbers: from the eigenvalues of the Gram matrix
+        where their error bound allows, else from the singular values."""
+        cond = np.empty(len(self.d))
+        n_k = self.n + self.d.shape[1]
+        eig = np.flatnonzero(self.on_gram)
+        other = np.flatnonzero(~self.on_gram)
+        if len(eig):
+            G = self.gram if len(eig) == len(self.d) else self.gram[eig]
+            lam = np.linalg.eigvalsh(G)  # ascending
+            trace = np.trace(G, axis1=1, axis2=2)
+            sure = n_k * lsq.EPS * trace <= COND_TOL * lam[:, 0]
+            cond[eig[sure]] = np.sqrt(lam[sure, -1] / lam[sure, 0])
+            other = np.sort(np.concatenate([other, eig[~sure]]))
+        if len(other):
+            s = np.linalg.svd(self.R[other] / self.d[other][:, None, :], compute_uv=False)
+            cond[other] = ratio(s)
+        return cond
 
 
-def estimate(
-    X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float, singular: bool = False
-) -> Estimates:
-    """Fit each chunk of X (B, n, k), n > k, y (B, n), all finite; ``singular``: also
-    the singular values of each design (then the condition numbers come from them)."""
+def solve(X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float) -> Estimates:
+    """Fit each chunk of X (B, n, k), n > k, y (B, n), all finite."""
     B, n, k = X.shape
     g = gram.gram_fit(X, y)
     ok, d, R, Rinv, b, resid, ssr = g.ok, g.d, g.R, g.Rinv, g.b, g.resid, g.ssr
@@ -76,13 +101,8 @@ def estimate(
                 if h is not None:
                     h[rest] = np.einsum("bij,bij->bi", f.Q, f.Q)
         cov = _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid)
-    if singular:
-        s = np.linalg.svd(R / d[:, None, :], compute_uv=False)
-        cond = _ratio(s)
-    else:
-        s, cond = None, _condition_numbers(ok, g.gram, R, d, n)
     leverage = None if h is None else h.max(axis=1)
-    return Estimates(b * d, ssr, cov, rank, refined, cond, leverage, s)
+    return Estimates(b * d, ssr, cov, rank, refined, leverage, ok, g.gram, R, d, n)
 
 
 def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
@@ -102,26 +122,6 @@ def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
     return cov
 
 
-def _condition_numbers(gram_ok, G, R, d, n) -> np.ndarray:
-    """statsmodels' condition numbers: from the eigenvalues of the Gram matrices ``G``
-    (those of ``gram_ok``) where their bound allows, else from the singular values of
-    ``R / d``."""
-    B, k = d.shape
-    cond = np.empty(B)
-    eig = np.flatnonzero(gram_ok)
-    if len(eig):
-        lam = np.linalg.eigvalsh(G[eig])  # ascending
-        trace = np.trace(G[eig], axis1=1, axis2=2)
-        sure = (n + k) * lsq.EPS * trace <= COND_TOL * lam[:, 0]
-        cond[eig[sure]] = np.sqrt(lam[sure, -1] / lam[sure, 0])
-        gram_ok = gram_ok.copy()
-        gram_ok[eig[~sure]] = False
-    other = np.flatnonzero(~gram_ok)
-    if len(other):
-        cond[other] = _ratio(np.linalg.svd(R[other] / d[other][:, None, :], compute_uv=False))
-    return cond
-
-
-def _ratio(s: np.ndarray) -> np.ndarray:
+def ratio(s: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(s[:, -1] > 0, s[:, 0] / s[:, -1], np.inf)

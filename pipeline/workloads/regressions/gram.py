@@ -5,18 +5,25 @@ The triangular factor R of the scaled design ``Xs = X * d`` (:mod:`.lsq`) is als
 Cholesky factor of its Gram matrix ``Xs'Xs``: Cholesky QR. The Gram matrix costs one
 pass over X (Householder QR passes over the remaining columns once per reflector), but
 it squares the condition number, so the path is taken only where the scaled design is
-well-conditioned: a 1-norm condition number ``kappa`` of R at most ``MAX_CONDITION``
-(``eps * kappa**2`` below 3e-12). There:
+well-conditioned: a 1-norm condition number ``kappa`` of R at most ``MAX_CONDITION``.
+There:
 
 - **Estimates** solve the normal equations, with an error of about
   ``eps * kappa**2 * (|b| + |r|)`` (first order; Householder's: ``eps * kappa * (|b| +
   kappa * |r|)``). Where that may exceed ``REFINE_TOL`` of an estimate they take the
   same compensated refinement step as Householder's (:func:`.lsq.refine`, which
-  contracts by ``eps * kappa**2`` with either R), and are as accurate after it.
+  contracts by ``eps * kappa**2`` with either R); elsewhere they are within the same
+  bound, with fewer digits past it than Householder's.
 - **Residuals** are computed from the estimates: the Gram matrix's factor has their
   norm only as a difference of squares, which cancels when the fit is close.
-- **Standard errors** come from ``R^-1``, as Householder's do, and are as accurate:
-  the covariance's own condition number is ``kappa**2`` either way.
+- **Standard errors** come from ``R^-1`` as Householder's do, but the Gram matrix's
+  rounding bounds their error by ``eps * kappa**2`` (2e-13 at the limit) where
+  Householder's measure about ``eps * kappa``.
+
+Measured against exact rational fits (designs of scales 1e-3..1e3, kappa up to 30):
+estimates 11.6-15 correct digits (median 12.6-14.4) where Householder's have 12.4-15
+(median 14-15), standard errors 12.6-15 (median 13.3-15) where Householder's have
+14.7-15 (tests/test_lsq_paths.py).
 
 Every operation is per chunk, so a chunk's bits do not depend on its neighbours. The
 chunks this path does not settle (a Gram matrix that is not numerically positive
@@ -33,8 +40,9 @@ from . import lsq
 
 __all__ = ["MAX_CONDITION", "GramFit", "gram_fit"]
 
-#: Cholesky QR where the scaled design's kappa is at most this (else Householder QR).
-MAX_CONDITION = 100.0
+#: Cholesky QR where the scaled design's kappa is at most this (else Householder QR):
+#: eps * kappa**2 <= 2e-13, at most ~1.5 digits below Householder's (measured).
+MAX_CONDITION = 30.0
 
 
 @dataclass
@@ -70,7 +78,7 @@ def _fit(X: np.ndarray, y: np.ndarray) -> GramFit:
     scaled = gram * d[:, :, None] * d[:, None, :]
     ok = (squares > 0).all(axis=1) & np.isfinite(scaled).all(axis=(1, 2))
     R = _cholesky(scaled, ok).transpose(0, 2, 1)
-    Rinv = np.linalg.inv(R)
+    Rinv = _upper_inverse(R)
     kappa = np.abs(R).sum(axis=1).max(axis=1) * np.abs(Rinv).sum(axis=1).max(axis=1)
     ok &= kappa <= MAX_CONDITION
     z = np.matmul(Rinv.transpose(0, 2, 1), (c * d)[:, :, None])
@@ -112,3 +120,18 @@ def _cholesky(A: np.ndarray, ok: np.ndarray) -> np.ndarray:
                 ok[j] = False
                 L[j] = np.eye(k)
         return L
+
+
+def _upper_inverse(R: np.ndarray) -> np.ndarray:
+    """Inverses of the upper-triangular stack R, a column at a time (as LAPACK's dtrti2;
+    on small stacks a third of ``np.linalg.inv``'s time, which factors R again)."""
+    k = R.shape[-1]
+    out = np.zeros_like(R)
+    recip = 1.0 / np.diagonal(R, axis1=1, axis2=2)
+    out[:, 0, 0] = recip[:, 0]
+    for j in range(1, k):
+        out[:, j, j] = recip[:, j]
+        out[:, :j, j] = (
+            -np.matmul(out[:, :j, :j], R[:, :j, j : j + 1])[:, :, 0] * recip[:, j : j + 1]
+        )
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .estimates import estimate
+from .estimates import ratio, solve
 from .stackfit import StackFit
 
 __all__ = ["solve_stack"]
@@ -92,7 +92,11 @@ def solve_stack(
         sw = np.sqrt(ws)
         Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        e = estimate(Xs, ys, cov_type, df_resid, singular=not has_constant)
+        e = solve(Xs, ys, cov_type, df_resid)
+        # statsmodels' condition number (and its singular values, for the implicit
+        # constant's rank rule: of the whitened design, as statsmodels finds them)
+        s = None if has_constant else e.singular_values()
+        cond = e.condition_numbers() if s is None else ratio(s)
     except np.linalg.LinAlgError:
         out = none_fitted()
         if len(sel) == 1:
@@ -118,7 +122,6 @@ def solve_stack(
         aug = np.concatenate([np.ones((len(sel), n, 1)), X[sel]], axis=2)
         s_aug = np.linalg.svd(aug, compute_uv=False)
         r_aug = (s_aug > s_aug.max(axis=1, keepdims=True) * max(n, k + 1) * _EPS).sum(axis=1)
-        s = e.singular  # of the (whitened) design, as statsmodels finds them
         r_orig = (s > s.max(axis=1, keepdims=True) * max(n, k) * _EPS).sum(axis=1)
         implicit = r_aug == r_orig  # statsmodels' k_constant 1, const_idx None
         reject_sel(implicit & constant_y[sel], "constant response y")
@@ -195,7 +198,7 @@ def solve_stack(
     done = sel[alive]
     computed = dict(params=params, bse=bse, tvalues=tvalues, pvalues=pvalues, ci_low=ci_low,
                     ci_high=ci_high, rsquared=rsquared, rsquared_adj=rsquared_adj, llf=llf,
-                    aic=aic, bic=bic, condition_number=e.cond,
+                    aic=aic, bic=bic, condition_number=cond,
                     fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f, df_model=dfm,
                     refined=e.refined)  # fmt: skip
     if len(done) == B:  # the common case: the arrays as they are
