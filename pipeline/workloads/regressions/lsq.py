@@ -1,7 +1,8 @@
 """Least squares on stacks of same-shape designs, accurate on hard designs.
 
 Every OLS and WLS fit of the project goes through these steps (the batched engine
-on its stacks, the statsmodels engine on one chunk at a time):
+on its stacks, the statsmodels engine on one chunk at a time), except that the batched
+engine factors a well-conditioned scaled design by Cholesky QR instead (:mod:`.gram`):
 
 1. **Column scaling.** Each column of the (whitened) design is multiplied by a power
    of two that brings its norm into [0.5, 1). A power of two scales without rounding,

@@ -1,7 +1,7 @@
-"""Solving a stack of same-shape chunks, X (B, n, k) and y (B, n), the way
-statsmodels solves each (see :mod:`.batched` for what is batched and what is handed
-back): the SVD and pseudo-inverse, the covariances, the statistics, and the checks that
-send a chunk back to statsmodels."""
+"""Solving a stack of same-shape chunks, X (B, n, k) and y (B, n), as statsmodels' OLS and
+WLS would (see :mod:`.batched` for what is batched and what is handed back): the checks
+that send a chunk back to statsmodels, the estimates and covariances
+(:mod:`.estimates`), and the statistics."""
 
 from __future__ import annotations
 
