@@ -334,7 +334,7 @@ def plain_qr(X: np.ndarray, y: np.ndarray, cov_type: str, size: int):
             if cov_type == "HC1":
                 het *= n / (n - k)
             elif cov_type in ("HC2", "HC3"):
-                h = np.einsum("bij,bij->bi", Q, Q)
+                h = np.matmul(Q * Q, np.ones(k))  # as the engine does: faster than einsum
                 het = het / (1 - h) if cov_type == "HC2" else het / (1 - h) ** 2
             meat = np.matmul(Q.transpose(0, 2, 1), het[:, :, None] * Q)
             var = np.diagonal(np.matmul(np.matmul(Rinv, meat), Rinv.transpose(0, 2, 1)),

