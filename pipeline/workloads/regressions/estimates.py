@@ -82,25 +82,26 @@ def solve(X: np.ndarray, y: np.ndarray, cov_type: str, df_resid: float) -> Estim
     ok, d, R, Rinv, b, resid, ssr = g.ok, g.d, g.R, g.Rinv, g.b, g.resid, g.ssr
     refined, rank = g.refined, np.full(B, k)
     robust = cov_type != "nonrobust"
+    leveraged = cov_type in ("HC2", "HC3")
     Q = h = None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if robust:
+        if leveraged:
             Q = np.matmul(X, d[:, :, None] * Rinv)  # Xs R^-1
-            if cov_type in ("HC2", "HC3"):
-                h = _row_squares(Q)
-                slack = (h / (1 - h)).max(axis=1)
-                ok &= lsq.EPS * g.kappa**2 * slack <= LEVERAGE_TOL
+            h = _row_squares(Q)
+            slack = (h / (1 - h)).max(axis=1)
+            ok &= lsq.EPS * g.kappa**2 * slack <= LEVERAGE_TOL
+        # HC0/HC1 on the Cholesky path: Xs' diag(het) Xs, without Q (one product less)
+        cov = _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid, X)
         rest = np.flatnonzero(~ok)
         if len(rest):
             f = lsq.factor(X[rest], y[rest], with_q=robust)
             b[rest], ssr[rest], refined[rest] = lsq.solve(f, y[rest])
             d[rest], R[rest], Rinv[rest], rank[rest] = f.d, f.R, f.Rinv, f.rank
-            if robust:
-                Q[rest] = f.Q
-                resid[rest] = y[rest] - np.matmul(f.Xs, b[rest][:, :, None])[:, :, 0]
-                if h is not None:
-                    h[rest] = _row_squares(f.Q)
-        cov = _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid)
+            r = y[rest] - np.matmul(f.Xs, b[rest][:, :, None])[:, :, 0] if robust else None
+            hr = _row_squares(f.Q) if leveraged else None
+            cov[rest] = _covariance(cov_type, f.Rinv, f.d, ssr[rest], r, f.Q, hr, n, df_resid)
+            if leveraged:
+                h[rest] = hr
     leverage = None if h is None else h.max(axis=1)
     return Estimates(b * d, ssr, cov, rank, refined, leverage, ok, g.gram, R, d, n)
 
@@ -111,9 +112,10 @@ def _row_squares(Q: np.ndarray) -> np.ndarray:
     return np.matmul(Q * Q, np.ones(Q.shape[2]))
 
 
-def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
+def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid, X=None) -> np.ndarray:
     """(X'X)^-1 = D R^-1 R^-T D (its diagonal: only the robust F test needs the rest);
-    the sandwich D R^-1 Q' diag(het) Q R^-T D."""
+    the sandwich D R^-1 Q' diag(het) Q R^-T D, or without Q (HC0/HC1, ``X`` given)
+    D (R'R)^-1 Xs' diag(het) Xs (R'R)^-1 D."""
     if cov_type == "nonrobust":
         return np.einsum("bij,bij->bi", Rinv, Rinv) * d**2 * (ssr / df_resid)[:, None]
     if cov_type == "HC0":
@@ -122,9 +124,15 @@ def _covariance(cov_type, Rinv, d, ssr, resid, Q, h, n, df_resid) -> np.ndarray:
         het = n / df_resid * resid**2
     else:
         het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
-    meat = np.matmul(Q.transpose(0, 2, 1), het[:, :, None] * Q)
-    cov = np.matmul(np.matmul(Rinv, meat), Rinv.transpose(0, 2, 1))
-    cov *= d[:, :, None] * d[:, None, :]
+    dd = d[:, :, None] * d[:, None, :]
+    if Q is None:
+        ginv = np.matmul(Rinv, Rinv.transpose(0, 2, 1))
+        meat = np.matmul(X.transpose(0, 2, 1), het[:, :, None] * X) * dd
+        cov = np.matmul(np.matmul(ginv, meat), ginv)
+    else:
+        meat = np.matmul(Q.transpose(0, 2, 1), het[:, :, None] * Q)
+        cov = np.matmul(np.matmul(Rinv, meat), Rinv.transpose(0, 2, 1))
+    cov *= dd
     return cov
 
 
