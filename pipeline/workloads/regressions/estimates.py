@@ -2,12 +2,13 @@
 the cheapest exact path: Cholesky QR where the column-scaled design is well-conditioned
 (:mod:`.gram`), Householder QR elsewhere (:mod:`.lsq`), merged chunk by chunk.
 
-The covariances use the merged factors alike: nonrobust ``s**2 D R^-1 R^-T D``; the
-sandwich ``D R^-1 Q' diag(het) Q R^-T D`` with ``Q = Xs R^-1`` on the Cholesky path
-(orthonormal to ``eps * kappa**2``) and Householder's Q elsewhere. An HC2/HC3 leverage
-``h_ii`` from the former is off by about ``eps * kappa**2 * h_ii``, which HC2/HC3
-divide by ``1 - h_ii``: a chunk where that may exceed ``LEVERAGE_TOL`` relative takes
-the Householder path instead.
+The covariances: nonrobust ``s**2 D R^-1 R^-T D``; the sandwich ``D R^-1 Q' diag(het)
+Q R^-T D`` with Householder's Q, and on the Cholesky path with ``Q = Xs R^-1``
+(orthonormal to ``eps * kappa**2``; HC0/HC1 there as ``D (R'R)^-1 Xs' diag(het) Xs
+(R'R)^-1 D``, the same without forming Q). An HC2/HC3 leverage ``h_ii`` from the
+Cholesky path is off by about ``eps * kappa**2 * h_ii``, which HC2/HC3 divide by
+``1 - h_ii``: a chunk where that may exceed ``LEVERAGE_TOL`` relative takes the
+Householder path instead.
 
 statsmodels' condition number, ``sqrt`` of the largest over the smallest eigenvalue of
 ``X'X`` of the design as given, comes from the eigenvalues of the Gram matrix where
