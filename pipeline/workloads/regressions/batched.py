@@ -1,17 +1,19 @@
 """Batched OLS: many small ``sm.OLS(y, X).fit(cov_type=...)`` fits at once with numpy.
 
-Chunks are grouped by shape (n, k) and solved as stacked (batch, n, k) arrays, replicating
-statsmodels' algorithm step by step (``pinv_extended``: SVD of X, pinv, ``pinv @ pinv.T``,
-sandwich covariances from pinv) with the same LAPACK/BLAS calls, so params, bse and the rest are
-equal to statsmodels' to the last bit or two -- also at condition numbers 1e8-1e9, where
-statsmodels' own answers move by ~1e-6 under a 1e-12 perturbation (a QR or normal-equations
-solve could not match them to 1e-8 there).
+Chunks are grouped by shape (n, k) and solved as stacked (batch, n, k) arrays on the
+column-scaled design, by Cholesky QR where that is well-conditioned and Householder QR
+elsewhere, refined where an error bound asks (:mod:`.estimates`, :mod:`.gram`,
+:mod:`.lsq`): statsmodels' numbers within 1e-8 where statsmodels is that accurate, and
+more accurate numbers where it is not (tests/test_batched_ols.py, tests/test_strd.py).
+The statistics (p-values, intervals, R², llf, AIC/BIC, F, condition number) are
+statsmodels' formulas, with scipy.special's functions where statsmodels calls
+scipy.stats.
 
 Chunks whose statsmodels result is an exception, a warning or rounding noise come back as
 :class:`Unsupported` (with a reason) so the caller fits them with statsmodels, which gives its own
 answer by construction: NaN/inf in X (statsmodels: MissingDataError) or y (NaN params); n <= k
-(inf bse); rank deficiency by statsmodels' rank rule (it warns and fits the minimum-norm solution
-with a lower df_model) or cond > ``MAX_CONDITION``; a constant response with an intercept
+(inf bse); rank deficiency of the scaled design (statsmodels warns and fits the minimum-norm
+solution with a lower df_model); a constant response with an intercept
 (r-squared -inf/NaN) or a perfect fit; h_ii ~ 1 under HC2/HC3; ``has_constant`` disagreeing with
 statsmodels' constant detection; odd dtypes/shapes; cov types other than
 nonrobust and HC0-HC3 (an unknown name raises ValueError).
@@ -58,7 +60,10 @@ _STATSMODELS_ONLY = {
     "nw-panel",
     "nw-groupsum",
 }
-BATCH_CELLS = 96_000  # chunks per stacked solve ~ this / (n * k): arrays of ~768 kB stay in L2
+# Chunks per stacked solve ~ this / (n * k): a stack costs ~100 numpy calls whatever its
+# size, so small stacks pay it per chunk (at 250 x 9, stacks of 42 chunks ran at 0.82-0.85
+# of the rate of stacks of 128); much larger ones run out of cache (docs/benchmarks.md).
+BATCH_CELLS = 300_000
 
 
 def _canonical_cov_type(cov_type: str) -> str | None:

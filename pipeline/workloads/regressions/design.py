@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .missing import chunks_with_missing_text, isnull, without_missing_text
 from .patsy_fast import coded_columns, design_once, keep_all_na
 from .spec import ModelSpec
 
@@ -72,9 +73,9 @@ class TaskDesign:
         self.missing_text: dict[int, str] = {}
         self.text_dropped: np.ndarray | None = None  # rows dropped so, per chunk
         if spec.formula is not None and spec.missing == "fail":
-            self.missing_text = _chunks_with_missing_text(table, offsets)
+            self.missing_text = chunks_with_missing_text(table, offsets)
         elif spec.formula is not None:
-            table, offsets, self.text_dropped = _without_missing_text(table, offsets)
+            table, offsets, self.text_dropped = without_missing_text(table, offsets)
         self.offsets = offsets
         self.n = len(offsets) - 1
         self.weights = self._float(table, spec.weights)
@@ -245,7 +246,7 @@ class TaskDesign:
         if self.weights is not None:
             bad |= ~np.isfinite(self.weights)
         if self.groups is not None:
-            bad |= _isnull(self.groups)
+            bad |= isnull(self.groups)
         out = np.zeros(self.n, dtype=bool)
         out[np.searchsorted(self.offsets, np.flatnonzero(bad), side="right") - 1] = True
         return out
@@ -256,7 +257,7 @@ class TaskDesign:
             if w is not None:
                 bad |= np.isnan(w)
             if g is not None:
-                bad |= _isnull(g)
+                bad |= isnull(g)
             if bad.any():
                 keep = ~bad
                 y, X = y[keep], X[keep]
@@ -354,61 +355,3 @@ def patsy_frame(table):
     on a nullable boolean: "Cannot interpret 'BooleanDtype' as a data type"); a null
     is then None, or NaN in a number column, which patsy takes as missing."""
     return table.to_pandas(ignore_metadata=True)
-
-
-def _text_nulls(table):
-    """(name, row mask of its nulls) of each column with nulls that is not a number (a
-    number's null is a NaN, which the fit reports or drops itself)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        t = column.type
-        if column.null_count == 0 or pa.types.is_integer(t) or pa.types.is_floating(t):
-            continue
-        yield name, pc.is_null(column).to_numpy(zero_copy_only=False)
-
-
-def _per_chunk(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """How many of each chunk's rows ``mask`` holds."""
-    counts = np.add.reduceat(np.append(mask, False).astype(np.int64), offsets[:-1])
-    counts[np.diff(offsets) == 0] = 0  # reduceat takes an empty chunk's next row
-    return counts
-
-
-def _without_missing_text(table, offsets: np.ndarray):
-    """The table without its rows that have a null in a column that is not a number,
-    the chunks' offsets in it, and how many rows each chunk lost (None: no such row)."""
-    import pyarrow as pa
-
-    mask = None
-    for _name, nulls in _text_nulls(table):
-        mask = nulls if mask is None else mask | nulls
-    if mask is None or not mask.any():
-        return table, offsets, None
-    lost = _per_chunk(mask, offsets)
-    kept = table.filter(pa.array(~mask))
-    return kept, offsets - np.concatenate([[0], np.cumsum(lost)]), lost
-
-
-def _chunks_with_missing_text(table, offsets: np.ndarray) -> dict[int, str]:
-    """Chunk -> what it misses ("'cat': 3 of 70 rows"), for chunks with nulls in a
-    column that is not a number."""
-    found: dict[int, str] = {}
-    for name, nulls in _text_nulls(table):
-        per_chunk = _per_chunk(nulls, offsets)
-        for i in np.flatnonzero(per_chunk).tolist():
-            rows = int(offsets[i + 1] - offsets[i])
-            said = f"{name!r}: {per_chunk[i]} of {rows} rows"
-            found[i] = f"{found[i]}; {said}" if i in found else said
-    return found
-
-
-def _isnull(a: np.ndarray) -> np.ndarray:
-    if a.dtype.kind == "f":
-        return np.isnan(a)
-    if a.dtype.kind == "O":
-        import pandas as pd
-
-        return np.asarray(pd.isna(a))
-    return np.zeros(a.shape, dtype=bool)

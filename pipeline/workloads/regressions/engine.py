@@ -23,8 +23,10 @@ import time
 import numpy as np
 
 from .batched import COV_TYPES, fit_ols_batch, fit_ols_stack
+from .chunkchecks import check_chunk
+from .chunkfit import ChunkFit, dropped_warning, finish_inference, from_batched
 from .design import ChunkError, TaskDesign
-from .fit import ChunkFit, check_chunk, dropped_warning, finish_inference, fit_chunk, from_batched
+from .fit import fit_chunk
 from .spec import ENGINES, ModelSpec
 from .taskfits import FitBlock, TaskFits
 

@@ -1,224 +1,30 @@
-"""Fitting one chunk with statsmodels, and classifying the chunks that cannot be fitted.
-
-:class:`ChunkFit` is one chunk's result (a models-table row and its coefficients).
-A chunk that cannot be fitted is a ``ChunkFit`` with ``error_type``/``error_message``
-and no coefficients; it never raises. Checks run before statsmodels, in order:
-no rows, non-finite values, too few rows, constant response, rank-deficient design;
-then statsmodels' own exceptions and warnings (non-convergence, perfect separation).
+"""Fitting one chunk with statsmodels (:func:`fit_chunk`), and classifying the chunks
+that cannot be fitted: it never raises, a chunk that cannot be fitted is a
+:class:`~.chunkfit.ChunkFit` with ``error_type``/``error_message``. The checks of
+:mod:`.chunkchecks` run first; then statsmodels' own exceptions and warnings
+(non-convergence, perfect separation) are classified.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from . import lsq
+from .chunkchecks import check_chunk, check_leverage, singular
+from .chunkfit import ChunkFit, dropped_warning
 from .design import ChunkError, Prepared
 from .spec import FAMILIES, LINKS, ModelSpec
 
-__all__ = ["ChunkFit", "Prepared", "batched_method", "check_chunk", "fit_chunk", "finish_inference"]
+__all__ = ["DEFAULT_METHODS", "LeastSquares", "fit_chunk", "fit_kwargs"]
 
 #: statsmodels' fit method by model, where ``fit_options`` name none.
 DEFAULT_METHODS = {"ols": "pinv", "wls": "pinv", "glm": "IRLS", "logit": "newton",
                    "probit": "newton", "poisson": "newton", "quantreg": "IRLS",
                    "rlm": "IRLS"}  # fmt: skip
-
-
-def batched_method(refined: bool) -> str:
-    """The models table's ``method`` of a chunk the batched engine fitted."""
-    return "qr+refined" if refined else "qr"
-
-
-@dataclass
-class ChunkFit:
-    nobs: int = 0
-    nobs_dropped: int = 0
-    df_model: float = np.nan
-    df_resid: float = np.nan
-    rsquared: float = np.nan
-    rsquared_adj: float = np.nan
-    rsquared_kind: str | None = None
-    llf: float = np.nan
-    aic: float = np.nan
-    bic: float = np.nan
-    condition_number: float = np.nan
-    converged: bool | None = None
-    warnings: str | None = None
-    fit_seconds: float = 0.0
-    error_type: str | None = None
-    error_message: str | None = None
-    engine: str | None = None  # "statsmodels" or "batched": what fitted it (None: nothing did)
-    method: str | None = None  # how: "qr", "pinv", "newton", ...; "+refined" (see .lsq)
-    terms: tuple[str, ...] = ()
-    params: np.ndarray | None = None
-    bse: np.ndarray | None = None
-    statistic: np.ndarray | None = None
-    p_value: np.ndarray | None = None
-    ci_low: np.ndarray | None = None
-    ci_high: np.ndarray | None = None
-    # Deferred inference (linear models): p-values and intervals computed per task at once.
-    use_t: bool = True
-    df_inference: float = np.nan
-    resid: np.ndarray | None = field(default=None, repr=False)
-    fitted: np.ndarray | None = field(default=None, repr=False)
-
-    @classmethod
-    def failed(cls, error_type: str, message: str, **kw) -> ChunkFit:
-        return cls(error_type=error_type, error_message=message, **kw)
-
-    @property
-    def ok(self) -> bool:
-        return self.error_type is None
-
-
-#: The responses a model's likelihood is defined on: (low, high, whether low is allowed,
-#: what to say).
-_UNIT_INTERVAL = (0.0, 1.0, True, "in [0, 1] (0/1 outcomes or proportions)")
-_COUNTS = (0.0, np.inf, True, "at least 0 (counts)")
-_POSITIVE = (0.0, np.inf, False, "above 0")
-_RESPONSE_DOMAINS = {
-    "logit": _UNIT_INTERVAL,
-    "probit": _UNIT_INTERVAL,
-    "poisson": _COUNTS,
-    "glm:binomial": _UNIT_INTERVAL,
-    "glm:poisson": _COUNTS,
-    "glm:negative_binomial": _COUNTS,
-    "glm:gamma": _POSITIVE,
-    "glm:inverse_gaussian": _POSITIVE,
-}
-
-
-def _check_response_domain(spec, y: np.ndarray) -> None:
-    """A response its model is not defined on fails the chunk, naming the values: the
-    fit would stop on a message about its internals, or return estimates of nothing."""
-    model = f"glm:{spec.family}" if spec.model == "glm" else spec.model
-    domain = _RESPONSE_DOMAINS.get(model)
-    if domain is None:
-        return
-    low, high, low_ok, wanted = domain
-    outside = (y > high) | ((y < low) if low_ok else (y <= low))
-    if outside.any():
-        example = y[np.argmax(outside)]
-        name = model.replace("glm:", "glm with family ")
-        raise ChunkError(
-            "BadResponse",
-            f"{name} needs a response {wanted}; {int(outside.sum())} of {len(y)} rows are "
-            f"not (e.g. {example:g})",
-        )
-
-
-def _count_bad(a: np.ndarray) -> tuple[int, int]:
-    nan = int(np.isnan(a).sum())
-    return nan, int(a.size - nan - np.isfinite(a).sum())
-
-
-def _plain(value):
-    """A numpy scalar as the Python value it holds: its repr is np.float64(4.0)."""
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray | None:
-    """Raise :class:`ChunkError` for a chunk that cannot be fitted; return X's singular values."""
-    n, k = p.X.shape
-    if n == 0:
-        extra = f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""
-        raise ChunkError("EmptyChunk", f"no rows to fit{extra}")
-    problems = []
-    for label, arr in () if p.finite else (("response", p.y), ("weights", p.weights)):
-        if arr is not None and not np.isfinite(arr).all():
-            nan, inf = _count_bad(arr)
-            problems.append(f"{label}: {nan} NaN, {inf} inf")
-    if not p.finite and not np.isfinite(p.X).all():
-        for j, name in enumerate(p.names):
-            col = p.X[:, j]
-            if not np.isfinite(col).all():
-                nan, inf = _count_bad(col)
-                problems.append(f"{name}: {nan} NaN, {inf} inf")
-    if problems:
-        hint = "" if spec.missing == "drop" else " (missing = fail)"
-        raise ChunkError("NonFiniteValues", f"non-finite values{hint}: {'; '.join(problems)}")
-    if n <= k:
-        raise ChunkError(
-            "TooFewRows",
-            f"{n} rows for {k} parameters: need at least {k + 1}"
-            + (f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""),
-        )
-    if spec.model != "quantreg" and np.all(p.y == p.y[0]):
-        raise ChunkError(
-            "ConstantResponse", f"the response is constant ({p.y[0].item()!r} in all {n} rows)"
-        )
-    _check_response_domain(spec, p.y)
-    if p.groups is not None and len(p.groups):
-        clusters = len(np.unique(p.groups))
-        if clusters < 2:  # statsmodels: "ZeroDivisionError: float division by zero"
-            raise ChunkError(
-                "TooFewClusters",
-                f"1 cluster ({spec.cluster} = {_plain(p.groups[0])!r}) in this chunk: "
-                "cluster-robust errors need at least 2",
-            )
-    X = p.X
-    if p.weights is not None:
-        negative = int((p.weights < 0).sum())
-        if negative:
-            raise ChunkError("BadWeights", f"{negative} weights are negative")
-        # Rows of weight 0 are kept, and counted in nobs, as statsmodels does; the
-        # fit itself rests on the others.
-        kept = p.weights > 0
-        if kept.sum() <= k:
-            raise ChunkError(
-                "TooFewRows",
-                f"{int(kept.sum())} rows of positive weight for {k} parameters: need at "
-                f"least {k + 1} ({n - int(kept.sum())} weights are 0)",
-            )
-        X = X if kept.all() else X[kept]
-    if not svd:
-        return None
-    sv = np.linalg.svd(X, compute_uv=False)
-    tol = sv.max(initial=0.0) * max(n, k) * np.finfo(float).eps
-    rank = int((sv > tol).sum())
-    if rank < k:
-        singular(p, rank, X)
-    return sv
-
-
-def _check_leverage(spec: ModelSpec, model) -> None:
-    """HC2 and HC3 divide each squared residual by 1 - h_ii: a row fitted exactly
-    (h_ii = 1: the one row of a category) gives standard errors that are rounding
-    noise (16 % apart from statsmodels' own, from the same data), said as fitted."""
-    from .stack import MAX_LEVERAGE
-
-    pinv = getattr(model, "pinv_wexog", None)  # (not made by fit(method="qr"))
-    pinv = np.linalg.pinv(model.wexog) if pinv is None else pinv
-    h = np.einsum("ij,ji->i", model.wexog, pinv)  # as statsmodels' HC2/HC3 find them
-    row = int(np.argmax(h))
-    if h[row] > MAX_LEVERAGE:
-        raise ChunkError(
-            "HighLeverage",
-            f"row {row} of the chunk has leverage {h[row]:.6g}: it is fitted exactly (a "
-            f"category level with one row?), and {spec.cov_type} divides by 1 - h_ii; "
-            "HC1 or HC0 does not",
-        )
-
-
-def singular(p: Prepared, rank: int, X: np.ndarray | None = None) -> None:
-    """Raise SingularDesign naming the collinear columns (of ``X``: the rows that
-    count, when some weigh nothing): those in the null space of the column-scaled
-    design, where a column's scale does not decide whether it shows."""
-    if X is None:
-        X = p.X if p.weights is None else p.X[p.weights > 0]
-    k = X.shape[1]
-    _, _, vt = np.linalg.svd(X * lsq.column_scales(X[None])[0], full_matrices=False)
-    null = np.abs(vt[rank:]).max(axis=0)
-    involved = [p.names[j] for j in np.flatnonzero(null > 1e-8)]
-    zero = [p.names[j] for j in range(k) if not X[:, j].any()]
-    why = f"; all-zero columns: {', '.join(zero)}" if zero else ""
-    raise ChunkError(
-        "SingularDesign",
-        f"the design matrix has rank {rank} < {k} columns (collinear: {', '.join(involved)}{why})",
-    )
 
 
 def _make_model(spec: ModelSpec, p: Prepared):
@@ -299,12 +105,6 @@ def fit_kwargs(spec: ModelSpec, p: Prepared) -> dict:
 _SEPARATION = ("PerfectSeparation",)
 
 
-def dropped_warning(p: Prepared) -> str | None:
-    """The models table's note of a chunk's rows dropped for missing values, failed or not."""
-    rows = "row" if p.dropped == 1 else "rows"
-    return f"dropped {p.dropped} {rows} with missing values" if p.dropped else None
-
-
 def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> ChunkFit:
     """Fit one prepared chunk; never raises."""
     t0 = time.perf_counter()
@@ -334,7 +134,7 @@ def fit_chunk(spec: ModelSpec, p: Prepared, *, keep_resid: bool = False) -> Chun
             if spec.linear and not scaled and model.rank < p.X.shape[1]:
                 singular(p, model.rank)
             if spec.linear and spec.cov_type in ("HC2", "HC3"):
-                _check_leverage(spec, model)
+                check_leverage(spec, model)
             out = _extract(spec, getattr(res, "_results", res), p, sv)
             if scaled:
                 method += least.finish(out)
@@ -492,61 +292,3 @@ def _resid_fitted(spec: ModelSpec, res, p: Prepared):
         fitted = np.asarray(res.predict(), dtype=float)
     resid = np.asarray(res.resid_pearson, dtype=float) if spec.model == "glm" else p.y - fitted
     return resid, fitted
-
-
-def finish_inference(fits: list[ChunkFit], alpha: float) -> None:
-    """p-values and intervals of the linear fits, all at once (what statsmodels'
-    ``pvalues`` and ``conf_int`` compute, elementwise, per chunk)."""
-    todo = [f for f in fits if f.ok and f.p_value is None]
-    if not todo:
-        return
-    from scipy import stats  # here: a second of imports that the CLI need not pay
-
-    sizes = [len(f.params) for f in todo]
-    stat = np.concatenate([f.statistic for f in todo])
-    params = np.concatenate([f.params for f in todo])
-    bse = np.concatenate([f.bse for f in todo])
-    use_t = np.repeat([f.use_t for f in todo], sizes)
-    df = np.repeat([f.df_inference for f in todo], sizes)
-    with np.errstate(all="ignore"):
-        pt = stats.t.sf(np.abs(stat), df) * 2
-        pn = stats.norm.sf(np.abs(stat)) * 2
-        qt = stats.t.ppf(1 - alpha / 2, df)
-        qn = stats.norm.ppf(1 - alpha / 2)
-    pval = np.where(use_t, pt, pn)
-    q = np.where(use_t, qt, qn)
-    low, high = params - q * bse, params + q * bse
-    bounds = np.cumsum([0, *sizes])
-    for f, a, b in zip(todo, bounds[:-1], bounds[1:], strict=True):
-        f.p_value, f.ci_low, f.ci_high = pval[a:b], low[a:b], high[a:b]
-
-
-def from_batched(r, p: Prepared, seconds: float) -> ChunkFit:
-    """A :class:`ChunkFit` from the batched engine's result for one chunk (its intervals
-    at the job's level, as the stacked chunks' are: the same bits by either way)."""
-    out = ChunkFit(
-        nobs=int(r.nobs),
-        nobs_dropped=p.dropped,
-        df_model=float(r.df_model),
-        df_resid=float(r.df_resid),
-        rsquared=float(r.rsquared),
-        rsquared_adj=float(r.rsquared_adj),
-        rsquared_kind="r2",
-        llf=float(r.llf),
-        aic=float(r.aic),
-        bic=float(r.bic),
-        condition_number=float(r.condition_number),
-        converged=True,
-        terms=p.names,
-        params=np.asarray(r.params),
-        bse=np.asarray(r.bse),
-        statistic=np.asarray(r.tvalues),
-        fit_seconds=seconds,
-        engine="batched",
-        method=batched_method(r.refined),
-        warnings=dropped_warning(p),
-    )
-    out.p_value = np.asarray(r.pvalues)
-    ci = np.asarray(r.conf_int)
-    out.ci_low, out.ci_high = ci[:, 0], ci[:, 1]
-    return out

@@ -1,7 +1,8 @@
 """Least squares on stacks of same-shape designs, accurate on hard designs.
 
 Every OLS and WLS fit of the project goes through these steps (the batched engine
-on its stacks, the statsmodels engine on one chunk at a time):
+on its stacks, the statsmodels engine on one chunk at a time), except that the batched
+engine factors a well-conditioned scaled design by Cholesky QR instead (:mod:`.gram`):
 
 1. **Column scaling.** Each column of the (whitened) design is multiplied by a power
    of two that brings its norm into [0.5, 1). A power of two scales without rounding,
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Factor", "column_scales", "factor", "rank_tolerance", "refine", "solve"]
+__all__ = ["Factor", "column_scales", "factor", "rank_tolerance", "refine", "scales_for", "solve"]
 
 EPS = np.finfo(np.float64).eps
 #: Refine where eps * cond * (|b| + cond * |r|) may exceed this share of an estimate.
@@ -52,7 +53,11 @@ def rank_tolerance(n: int, k: int) -> float:
 def column_scales(X: np.ndarray) -> np.ndarray:
     """(B, k) powers of two bringing each column of X (B, n, k) to a norm in [0.5, 1)
     (1 for a zero or non-finite column)."""
-    norms = np.sqrt(np.einsum("bij,bij->bj", X, X))
+    return scales_for(np.sqrt(np.einsum("bij,bij->bj", X, X)))
+
+
+def scales_for(norms: np.ndarray) -> np.ndarray:
+    """The powers of two bringing ``norms`` into [0.5, 1) (1 for 0 or non-finite)."""
     _, exponent = np.frexp(np.where(np.isfinite(norms), norms, 0.0))
     return np.ldexp(1.0, -exponent)
 

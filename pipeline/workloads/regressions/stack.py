@@ -1,13 +1,13 @@
-"""Solving a stack of same-shape chunks, X (B, n, k) and y (B, n), the way
-statsmodels solves each (see :mod:`.batched` for what is batched and what is handed
-back): the SVD and pseudo-inverse, the covariances, the statistics, and the checks that
-send a chunk back to statsmodels."""
+"""Solving a stack of same-shape chunks, X (B, n, k) and y (B, n), as statsmodels' OLS and
+WLS would (see :mod:`.batched` for what is batched and what is handed back): the checks
+that send a chunk back to statsmodels, the estimates and covariances
+(:mod:`.estimates`), and the statistics."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import lsq
+from .estimates import ratio, solve
 from .stackfit import StackFit
 
 __all__ = ["solve_stack"]
@@ -19,7 +19,9 @@ _EPS = np.finfo(np.float64).eps
 
 def _constant_columns(X: np.ndarray) -> np.ndarray:
     """(B, k) mask of columns with max == min, as statsmodels' constant detection."""
-    const = X[:, 0, :] == X[:, -1, :]  # cheap prefilter: first row equals last row
+    const = X[:, 0, :] == X[:, -1, :]  # cheap prefilter: a few rows equal the first
+    for i in (1, X.shape[1] // 2, -2):
+        const &= X[:, i, :] == X[:, 0, :]
     b, j = np.nonzero(const)
     const[b, j] = (X[b, :, j] == X[b, :1, j]).all(axis=1)
     return const
@@ -44,13 +46,18 @@ def solve_stack(
     B, n, k = X.shape
     k_const = 1 if has_constant else 0
     df_resid, df_model = float(n - k), float(k - k_const)
-    out = StackFit.empty(B, n, k, df_model, df_resid)
+    reasons: dict[int, str] = {}
     live = np.ones(B, dtype=bool)  # over the stack; later checks only look at live chunks
 
     def reject(mask, reason):
         for b in np.flatnonzero(mask & live):
-            out.reasons[int(b)] = reason(b) if callable(reason) else reason
+            reasons[int(b)] = reason(b) if callable(reason) else reason
         live[mask] = False
+
+    def none_fitted():
+        out = StackFit.empty(B, n, k, df_model, df_resid)
+        out.reasons = reasons
+        return out
 
     reject(~np.isfinite(X).all(axis=(1, 2)), "non-finite values (NaN/inf) in X")
     reject(~np.isfinite(y).all(axis=1), "non-finite values (NaN/inf) in y")
@@ -72,11 +79,12 @@ def solve_stack(
         )
     # centered total sum of squares 0 (a constant, or an implicit one found below):
     # statsmodels' r-squared is -inf/NaN
-    constant_y = y.max(axis=1) == y.min(axis=1)
+    constant_y = y[:, 0] == y[:, -1]  # prefilter, then max == min
+    constant_y[constant_y] = (y[constant_y] == y[constant_y, :1]).all(axis=1)
     if has_constant:
         reject(constant_y, "constant response y")
     if not live.any():
-        return out
+        return none_fitted()
     sel = np.flatnonzero(live)  # linear algebra only on clean chunks (NaN breaks the SVD)
     Xs, ys = (X[sel], y[sel]) if len(sel) < B else (X, y)
     if w is not None:  # statsmodels' WLS.whiten; the constant was detected on X itself
@@ -84,9 +92,13 @@ def solve_stack(
         sw = np.sqrt(ws)
         Xs, ys = sw[:, :, None] * Xs, ys * sw
     try:
-        f = lsq.factor(Xs, ys, with_q=cov_type != "nonrobust")
-        s = f.singular_values()  # of the unscaled design, as statsmodels finds them
+        e = solve(Xs, ys, cov_type, df_resid)
+        # statsmodels' condition number (and its singular values, for the implicit
+        # constant's rank rule: of the whitened design, as statsmodels finds them)
+        s = None if has_constant else e.singular_values()
+        cond = e.condition_numbers() if s is None else ratio(s)
     except np.linalg.LinAlgError:
+        out = none_fitted()
         if len(sel) == 1:
             out.reasons[int(sel[0])] = "SVD did not converge"
         else:  # isolate the chunk that does not converge
@@ -104,9 +116,7 @@ def solve_stack(
         full[sel] = mask_sel
         reject(full, (lambda b: reason(np.searchsorted(sel, b))) if callable(reason) else reason)
 
-    reject_sel(f.rank < k, lambda j: f"rank-deficient design (rank {f.rank[j]} < k = {k})")
-    with np.errstate(divide="ignore", invalid="ignore"):  # statsmodels' condition_number
-        cond = np.where(s[:, -1] > 0, s[:, 0] / s[:, -1], np.inf)
+    reject_sel(e.rank < k, lambda j: f"rank-deficient design (rank {e.rank[j]} < k = {k})")
     if not has_constant and live.any():
         # implicit constant: rank([1, X]) == rank(X), both with tolerance max(s) * max(n, k) * eps
         aug = np.concatenate([np.ones((len(sel), n, 1)), X[sel]], axis=2)
@@ -119,11 +129,10 @@ def solve_stack(
         implicit = np.zeros(len(sel), dtype=bool)
     kc = np.where(implicit, 1, k_const)  # per chunk of sel
     if not live.any():
-        return out
+        return none_fitted()
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        b_scaled, ssr, refined = lsq.solve(f, ys)
-        params = b_scaled * f.d
+        params, ssr = e.params, e.ssr
         uncentered_tss = np.einsum("bi,bi->b", ys, ys)
         if has_constant or implicit.any():
             if w is None:
@@ -141,25 +150,12 @@ def solve_stack(
             "perfect fit: residuals are at rounding level",
         )
 
-        # (X'X)^-1 = D R^-1 R^-T D; the sandwich D R^-1 Q' diag(het) Q R^-T D
-        if cov_type == "nonrobust":  # only the F-test would need the off-diagonal elements
-            cov = np.einsum("bij,bij->bi", f.Rinv, f.Rinv) * f.d**2 * (ssr / df_resid)[:, None]
-        else:
-            resid = ys - np.matmul(f.Xs, b_scaled[:, :, None])[:, :, 0]
-            if cov_type == "HC0":
-                het = resid**2
-            elif cov_type == "HC1":
-                het = n / df_resid * resid**2
-            else:
-                h = np.einsum("bij,bij->bi", f.Q, f.Q)  # leverages
-                reject_sel(
-                    ~(h.max(axis=1) <= MAX_LEVERAGE),
-                    "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
-                )
-                het = resid**2 / (1 - h) if cov_type == "HC2" else (resid / (1 - h)) ** 2
-            meat = np.matmul(f.Q.transpose(0, 2, 1), het[:, :, None] * f.Q)
-            cov = np.matmul(np.matmul(f.Rinv, meat), f.Rinv.transpose(0, 2, 1))
-            cov *= f.d[:, :, None] * f.d[:, None, :]
+        if cov_type in ("HC2", "HC3"):
+            reject_sel(
+                ~(e.leverage <= MAX_LEVERAGE),
+                "an observation has leverage h_ii ~ 1 (HC2/HC3 divide by 1 - h_ii)",
+            )
+        cov = e.cov
         bse = np.sqrt(cov if cov.ndim == 2 else np.diagonal(cov, axis1=1, axis2=2))
         reject_sel(
             ~(bse > 0).all(axis=1) | ~np.isfinite(bse).all(axis=1),
@@ -195,7 +191,7 @@ def solve_stack(
                 cov_type, params, cov, ssr, tss, dfm, df_resid, const_idx, alive, implicit
             )
         else:  # not asked for: the tables have no F test (and the robust one costs an SVD)
-            fvalue = f_pvalue = np.full(len(sel), np.nan)
+            fvalue, f_pvalue = np.full(len(sel), np.nan), np.full(len(sel), np.nan)
             no_f = np.ones(len(sel), dtype=bool)
         ci_low, ci_high = params - q * bse, params + q * bse
 
@@ -204,7 +200,11 @@ def solve_stack(
                     ci_high=ci_high, rsquared=rsquared, rsquared_adj=rsquared_adj, llf=llf,
                     aic=aic, bic=bic, condition_number=cond,
                     fvalue=fvalue, f_pvalue=f_pvalue, no_f=no_f, df_model=dfm,
-                    refined=refined)  # fmt: skip
+                    refined=e.refined)  # fmt: skip
+    if len(done) == B:  # the common case: the arrays as they are
+        return StackFit(ok=np.ones(B, dtype=bool), reasons=reasons, nobs=n, df_resid=df_resid,
+                        **computed)  # fmt: skip
+    out = none_fitted()
     for name, values in computed.items():
         getattr(out, name)[done] = values[alive]
     out.ok[done] = True

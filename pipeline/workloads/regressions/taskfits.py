@@ -1,7 +1,7 @@
 """A task's fit results, and the coefficients, models and timings tables built from them.
 
 Chunks fitted as a stack by the batched engine stay arrays (:class:`FitBlock`: one row
-per chunk); the others are one :class:`~.fit.ChunkFit` each. The tables are assembled
+per chunk); the others are one :class:`~.chunkfit.ChunkFit` each. The tables are assembled
 column by column from both, with no Python object per batched chunk: at ~70 µs per
 batched fit, a few µs of per-chunk bookkeeping would be a visible share of a task.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .batched import StackFit
-from .fit import ChunkFit, batched_method
+from .chunkfit import ChunkFit, batched_method
 
 __all__ = ["COEF_COLUMNS", "FitBlock", "TaskFits", "models_schema"]
 
