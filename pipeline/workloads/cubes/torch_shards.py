@@ -14,9 +14,9 @@ from torch.utils.data import Dataset
 
 from ...errors import InputError, StorageError
 from ...layout import consolidated_manifest_key, job_folder, job_record_key, read_job_record
+from ...manifest import checksum
 from ...results import find_job
 from ...storage import open_store, read_parquet
-from ...manifest import checksum
 from .delivery.local import _BatchMemory
 from .feed import to_device
 from .gather import resolve_device
