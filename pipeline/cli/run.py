@@ -41,7 +41,7 @@ def run_command(job_files, workload, **values) -> None:
     Flags override every job file's keys. A job whose output already holds
     complete tasks resumes: only missing tasks run (--overwrite starts over).
     """
-    from ..dispatch.runner import INTERRUPTED
+    from ..dispatch.session import INTERRUPTED
 
     INTERRUPTED.clear()
     signal.signal(signal.SIGINT, _interrupt)
@@ -151,7 +151,7 @@ def _interrupt(signum, frame) -> None:
     """Ctrl-C: one line, not the tracebacks that the cluster's threads and callbacks
     report when a shutdown interrupts them (closed connection pools, half-started
     workers): those are silenced from the moment of the signal."""
-    from ..dispatch.runner import INTERRUPTED
+    from ..dispatch.session import INTERRUPTED
 
     INTERRUPTED.set()  # (raised again by the run's wait if a callback swallows this one)
     logging.disable(logging.CRITICAL)

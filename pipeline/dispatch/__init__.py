@@ -2,13 +2,8 @@
 its receipt's way back (:mod:`.receipts`), the workload's way out (:mod:`.shipping`),
 the runner of lists of tasks (:mod:`.runner`) and task profiles (:mod:`.profiling`)."""
 
-from .runner import (
-    DASK_LEVEL_RETRIES,
-    WORKERLESS_SECONDS,
-    TaskRunner,
-    release_left_tasks,
-    send_promptly,
-)
+from .runner import DASK_LEVEL_RETRIES, WORKERLESS_SECONDS, TaskRunner
+from .session import release_left_tasks, send_promptly
 from .task import execute_task, run_queue_seconds
 
 __all__ = [

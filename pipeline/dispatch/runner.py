@@ -17,33 +17,26 @@ manifest entry and reports it without running again.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
 import secrets
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..cluster.connect import connect_seconds, worker_threads
+from ..cluster.connect import worker_threads
 from ..errors import ClusterError
 from ..storage import Store
 from ..workload import Task, TaskReceipt, Workload
 from . import lease, shipping
+from .launch import Launch
 from .receipts import ReceiptTopic, decode
+from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
-__all__ = [
-    "DASK_LEVEL_RETRIES",
-    "INTERRUPTED",
-    "release_left_tasks",
-    "WORKERLESS_SECONDS",
-    "TaskRunner",
-    "send_promptly",
-]
+__all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
 
 log = logging.getLogger("pipeline.runner")
 
@@ -64,43 +57,6 @@ CHECK_SECONDS = 1.0
 #: Seconds a task Dask says finished may go without its receipt before the scheduler's
 #: log of the topic is read for it, and then before it is submitted again.
 RECEIPT_GRACE = 30.0
-#: Set by a Ctrl-C (the command line's handler): the runner's wait raises it again.
-INTERRUPTED = threading.Event()
-#: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
-SEND_INTERVAL = 0.001
-
-
-def send_promptly(client) -> None:
-    """Have ``client`` send its messages to the scheduler at most 1 ms apart. Dask's
-    client batches them 10 ms apart, and a probe round is submitted just after the
-    last round's receipts came, so its tasks waited for the next batch: from a round's
-    dispatch to its first task running took 11-14 ms (median), 5.5 ms after this
-    (embedded cluster, 2 workers). A reconnected client is back at Dask's interval."""
-    stream = getattr(client, "scheduler_comm", None)
-    if isinstance(getattr(stream, "interval", None), float):
-        stream.interval = min(stream.interval, SEND_INTERVAL)
-
-
-@dataclass
-class _Launch:
-    """One call's tasks: those not heard from, their futures and attempts."""
-
-    pending: dict[int, Task]
-    futures: dict[int, Any] = field(default_factory=dict)
-    attempts: collections.Counter = field(default_factory=collections.Counter)
-    ready: collections.deque = field(default_factory=collections.deque)
-    #: Tasks Dask gave up on, to run again alone once the others are done.
-    suspects: list[Task] = field(default_factory=list)
-    named: collections.Counter = field(default_factory=collections.Counter)
-    retries: collections.Counter = field(default_factory=collections.Counter)
-    #: When Dask said a task finished whose receipt has not come (monotonic seconds).
-    unreceipted: dict[int, float] = field(default_factory=dict)
-    generation: int = 0
-    #: Tasks not submitted yet, in order, and how many may be on the cluster at once.
-    waiting: collections.deque = field(default_factory=collections.deque)
-    window: int = 0
-    #: Each submitted task's key, by index.
-    keys: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,14 +74,14 @@ class TaskRunner:
         self._token = secrets.token_hex(8)
         self._topic = ReceiptTopic.of(self.client)
         self._inbox = self._topic.open(self._token)
-        self._launches: list[_Launch] = []
-        self._owner: dict[int, _Launch] = {}
+        self._launches: list[Launch] = []
+        self._owner: dict[int, Launch] = {}
         self._generation = 0
         self._arg: Any = None
         self._shipped: shipping.Shipped | None = None
         self._workerless_since: float | None = None
         self._checked = time.monotonic()
-        self._holder = lease.ensure_lease(self.client, _reconnect_seconds(self.client) + 10.0)
+        self._holder = lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0)
         url = self.store.url if self.store is not None else None
         self._job_prefix = job_prefix(self.workload, url)
         self._unheld: list[str] = []  # keys whose hold to let go of
@@ -148,7 +104,7 @@ class TaskRunner:
             shipping.unship(self.client, self._shipped)
             self._shipped = None
 
-    def _abandon(self, run: _Launch) -> None:
+    def _abandon(self, run: Launch) -> None:
         futures = [f for i, f in run.futures.items() if i in run.pending]
         if futures and self.client.status == "running":
             with contextlib.suppress(Exception):
@@ -169,7 +125,7 @@ class TaskRunner:
         (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
         scheduler is waited out within the client's connect timeout, then is an
         error (every task that completed is stored: a rerun resumes)."""
-        run = _Launch({t.index: t for t in tasks}, generation=self._generation)
+        run = Launch({t.index: t for t in tasks}, generation=self._generation)
         for t in tasks:
             self._owner[t.index] = run
         self._launches.append(run)
@@ -180,7 +136,7 @@ class TaskRunner:
 
     # -- submitting --------------------------------------------------------------------
 
-    def _key(self, run: _Launch, task: Task) -> str:
+    def _key(self, run: Launch, task: Task) -> str:
         return f"{self._job_prefix}{self._token}-{task.index}-{run.attempts[task.index]}"
 
     def _workload_arg(self, count: int):
@@ -196,7 +152,7 @@ class TaskRunner:
         self._shipped = shipping.ship(self.client, data)
         return self._shipped
 
-    def _refill(self, run: _Launch) -> None:
+    def _refill(self, run: Launch) -> None:
         """Submit the run's next tasks while fewer than half its window are in flight:
         the scheduler holds a bounded number of them, and a stopped run cancels few."""
         if not run.waiting or len(run.futures) > run.window // 2:
@@ -205,7 +161,7 @@ class TaskRunner:
             count = min(SUBMIT_BATCH, run.window - len(run.futures), len(run.waiting))
             self._submit(run, [run.waiting.popleft() for _ in range(count)])
 
-    def _submit(self, run: _Launch, tasks: list[Task], *, again: bool = False) -> None:
+    def _submit(self, run: Launch, tasks: list[Task], *, again: bool = False) -> None:
         if not tasks:
             return
         store_url = self.store.url if self.store is not None else None
@@ -227,7 +183,7 @@ class TaskRunner:
 
     # -- receiving ---------------------------------------------------------------------
 
-    def _receipts(self, run: _Launch) -> Iterator[TaskReceipt]:
+    def _receipts(self, run: Launch) -> Iterator[TaskReceipt]:
         try:
             while run.pending or run.ready:
                 if run.ready:
@@ -287,7 +243,7 @@ class TaskRunner:
             lease.release(self.client, self._holder, self._unheld)
             self._unheld = []
 
-    def _done(self, run: _Launch, receipt: TaskReceipt) -> None:
+    def _done(self, run: Launch, receipt: TaskReceipt) -> None:
         key = run.keys.pop(receipt.index, None)
         if key is not None:
             self._unheld.append(key)
@@ -321,7 +277,7 @@ class TaskRunner:
                 elif status == "finished":
                     self._unreceipted(run, run.pending[index])
 
-    def _given_up(self, run: _Launch, task: Task, error: BaseException) -> None:
+    def _given_up(self, run: Launch, task: Task, error: BaseException) -> None:
         """A task Dask gave up on: run again (alone, if its workers died), or failed."""
         del run.futures[task.index]
         killed = type(error).__name__ == "KilledWorker"
@@ -349,7 +305,7 @@ class TaskRunner:
         )  # fmt: skip
         self._done(run, killed_receipt(error, task) if killed else failed_receipt(task, error))
 
-    def _unreceipted(self, run: _Launch, task: Task) -> None:
+    def _unreceipted(self, run: Launch, task: Task) -> None:
         """A task Dask says finished, whose receipt has not come: looked for in the
         scheduler's log of the topic, then submitted again (its stored entry, if any,
         is its receipt)."""
@@ -376,7 +332,7 @@ class TaskRunner:
     def _reconnected(self) -> None:
         """Wait for the client to reconnect, catch up and submit the tasks not heard
         from again; a ClusterError when it cannot reconnect."""
-        deadline = time.monotonic() + _reconnect_seconds(self.client)
+        deadline = time.monotonic() + reconnect_seconds(self.client)
         if self.client.status != "running":
             log.warning("lost the connection to the scheduler at %s; waiting for it",
                         self.client.scheduler.address)  # fmt: skip
@@ -437,26 +393,3 @@ class TaskRunner:
                 f"{WORKERLESS_SECONDS} s, in the middle of the run; every task that completed "
                 "is stored: start workers, then run the same command again to resume"
             )
-
-
-def job_prefix(workload: Workload, output_url: str | None) -> str:
-    """The start of the keys of a job's tasks on the scheduler: the job and its output."""
-    import xxhash
-
-    where = f"{output_url or ''}/{workload.job_id}"
-    return f"pipeline-{workload.kind}-{xxhash.xxh3_64_hexdigest(where.encode())[:12]}-"
-
-
-def release_left_tasks(client, workload: Workload, output_url: str) -> None:
-    """Before a run of a job that writes its output (it holds the job's lock, so any
-    driver that ran it before is gone): the tasks such a driver left held on the
-    scheduler start no more (:func:`.lease.release_job`)."""
-    lease.ensure_lease(client, _reconnect_seconds(client) + 10.0)
-    lease.release_job(client, job_prefix(workload, output_url))
-
-
-def _reconnect_seconds(client) -> float:
-    """How long the client itself tries to reconnect (its ``timeout``), and a little:
-    it says so by closing."""
-    timeout = getattr(client, "_timeout", None)
-    return (float(timeout) if timeout else connect_seconds()) + 5.0

@@ -1,0 +1,33 @@
+"""One call's tasks as the runner tracks them: not heard from, submitted, retried."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..workload import Task
+
+__all__ = ["Launch"]
+
+
+@dataclass
+class Launch:
+    """One call's tasks: those not heard from, their futures and attempts."""
+
+    pending: dict[int, Task]
+    futures: dict[int, Any] = field(default_factory=dict)
+    attempts: collections.Counter = field(default_factory=collections.Counter)
+    ready: collections.deque = field(default_factory=collections.deque)
+    #: Tasks Dask gave up on, to run again alone once the others are done.
+    suspects: list[Task] = field(default_factory=list)
+    named: collections.Counter = field(default_factory=collections.Counter)
+    retries: collections.Counter = field(default_factory=collections.Counter)
+    #: When Dask said a task finished whose receipt has not come (monotonic seconds).
+    unreceipted: dict[int, float] = field(default_factory=dict)
+    generation: int = 0
+    #: Tasks not submitted yet, in order, and how many may be on the cluster at once.
+    waiting: collections.deque = field(default_factory=collections.deque)
+    window: int = 0
+    #: Each submitted task's key, by index.
+    keys: dict[int, str] = field(default_factory=dict)

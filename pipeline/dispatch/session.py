@@ -1,0 +1,45 @@
+"""The driver's session with the scheduler: how promptly it sends, how long it waits to
+reconnect, the keys of a job's tasks, and letting go of the tasks a killed driver left."""
+
+from __future__ import annotations
+
+from ..cluster.connect import connect_seconds
+from ..workload import Workload
+from . import lease
+
+#: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
+SEND_INTERVAL = 0.001
+
+
+def send_promptly(client) -> None:
+    """Have ``client`` send its messages to the scheduler at most 1 ms apart. Dask's
+    client batches them 10 ms apart, and a probe round is submitted just after the
+    last round's receipts came, so its tasks waited for the next batch: from a round's
+    dispatch to its first task running took 11-14 ms (median), 5.5 ms after this
+    (embedded cluster, 2 workers). A reconnected client is back at Dask's interval."""
+    stream = getattr(client, "scheduler_comm", None)
+    if isinstance(getattr(stream, "interval", None), float):
+        stream.interval = min(stream.interval, SEND_INTERVAL)
+
+
+def job_prefix(workload: Workload, output_url: str | None) -> str:
+    """The start of the keys of a job's tasks on the scheduler: the job and its output."""
+    import xxhash
+
+    where = f"{output_url or ''}/{workload.job_id}"
+    return f"pipeline-{workload.kind}-{xxhash.xxh3_64_hexdigest(where.encode())[:12]}-"
+
+
+def release_left_tasks(client, workload: Workload, output_url: str) -> None:
+    """Before a run of a job that writes its output (it holds the job's lock, so any
+    driver that ran it before is gone): the tasks such a driver left held on the
+    scheduler start no more (:func:`.lease.release_job`)."""
+    lease.ensure_lease(client, reconnect_seconds(client) + 10.0)
+    lease.release_job(client, job_prefix(workload, output_url))
+
+
+def reconnect_seconds(client) -> float:
+    """How long the client itself tries to reconnect (its ``timeout``), and a little:
+    it says so by closing."""
+    timeout = getattr(client, "_timeout", None)
+    return (float(timeout) if timeout else connect_seconds()) + 5.0
