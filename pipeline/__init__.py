@@ -44,7 +44,6 @@ _LAZY = {
     "read_shard": "pipeline.workloads.cubes",
     "MapJob": "pipeline.workloads.map",
     "MapWorkload": "pipeline.workloads.map",
-    "map": "pipeline.workloads.map",
     "unit_seed": "pipeline.workloads.map",
 }
 
@@ -53,9 +52,23 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), "run_map" if name == "map" else name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def map(fn, *, client=None, **settings):  # (named as users call it: pipeline.map)
+    """Call ``fn`` per unit of one input (``grid=``, ``data=`` or ``files=``), on the
+    embedded cluster or ``client``'s, writing the rows it returns under ``output``;
+    return the run's :class:`RunSummary`. ``fn`` may be defined in the calling script
+    (it travels by value); the other settings are the ``map`` job's and the run's, as
+    in a job file, and those not given come from ``PIPELINE_*`` variables. A second
+    call resumes: only units not yet done, or that raised, run. See docs/map.md."""
+    from .driver import run_workload
+    from .workloads.map import map_job
+
+    workload, options = map_job(fn, client=client, **settings)
+    return run_workload(workload, options, client=client)
 
 
 def __dir__() -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .cluster.connect import ClusterStart, connect
 from .config import (
+    CONNECTION_SETTINGS,
     RunOptions,
 )
 from .contract import preflight
@@ -26,7 +27,7 @@ from .storage import open_store
 from .summary import RunSummary, size
 from .workload import Workload
 
-__all__ = ["CONNECTION_SETTINGS", "run_jobs", "run_workload"]
+__all__ = ["run_jobs", "run_workload"]
 
 
 def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSummary]:
@@ -125,8 +126,6 @@ def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -
 
 
 #: Run settings of the connection to a cluster (or of the embedded one it starts).
-CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
-                       "direct_to_workers")  # fmt: skip
 
 
 #: Run settings of the cluster, not of a job: the jobs of one run share the first's.

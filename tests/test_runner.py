@@ -201,16 +201,14 @@ def test_a_unit_that_kills_every_worker_fails_its_task_not_the_run(tmp_path):
     assert any("KilledWorker" in f["error_type"] for f in s.failures)
 
 
-class _LargeSquares(SquaresWorkload):
-    def __sizeof__(self) -> int:
-        return 10_000_000  # like a dataset's chunk index: joblib scatters such arguments
+def test_probe_rounds_use_every_worker(tmp_path, client, monkeypatch):
+    # A large workload held once on the cluster by one worker (joblib's scatter) kept
+    # the scheduler's short tasks where their data was: whole probe rounds ran on that
+    # one worker while the other idled. Shipped to every worker, it holds no task.
+    import pipeline.dispatch.shipping
 
-
-def test_probe_rounds_use_every_worker(tmp_path, client):
-    # joblib alone scatters a large workload to one worker per call, and the scheduler
-    # keeps short tasks where their data is, so whole probe rounds ran on that one
-    # worker while the other idled.
-    s = run_job(_LargeSquares("sq", 300, unit_seconds=0.01), options(tmp_path), client)
+    monkeypatch.setattr(pipeline.dispatch.shipping, "INLINE_BYTES", 1)  # ship any workload
+    s = run_job(SquaresWorkload("sq", 300, unit_seconds=0.01), options(tmp_path), client)
     assert s.complete
     by_index = {t["index"]: t["worker"] for t in s.task_timings}
     head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]

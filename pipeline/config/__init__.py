@@ -6,11 +6,12 @@ environment variable (``PIPELINE_CUBES_PER_SHARD``); the first of those that is
 set wins, in that order, then the field's default.
 """
 
-from .options import ProcessSettings, RunOptions, process_settings
+from .options import CONNECTION_SETTINGS, ProcessSettings, RunOptions, process_settings
 from .resolve import check_flags_apply, check_unknown_keys, resolve
 from .settings import ENV_PREFIX, check_settings, env_name, flag_name, setting, settings_of
 
 __all__ = [
+    "CONNECTION_SETTINGS",
     "ENV_PREFIX",
     "ProcessSettings",
     "RunOptions",

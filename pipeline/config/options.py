@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from .resolve import resolve
 from .settings import check_settings, setting
 
-__all__ = ["ProcessSettings", "RunOptions", "process_settings"]
+__all__ = ["CONNECTION_SETTINGS", "ProcessSettings", "RunOptions", "process_settings"]
 
 
 #: Run settings naming files the driver writes or reads on its own disk.
@@ -147,3 +147,8 @@ class ProcessSettings:
 def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSettings:
     """The :class:`ProcessSettings` of this process, from its ``PIPELINE_*`` variables."""
     return resolve(ProcessSettings, None, {}, environ)
+
+
+#: The run settings that say which cluster a job runs on (one cluster for a batch).
+CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
+                       "direct_to_workers")  # fmt: skip

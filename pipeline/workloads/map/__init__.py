@@ -4,8 +4,8 @@ of a dataset or per file (:mod:`.workload`; its settings :mod:`.job`; its inputs
 it stores :mod:`.rows`; finding, shipping and seeding the user's code :mod:`.usercode`;
 ``pipeline.map`` :mod:`.api`)."""
 
-from .api import run_map
+from .api import map_job
 from .usercode import unit_seed
 from .workload import MapJob, MapWorkload
 
-__all__ = ["MapJob", "MapWorkload", "run_map", "unit_seed"]
+__all__ = ["MapJob", "MapWorkload", "map_job", "unit_seed"]

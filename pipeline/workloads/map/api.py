@@ -11,10 +11,10 @@ from .job import MapJob
 from .usercode import describe_function
 from .workload import MapWorkload
 
-__all__ = ["run_map"]
+__all__ = ["map_job"]
 
 
-def run_map(
+def map_job(
     fn: Callable,
     *,
     data: str | None = None,
@@ -25,8 +25,9 @@ def run_map(
     client=None,
     **settings,
 ):
-    """Call ``fn`` per unit of one input, on the embedded cluster (or ``client``'s),
-    writing the rows it returns under ``output``; return the run's summary.
+    """``pipeline.map``'s job: the workload that calls ``fn`` per unit of one input,
+    writing the rows it returns under ``output``, and the run's options (the driver
+    runs it, on the embedded cluster or ``client``'s).
 
     ``grid`` is a mapping of lists (each combination; a ``range`` is held as one, not
     listed) or a sequence of mappings or a pandas DataFrame (each point, in order).
@@ -37,8 +38,7 @@ def run_map(
     given come from ``PIPELINE_*`` variables, as for ``pipeline run`` (``output``
     from ``PIPELINE_OUTPUT``, else ``results``).
     """
-    from ...config import RunOptions, resolve, settings_of
-    from ...driver import CONNECTION_SETTINGS, run_workload
+    from ...config import CONNECTION_SETTINGS, RunOptions, resolve, settings_of
 
     run_keys = {f.name for f in settings_of(RunOptions)}
     map_keys = {f.name for f in settings_of(MapJob)}
@@ -64,8 +64,7 @@ def run_map(
     job = resolve(MapJob, None, given)
     run_given = {k: v for k, v in settings.items() if k in run_keys}
     options = resolve(RunOptions, None, {"output": output, **run_given})
-    workload = MapWorkload(job, name or _default_name(fn), fn=fn)
-    return run_workload(workload, options, client=client)
+    return MapWorkload(job, name or _default_name(fn), fn=fn), options
 
 
 def _default_name(fn: Callable) -> str:

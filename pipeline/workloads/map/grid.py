@@ -98,12 +98,6 @@ class GridInput:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_columns": {}}  # (made again where the task runs)
 
-    def __sizeof__(self) -> int:
-        # What the tasks carry (joblib's Dask backend shares large arguments once)
-        held = sum(a.nbytes if isinstance(a, np.ndarray) else 0 if isinstance(a, range)
-                   else 8 * len(a) for a in self.axes.values())  # fmt: skip
-        return object.__sizeof__(self) + held
-
     def _indices(self, units: np.ndarray) -> dict[str, np.ndarray]:
         """Each key's value index for each of ``units``."""
         if self.listed:

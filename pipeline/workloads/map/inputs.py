@@ -148,9 +148,6 @@ class DataInput:
         by = ",".join(self.index.by) if self.index.by else f"{self.index.chunk_rows} rows"
         return f"{self.n_units} chunks (by {by}) of {self.dataset.describe()}"
 
-    def __sizeof__(self) -> int:
-        return object.__sizeof__(self) + self.index.nbytes
-
 
 def units_of(start: int, stop: int, only: set[int] | None = None) -> range | list[int]:
     """Units ``start..stop-1``, or those of them in ``only``, ascending."""

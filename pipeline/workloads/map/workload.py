@@ -89,10 +89,6 @@ class MapWorkload(Workload):
     def from_settings(cls, settings: MapJob, job_id: str, options=None) -> MapWorkload:
         return cls(settings, job_id)
 
-    def __sizeof__(self) -> int:
-        # joblib's Dask backend scatters arguments over 1 kB once instead of per task.
-        return object.__sizeof__(self) + (self.input.__sizeof__() if self.input else 0)
-
     # -- driver ---------------------------------------------------------------------------
 
     def input_urls(self) -> tuple[str, ...]:

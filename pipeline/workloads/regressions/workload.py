@@ -82,11 +82,6 @@ class RegressionWorkload(Workload):
         # The planner's byte counter stays on the driver: tasks never weigh ranges.
         return {k: v for k, v in self.__dict__.items() if k != "_read_bytes"}
 
-    def __sizeof__(self) -> int:
-        # joblib's Dask backend scatters arguments larger than 1 kB once instead of
-        # shipping them with every task: report the chunk index so that it does.
-        return object.__sizeof__(self) + (self.index.nbytes if self.index is not None else 0)
-
     # -- driver ---------------------------------------------------------------------------
 
     def input_urls(self) -> tuple[str, ...]:

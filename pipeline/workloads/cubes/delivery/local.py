@@ -146,7 +146,7 @@ class LocalDelivery:
         of a producer's buffer, ``batch[..., i]`` cube ``ids[i]``."""
         # One producer per core but the consumer's, as many as there are workers: a
         # producer more would take turns on a core with the consumer.
-        workers = list(self.client.scheduler_info()["workers"])
+        workers = list(self.client.ncores())  # (once: every worker's address)
         workers = workers[: max(1, (os.cpu_count() or 2) - 1)]
         self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
         self.listener.setblocking(False)

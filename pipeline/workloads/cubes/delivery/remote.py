@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ....cluster.connect import count_workers
 from ....errors import ClusterError
 from ..workload import CubeWorkload
 
@@ -73,7 +74,7 @@ def remote_batches(
         _warn_relayed(d**3 * np.dtype(workload.job.dtype).itemsize)
     n = workload.n_units
     starts = iter(range(shard[0] * batch_cubes, n, shard[1] * batch_cubes))
-    n_workers = max(1, len(client.scheduler_info()["workers"]))
+    n_workers = count_workers(client)
 
     def submit(start: int):
         stop = min(n, start + batch_cubes)
