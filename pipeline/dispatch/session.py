@@ -3,10 +3,22 @@ reconnect, the keys of a job's tasks, and letting go of the tasks a killed drive
 
 from __future__ import annotations
 
+import threading
+
 from ..cluster.connect import connect_seconds
 from ..workload import Workload
 from . import lease
 
+__all__ = [
+    "INTERRUPTED",
+    "job_prefix",
+    "reconnect_seconds",
+    "release_left_tasks",
+    "send_promptly",
+]
+
+#: Set by a Ctrl-C (the command line's handler): the runner's wait raises it again.
+INTERRUPTED = threading.Event()
 #: Seconds between the client's batches of messages to the scheduler (Dask's: 10 ms).
 SEND_INTERVAL = 0.001
 
