@@ -19,6 +19,12 @@ is in the results exactly once and that ``pipeline verify`` passes.
 
 ``--kill-worker-process`` SIGKILLs one worker process (``--per-process`` workers)
 once a third of the units are done: the job must still complete, nothing lost.
+
+``--planned`` lets the planner size the tasks (no ``--units-per-task 1``): units of
+``--task-seconds``, ``--ideal-seconds`` of them on every worker; the figures add the
+tasks run and the scheduler's share of a core over the command.
+
+    scripts/scale-sim --workers 500 --per-process 100 --planned --task-seconds 0.25 --out s.json
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ def _options(argv):
     p.add_argument("--per-process", type=int, default=200)
     p.add_argument("--task-seconds", type=float, default=1.0)
     p.add_argument("--units", type=int, default=0, help="units (= tasks); default 4 per worker")
+    p.add_argument(
+        "--planned",
+        action="store_true",
+        help="tasks sized by the planner (no --units-per-task 1): units of --task-seconds, "
+        "as many as --ideal-seconds on every worker",
+    )
+    p.add_argument("--ideal-seconds", type=float, default=60.0, help="with --planned")
     p.add_argument("--out", type=Path, help="write the figures to this JSON file")
     p.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
     p.add_argument("--idle-seconds", type=float, default=20.0, help="heartbeat-only window")
@@ -120,7 +133,7 @@ def _write_job(workdir: Path, units: int, seconds: float) -> Path:
     job.write_text(
         'workload = "map"\nfunction = "simsleep:nap"\n'
         f'code = "{workdir / "simsleep.py"}"\n'
-        f"[grid]\nx = {list(range(units))}\nseconds = [{seconds}]\n"
+        f"[grid]\nx = {{stop = {units}}}\nseconds = [{seconds}]\n"
     )
     return job
 
@@ -162,7 +175,8 @@ def run(opts) -> dict:
     from pipeline.cluster.tls import make_certificates
 
     n, k = opts.workers, opts.per_process
-    units = opts.units or 4 * n
+    per_worker = math.ceil(opts.ideal_seconds / opts.task_seconds) if opts.planned else 4
+    units = opts.units or per_worker * n
     workdir = opts.workdir or Path(f"/tmp/scale-sim-{os.getpid()}")
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.update(FLEET_ENV)  # every process started below inherits it
@@ -172,6 +186,7 @@ def run(opts) -> dict:
         "per_process": k,
         "task_seconds": opts.task_seconds,
         "units": units,
+        "planned": opts.planned,
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),
         "settings": dict(FLEET_ENV, LB_MAXCONN=str(opts.lb_maxconn)),
@@ -208,7 +223,9 @@ def run(opts) -> dict:
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],
             "--tls-cert", certs["client"], "--tls-key", certs["client-key"],
         ]  # fmt: skip
-        args = ["run", job, "--output", output, "--no-progress", "--units-per-task", 1]
+        args = ["run", job, "--output", output, "--no-progress", "-v"]
+        if not opts.planned:
+            args += ["--units-per-task", 1]
         driver_log = pm.log_dir / "driver.log"
         env = {"PYTHONPATH": str(REPO)}
         others = {"haproxy": [lb.pid], "worker_processes": [q for p in procs for q in p.pids()]}
@@ -249,7 +266,7 @@ def run(opts) -> dict:
         figures["ideal_seconds"] = ideal
         if run_seconds:
             figures["efficiency"] = round(ideal / run_seconds, 3)
-            figures["tasks_per_second"] = round(units / run_seconds, 1)
+            figures["units_per_second"] = round(units / run_seconds, 1)
         figures["driver_cpu_seconds"] = round(driver_cpu, 2)
         for name, pids in others.items():
             used = sum(_cpu(q) for q in pids) - o0[name]
@@ -259,8 +276,16 @@ def run(opts) -> dict:
         # (noisy when the idle window is short or the machine loaded).
         heartbeat_cpu = figures["scheduler_cpu_per_worker_second"] * n * wall
         figures["scheduler_job_cpu_seconds"] = round(job_cpu, 2)
-        figures["scheduler_cpu_per_task_gross"] = job_cpu / units
-        figures["scheduler_cpu_per_task"] = max(job_cpu - heartbeat_cpu, 0.0) / units
+        tasks = _tasks_run(output) or units
+        figures["tasks"] = tasks
+        if run_seconds:
+            figures["tasks_per_second"] = round(tasks / run_seconds, 1)
+        figures["scheduler_cpu_per_task_gross"] = job_cpu / tasks
+        figures["scheduler_cpu_per_task"] = max(job_cpu - heartbeat_cpu, 0.0) / tasks
+        # The scheduler's share of a core over the command: what the planner keeps at or
+        # under 25 % (heartbeats included; net: the tasks' own share).
+        figures["scheduler_busy"] = round(job_cpu / wall, 3)
+        figures["scheduler_busy_net"] = round(max(job_cpu - heartbeat_cpu, 0.0) / wall, 3)
         figures["scheduler_alive"] = scheduler.alive()
         figures["load_average_at_end"] = os.getloadavg()
         figures["units_exactly_once"] = _units_exactly_once(output, units, env)
@@ -270,6 +295,15 @@ def run(opts) -> dict:
         figures["logs"] = scan_logs(pm.log_dir, killed_at=killed_at)
         figures["log_dir"] = str(pm.log_dir)
     return figures
+
+
+def _tasks_run(output: Path) -> int:
+    """The job's tasks, from its recorded plan (probes and the rest)."""
+    records = list(output.glob("*/job.json"))
+    if not records:
+        return 0
+    plan = json.loads(records[0].read_text())
+    return len(plan.get("head") or []) + len(plan.get("stops") or [])
 
 
 def _reported_run_seconds(driver_log: Path) -> float | None:
