@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -174,9 +173,36 @@ def test_cube_job_through_the_load_balancer_into_s3_verifies(remote):
     assert f"corrupt: {out}/cubes/shards/000002.npy[3] (cube 11)" in bad.stdout
 
 
-def test_killed_driver_resumes_writing_only_what_is_missing(remote):
+GATED = """
+import os, time
+
+
+def unit(x, gate, log):
+    with open(os.path.join(log, f"started-{x}"), "a") as f:
+        f.write("1\\n")
+    # Units 0-4 run at once; the others wait for the test's gate (at most 2 minutes).
+    deadline = time.monotonic() + 120
+    while x >= 5 and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"y": 2 * x}
+"""
+
+
+def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
+    # The killed driver's tasks are held on the scheduler for its reconnection; the
+    # rerun lets go of them as it starts, so it counts exactly the units stored
+    # before the kill (0-4: the others wait on a gate) and runs only the rest.
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    log.mkdir()
+    (tmp_path / "gated.py").write_text(GATED)
+    job = tmp_path / "gated.toml"
+    job.write_text(
+        f'workload = "map"\nfunction = "gated:unit"\ncode = "{tmp_path / "gated.py"}"\n'
+        f'[grid]\nx = {{stop = 40}}\ngate = ["{gate}"]\nlog = ["{log}"]\n'
+    )
     out = f"s3://{BUCKET}/run2"
-    args = remote.cube_args(out, cubes=600, units_per_task=4)
+    args = ["run", job, "--output", out, "--no-progress", "--units-per-task", 1,
+            *remote.driver_flags]  # fmt: skip
     driver = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *map(str, args)],
         env={**os.environ, **remote.env},
@@ -184,27 +210,40 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote):
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 120
-    while len(remote.keys("run2/cubes/manifest/")) < 5:
+    while len(remote.keys("run2/gated/manifest/")) < 5 or len(list(log.glob("started-*"))) < 7:
         assert driver.poll() is None, "the driver finished before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    done_before = len(remote.keys("run2/cubes/manifest/"))
-    assert 5 <= done_before < 150
-    # The rerun lets go of the tasks the killed driver left queued on the scheduler
-    # (held for its reconnection); those already running may still finish: the
-    # rerun counts what is complete as it starts and runs the rest, each task once.
-    again = pipeline_cli(args, remote.env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    found = re.search(r"resuming: ([\d,]+) of 600 cubes already complete", again.stderr)
-    assert found, again.stderr
-    complete = int(found.group(1).replace(",", ""))
-    assert 4 * done_before <= complete < 600, (done_before, complete)
-    ran = 600 - complete
-    assert f"{ran} of {ran} cubes" in again.stdout
+    assert len(remote.keys("run2/gated/manifest/")) == 5
+    said = tmp_path / "rerun.stderr"
+    rerun = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        env={**os.environ, **remote.env},
+        stdout=subprocess.PIPE,
+        stderr=said.open("w"),
+        text=True,
+    )
+    try:
+        # The gate opens once the rerun has counted what is complete (the units the
+        # killed driver left running, 5 and 6, are still waiting on it).
+        deadline = time.monotonic() + 120
+        while "resuming:" not in said.read_text():
+            assert rerun.poll() is None, said.read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        gate.touch()
+        stdout, _ = rerun.communicate(timeout=180)
+    finally:
+        if rerun.poll() is None:
+            rerun.kill()
+    stderr = said.read_text()
+    assert rerun.returncode == 0, stdout + stderr
+    assert "resuming: 5 of 40 points already complete" in stderr, stderr
+    assert "35 of 35 points" in stdout, stdout
     ok = pipeline_cli(["verify", out], remote.env)
-    assert ok.returncode == 0 and "600 of 600 units verified" in ok.stdout, ok.stdout
+    assert ok.returncode == 0 and "40 of 40 units verified" in ok.stdout, ok.stdout
 
 
 def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch):

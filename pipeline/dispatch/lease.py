@@ -104,11 +104,12 @@ class RunLease(SchedulerPlugin):
         self._pending.clear()
 
 
-def ensure_lease(client, grace: float) -> str | None:
+def ensure_lease(client, grace: float, *, again: bool = False) -> str | None:
     """The holder of ``client``'s tasks, once the scheduler runs :class:`RunLease`;
     None (tasks not held) where the scheduler cannot run it (this package is not
-    installed where it runs)."""
-    if getattr(client, "_pipeline_lease", None) is None:
+    installed where it runs). ``again``: registered anew (a client reconnected, maybe
+    to a new scheduler behind the same address)."""
+    if again or getattr(client, "_pipeline_lease", None) is None:
         try:
             client.register_plugin(RunLease(grace), name=PLUGIN_NAME)
             client._pipeline_lease = holder_of(client.id)

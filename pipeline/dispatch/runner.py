@@ -347,6 +347,7 @@ class TaskRunner:
                 )
             time.sleep(0.1)
         send_promptly(self.client)
+        lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0, again=True)
         lease.hold(self.client, self._holder, [])  # (the holder again, had it expired)
         self._topic.resubscribe()
         self._catch_up()
