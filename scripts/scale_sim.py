@@ -223,7 +223,8 @@ def run(opts) -> dict:
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],
             "--tls-cert", certs["client"], "--tls-key", certs["client-key"],
         ]  # fmt: skip
-        args = ["run", job, "--output", output, "--no-progress", "-v"]
+        report = workdir / "report"
+        args = ["run", job, "--output", output, "--no-progress", "-v", "--report", report]
         if not opts.planned:
             args += ["--units-per-task", 1]
         driver_log = pm.log_dir / "driver.log"
@@ -288,6 +289,7 @@ def run(opts) -> dict:
         figures["scheduler_busy_net"] = round(max(job_cpu - heartbeat_cpu, 0.0) / wall, 3)
         figures["scheduler_alive"] = scheduler.alive()
         figures["load_average_at_end"] = os.getloadavg()
+        figures.update(_phases(report, output))
         figures["units_exactly_once"] = _units_exactly_once(output, units, env)
         verified = _pipeline(["verify", output], env)
         figures["verify_exit_code"] = verified.returncode
@@ -295,6 +297,29 @@ def run(opts) -> dict:
         figures["logs"] = scan_logs(pm.log_dir, killed_at=killed_at)
         figures["log_dir"] = str(pm.log_dir)
     return figures
+
+
+def _phases(report: Path, output: Path) -> dict:
+    """Where the run's time went, from the driver's JSON report: when the probes ended
+    (the last probe task's end), the tasks' seconds against the workers' time."""
+    found = sorted(report.glob("*.json"))
+    records = list(output.glob("*/job.json"))
+    if not found or not records:
+        return {}
+    summary = json.loads(found[0].read_text())
+    timings = summary.get("task_timings") or []
+    head = len(json.loads(records[0].read_text()).get("head") or [])
+    probes = [t for t in timings if t["index"] < head]
+    rest = [t for t in timings if t["index"] >= head]
+    out = {}
+    if probes:
+        out["probes_end_seconds"] = round(max(t["start"] + t["seconds"] for t in probes), 2)
+    if rest:
+        out["rest_start_seconds"] = round(min(t["start"] for t in rest), 2)
+        out["rest_end_seconds"] = round(max(t["start"] + t["seconds"] for t in rest), 2)
+        out["rest_task_seconds_median"] = sorted(t["seconds"] for t in rest)[len(rest) // 2]
+    out["task_seconds_total"] = round(sum(t["seconds"] for t in timings), 1)
+    return out
 
 
 def _tasks_run(output: Path) -> int:

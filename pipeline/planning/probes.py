@@ -3,6 +3,7 @@ the rest of the job cut into tasks by it (see docs/planning.md)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -186,8 +187,11 @@ def _measured(
     points fit any line; an estimate, whose probes' work is thrown away, may stop
     after one). (The
     reads are measured apart, their fixed part with them.) Or the rest is cut into
-    as many tasks whatever a closer slope would be."""
-    if large >= limit:
+    as many tasks whatever a closer slope would be. Or the round held
+    :data:`MANY_SAMPLES` probes of each of two sizes, as a round does on hundreds of
+    workers: their many points fit the line however noisy each is, where another
+    round would cost every worker another probe and another wait for the slowest."""
+    if large >= limit or _many(samples):
         return True
     if rounds < min_rounds:
         return False
@@ -196,6 +200,16 @@ def _measured(
     return work >= max(PROBE_SECONDS, 2 * _fixed(model)) or cut_is_settled(
         layout, sum(plan.head), model, n_workers, options.task_seconds
     )
+
+
+#: Probes of each of two sizes that fit the cost model in one measured round.
+MANY_SAMPLES = 32
+
+
+def _many(samples) -> bool:
+    """Whether ``samples`` hold :data:`MANY_SAMPLES` of each of two sizes."""
+    sizes = collections.Counter(s.units for s in samples)
+    return sum(1 for n in sizes.values() if n >= MANY_SAMPLES) >= 2
 
 
 def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> None:
