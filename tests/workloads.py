@@ -23,11 +23,13 @@ class SquaresJob:
     name: str | None = setting(None, str, "Job id.")
     n_units: int = setting(10, int, "Units.", minimum=1)
     fail: str | None = setting(None, str, "Units that raise, comma-separated.", sequence=True)
+    preflights: str | None = setting(None, str, "A file each preflight adds the job's name to.")
 
 
 class SquaresWorkload(Workload):
     """Unit i writes i*i (an object the runner writes, or with ``writes_itself`` one
-    the task writes); units in ``fail`` raise, a task containing ``crash_task``'s
+    the task writes); each preflight adds the job's name to the file ``preflights``
+    (when given); units in ``fail`` raise, a task containing ``crash_task``'s
     first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
     each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more)."""
 
@@ -45,18 +47,21 @@ class SquaresWorkload(Workload):
         unit_seconds=0,
         slow=None,
         writes_itself=False,
+        preflights=None,
     ):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
-        self.slow, self.writes_itself = slow, writes_itself
+        self.slow, self.writes_itself, self.preflights = slow, writes_itself, preflights
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
     @classmethod
     def from_settings(cls, settings, job_id, options=None):
         fail = [int(u) for u in (settings.fail or "").split(",") if u.strip()]
-        return cls(job_id, settings.n_units, fail=fail)
+        return cls(job_id, settings.n_units, fail=fail, preflights=settings.preflights)
 
     def preflight(self):
-        pass
+        if self.preflights:
+            with open(self.preflights, "a") as f:
+                f.write(f"{self.job_id}\n")
 
     def fingerprint(self):
         return {"n_units": self.n_units}
