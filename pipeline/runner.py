@@ -85,8 +85,8 @@ def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> R
 
 
 def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
-    """Run (or resume) one job on ``client``'s cluster and return its summary: its name,
-    inputs (``preflight``) and output store validated first.
+    """Run (or resume) one job on ``client``'s cluster and return its summary; its name,
+    its inputs (``preflight``) and its output store are validated before any task.
 
     Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
     :class:`JobRunning` when another run of the job is writing the same output.
