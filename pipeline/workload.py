@@ -117,7 +117,9 @@ class TaskOutput:
     #: kind mapped to None: no part this time, and one an earlier attempt of the task
     #: wrote is deleted (a failures table whose units now succeeded).
     tables: dict[str, Any] = field(default_factory=dict)
+    #: Its objects that are no table, listed after the tables.
     files: list[OutputFile] = field(default_factory=list)
+    #: The entry of a workload with a manifest of its own; never beside tables or files.
     manifest: Any = None
     failures: list[UnitFailure] = field(default_factory=list)
     bytes_written: int = 0
