@@ -90,17 +90,18 @@ def execute_task(
         if store is not None:
             t_write = time.perf_counter()
             # Its objects even when units failed (then without an entry), as a task
-            # that writes its own does; their writing is the task's busy time too.
+            # that writes its own does.
             write_outputs(workload, task, out, store)
-            if out.busy_seconds is not None:
-                out.busy_seconds += time.perf_counter() - t_write
             if not out.failures:
                 check_entry(workload, task, out.manifest)
                 # Last, so that an entry exists only for a task whose data is all written.
                 out.bytes_written += write_parquet(
                     store, manifest_key(workload.job_id, task.index), out.manifest
                 )
-            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
+            seconds = time.perf_counter() - t_write
+            out.phases["writing"] = out.phases.get("writing", 0.0) + seconds
+            if out.busy_seconds is not None:  # its phases are all the task's busy time
+                out.busy_seconds += seconds
     except USER_ERRORS as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
