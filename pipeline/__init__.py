@@ -32,7 +32,7 @@ from .storage import (
 )
 from .summary import RunSummary
 from .verify import JobCheck, verify_output
-from .workload import Task, TaskOutput, UnitFailure, Workload
+from .workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
 
 #: The built-in workloads' names, imported on first use: ``import pipeline`` (and every
 #: command) loads a workload only when a job uses it.
@@ -89,6 +89,7 @@ __all__ = [
     "verify_output",
     "JobCheck",
     # writing a workload (docs/plugins.md)
+    "OutputFile",
     "Task",
     "TaskOutput",
     "UnitFailure",

@@ -1,6 +1,6 @@
 """Checks that a workload keeps the workload contract (``pipeline.Workload``), where
 the runner takes what it gives: what its preflight leaves, its fingerprint (kept in
-the job's record) and each task's manifest entry.
+the job's record) and each task's tables and files, or manifest entry of its own.
 
 A plug-in's mistake there was a traceback from deep in the runner, or a run that
 said it completed what ``pipeline verify`` then found broken. It is now a
@@ -15,7 +15,7 @@ import numbers
 
 from . import registry
 from .errors import PipelineError, StorageError, WorkloadError
-from .workload import Task, TaskOutput, Workload
+from .workload import OutputFile, Task, TaskOutput, Workload
 
 __all__ = [
     "as_recorded",
@@ -27,10 +27,12 @@ __all__ = [
     "recorded_fingerprint",
 ]
 
-#: The manifest entry the contract asks of a task, as docs/plugins.md gives it.
+#: What the contract asks a task to return, as docs/plugins.md gives it.
 ENTRY = (
-    "a task's entry is a pyarrow.Table with object, kind, unit_start, unit_stop and "
-    "checksum (pipeline.checksum of the object's bytes); see docs/plugins.md"
+    "a task returns its tables (TaskOutput.tables) and files (TaskOutput.files), which "
+    "the runner lists in its entry, or an entry of its own: a pyarrow.Table with object, "
+    "kind, unit_start, unit_stop and checksum (pipeline.checksum of the object's bytes); "
+    "see docs/plugins.md"
 )
 
 #: A checksum as :func:`pipeline.checksum` writes it: xxh3_64, 16 hex digits.
@@ -122,16 +124,59 @@ def recorded_fingerprint(workload: Workload) -> dict:
 
 
 def check_output(workload: Workload, task: Task, out, *, writes: bool) -> None:
-    """Worker: what ``run_task`` returned is a ``TaskOutput`` and, for a task whose units
-    all succeeded in a job that ``writes`` output, has a manifest entry to write
-    (:func:`check_entry`)."""
+    """Worker: what ``run_task`` returned is a ``TaskOutput`` and, in a job that
+    ``writes`` output, its tables and files are what the runner can write and list
+    (:func:`check_entry` checks the entry, once built, before it is written)."""
     if not isinstance(out, TaskOutput):
         raise WorkloadError(
             f"{describe(workload)}: task {task.index}'s run_task returned "
             f"{type(out).__name__}, not a pipeline.TaskOutput"
         )
-    if writes and not out.failures:
-        check_entry(workload, task, out.manifest)
+    problem = _objects_problem(workload, out) if writes else None
+    if problem:
+        raise WorkloadError(f"{describe(workload)}: task {task.index} returned {problem}")
+
+
+def _objects_problem(workload: Workload, out: TaskOutput) -> str | None:
+    """Why the runner cannot write and list ``out``'s tables and files, or None."""
+    import pyarrow as pa
+
+    if not out.tables and not out.files:
+        return None
+    if out.manifest is not None:
+        # Which lists the objects? An entry of its own beside them would be lost.
+        return (
+            "tables or files and a manifest entry of its own; return the one or the other "
+            "(the runner lists the tables and files in the entry it builds)"
+        )
+    if workload.manifest_columns[2] is None:
+        return (
+            f"tables or files, but its manifest_columns {workload.manifest_columns!r} name "
+            "no unit range to list them with; such a workload returns its own entry"
+        )
+    if not isinstance(out.tables, dict):
+        return f"tables of type {type(out.tables).__name__}; a dict of kind -> pyarrow.Table"
+    for kind, table in out.tables.items():
+        # <job>/manifest/ holds the tasks' entries: a part there would be overwritten
+        if not isinstance(kind, str) or not kind or "/" in kind or kind == "manifest":
+            return (
+                f"a table named {kind!r}; a table's kind is a name without '/' (its "
+                "parts' folder), other than 'manifest'"
+            )
+        if table is not None and not isinstance(table, pa.Table):
+            return f"table {kind!r} of type {type(table).__name__}, not a pyarrow.Table"
+    prefix = workload.job_id + "/"
+    for file in out.files:
+        if not isinstance(file, OutputFile):
+            return f"a file of type {type(file).__name__}, not a pipeline.OutputFile"
+        if not isinstance(file.key, str) or not file.key.startswith(prefix):
+            # --overwrite, verify and repair see the job's own folder alone
+            return f"a file at {file.key!r}, outside the job's folder ({prefix})"
+        if file.data is not None and not isinstance(file.data, bytes | bytearray | memoryview):
+            return f"file {file.key!r} with data of type {type(file.data).__name__}, not bytes"
+        if file.units is not None and not isinstance(file.units, range):
+            return f"file {file.key!r} with units {file.units!r}, not a range"
+    return None
 
 
 def check_entry(workload: Workload, task: Task, manifest) -> None:

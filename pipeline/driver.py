@@ -20,9 +20,9 @@ from .costs.prices import worker_price
 from .errors import ConfigError
 from .job_output import check_batch_space
 from .jobs import Job, check_driver_paths, check_inputs_outside, naming_file
-from .layout import consolidated_manifest_key
+from .layout import check_job_id, consolidated_manifest_key
 from .report import write_report_page
-from .runner import completed_job, run_job
+from .runner import completed_job, run_validated_job
 from .storage import open_store
 from .summary import RunSummary, size
 from .workload import Workload
@@ -58,10 +58,12 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
         start = ClusterStart(first, modules, urls)
     try:
         t0 = time.perf_counter()
+        prices = []  # (each job's checks run here, once: run_validated_job skips them)
         for job, workload in zip(jobs, workloads, strict=True):
             with naming_file(job.source, several):
                 preflight(workload)
-                worker_price(job.options)  # a bad instance type or price file, before any task
+                # A bad instance type or price file, before any task
+                prices.append(worker_price(job.options))
                 if workload.writes_output:
                     open_store(job.options.output).preflight()
         finished = []
@@ -98,10 +100,12 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
         }
         if not first.scheduler and first.dashboard and client.dashboard_link:
             echo(f"dashboard: {client.dashboard_link}")
-        for job, workload in zip(jobs, workloads, strict=True):
+        for job, workload, price in zip(jobs, workloads, prices, strict=True):
             echo(f"{_first_line(workload)} on {_cluster_name(client)}")
             with _performance_report(job.options.report, job.job_id):
-                summary = run_job(workload, job.options, client, echo=echo)
+                summary = run_validated_job(
+                    workload, job.options, client, price, echo=echo, store_checked=True
+                )
             summary.add_startup(startup)
             startup = {}
             _write_report(job.options, job.job_id, summary, echo)
@@ -208,18 +212,22 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     or on an embedded one started for it unless the job is complete already."""
     echo = echo or (lambda message: None)
     t0 = time.perf_counter()
+    check_job_id(workload.job_id)
     check_driver_paths(options, workload.job_id)
     check_inputs_outside(workload, options)
     preflight(workload)
     finished = completed_job(workload, options)
     if finished is None:
+        price = worker_price(options)
         # The report and the driver's profile as `pipeline run` writes them: checked
         # above, they were then left unwritten, unsaid
         with contextlib.ExitStack() as stack, _profiled(options.profile):
             if client is None:
                 client = stack.enter_context(connect(options))
             with _performance_report(options.report, workload.job_id):
-                finished = run_job(workload, options, client, echo=echo)
+                # (the output store's preflight is the run's: a complete job's output
+                # is only read)
+                finished = run_validated_job(workload, options, client, price, echo=echo)
             # The call's whole wall time: the cluster's start-up (when it started one) too
             finished.count_command(time.perf_counter() - t0)
     _write_report(options, workload.job_id, finished, echo)

@@ -31,12 +31,16 @@ def _completed(store: Store | None, job_id: str) -> set[int]:
     return completed_tasks(store, job_id) if store is not None else set()
 
 
-def open_output(workload: Workload, options: RunOptions, echo=print) -> Store | None:
-    """The job's store, checked writable; emptied of the job first with --overwrite."""
+def open_output(
+    workload: Workload, options: RunOptions, echo=print, *, checked: bool = False
+) -> Store | None:
+    """The job's store, checked writable (unless ``checked`` already, by the driver);
+    emptied of the job first with --overwrite."""
     if not workload.writes_output:
         return None
     store = open_store(options.output)
-    store.preflight()
+    if not checked:
+        store.preflight()
     if options.overwrite:
         removed = store.delete_prefix(workload.job_id)
         removed += store.discard_incomplete(workload.job_id)

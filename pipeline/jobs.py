@@ -42,6 +42,11 @@ class Job:
     job_id: str
     source: Path | None
 
+    def __post_init__(self) -> None:
+        # Checked where a job is made, from files or in Python: the driver runs it
+        # without checking its name again.
+        check_job_id(self.job_id)
+
     def build(self) -> Workload:
         return registry.load(self.workload).from_settings(self.settings, self.job_id, self.options)
 
@@ -72,9 +77,7 @@ def load_jobs(
             check_flags_apply(cli, kind, RunOptions, settings_cls)
             options = resolve(RunOptions, jf, cli, environ)
             settings = resolve(settings_cls, jf, cli, environ)
-            job_id = settings.name or jf.stem or kind
-            check_job_id(job_id)
-        jobs.append(Job(kind, options, settings, job_id, jf.path))
+            jobs.append(Job(kind, options, settings, settings.name or jf.stem or kind, jf.path))
     _check_distinct(jobs)
     _warn_misspelled_variables(environ, [type(job.settings) for job in jobs])
     return jobs

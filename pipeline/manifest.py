@@ -27,7 +27,9 @@ __all__ = [
     "checksum",
     "consolidate_manifest",
     "manifest_entries",
+    "stored_checksum",
     "summed_fingerprint",
+    "task_entry",
 ]
 
 #: The columns of an entry's object and its units' range, unless a workload names others.
@@ -48,6 +50,39 @@ def summed_fingerprint(values: Iterable[int]) -> str:
     """A fingerprint of units, or of tasks' fingerprints: the sum of 64-bit values
     modulo 2**64, in hex, whatever their order or grouping."""
     return f"{sum(values) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def task_entry(columns: Sequence[str | None], objects: Sequence[tuple]):
+    """A task's manifest entry listing ``objects``, each ``(key, kind, first unit, the
+    unit past its last, size, checksum)``, in that order: the entry the runner writes
+    for the tables and files a task returns. ``columns``: the workload's
+    ``manifest_columns``, naming the object's column and the range's."""
+    import pyarrow as pa
+
+    key, start, stop = columns
+    return pa.table(
+        {
+            key: pa.array([o[0] for o in objects], pa.string()),
+            "kind": pa.array([o[1] for o in objects], pa.string()),
+            start: pa.array([o[2] for o in objects], pa.int64()),
+            stop: pa.array([o[3] for o in objects], pa.int64()),
+            "size": pa.array([o[4] for o in objects], pa.int64()),
+            "checksum": pa.array([o[5] for o in objects], pa.string()),
+        }
+    )
+
+
+def stored_checksum(store: Store, key: str) -> tuple[int, str]:
+    """The size and :func:`checksum` of a stored object, read :data:`READ_BYTES` at a
+    time."""
+    import xxhash
+
+    digest, size = xxhash.xxh3_64(), 0
+    with store.open_input(key) as f:
+        while block := f.read(READ_BYTES):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
 
 
 def manifest_entries(store: Store, job_id: str, tasks: list[Task], order: str = UNIT_RANGE[1]):
@@ -139,12 +174,6 @@ READ_BYTES = 8 << 20
 def _streamed_checksum(store: Store, key: str, size) -> str:
     """:func:`checksum` of an object, read :data:`READ_BYTES` at a time (in one request
     when its manifest size says it is no larger)."""
-    import xxhash
-
     if size is not None and 0 <= size <= READ_BYTES:
         return checksum(store.read_bytes(key))
-    digest = xxhash.xxh3_64()
-    with store.open_input(key) as f:
-        while block := f.read(READ_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
+    return stored_checksum(store, key)[1]

@@ -84,7 +84,9 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
 def job_tables(
     store: Store, job_id: str, columns: Sequence[str | None] = UNIT_RANGE
 ) -> dict[str, list[tuple[int, str]]]:
-    """Table name -> (first unit, part key) of every completed task, in unit order."""
+    """Table name -> (first unit, part key) of every completed task, in unit order. A
+    table's parts are the parquet objects its entries list by its kind; other objects
+    (a figure, an array: ``TaskOutput.files``) are no table."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
     for entry in store.list(join(job_id, "manifest")):
         if not entry.endswith(".parquet"):
@@ -100,7 +102,8 @@ def job_tables(
             manifest.column(start).to_pylist(),
             strict=True,
         ):
-            by_kind.setdefault(kind, []).append((first, key))
+            if key.endswith(".parquet"):
+                by_kind.setdefault(kind, []).append((first, key))
     return {kind: sorted(parts) for kind, parts in by_kind.items()}
 
 

@@ -18,9 +18,7 @@ from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
 from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
 from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
-from .layout import (
-    check_job_id,
-)
+from .layout import check_job_id
 from .manifest import summed_fingerprint
 from .planning.plan import Plan, load_plan, unit_layout
 from .planning.probes import probe
@@ -30,7 +28,7 @@ from .storage import Store, open_store
 from .summary import RunSummary, TaskTime
 from .workload import Task, TaskReceipt, UnitFailure, Workload
 
-__all__ = ["completed_job", "open_output", "run_job"]
+__all__ = ["completed_job", "open_output", "run_job", "run_validated_job"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +85,8 @@ def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> R
 
 
 def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
-    """Run (or resume) one job on ``client``'s cluster and return its summary.
+    """Run (or resume) one job on ``client``'s cluster and return its summary; its name,
+    its inputs (``preflight``) and its output store are validated before any task.
 
     Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
     :class:`JobRunning` when another run of the job is writing the same output.
@@ -95,15 +94,27 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     check_job_id(workload.job_id)
     preflight(workload)
     price = worker_price(options)  # a bad price setting fails before any task
+    return run_validated_job(workload, options, client, price, echo=echo)
+
+
+def run_validated_job(
+    workload: Workload, options: RunOptions, client, price, *, echo=print, store_checked=False
+) -> RunSummary:
+    """:func:`run_job` of a job the driver has validated: its name, its ``preflight``
+    and its ``price`` (:func:`worker_price`), and with ``store_checked`` its output
+    store's preflight. Each check runs once per job and command, so a workload's
+    preflight need not be idempotent."""
     with _held(workload, options):
-        return _run_job(workload, options, client, price, echo)
+        return _run_job(workload, options, client, price, echo, store_checked)
 
 
-def _run_job(workload: Workload, options: RunOptions, client, price, echo) -> RunSummary:
+def _run_job(
+    workload: Workload, options: RunOptions, client, price, echo, store_checked: bool
+) -> RunSummary:
     t_command = time.perf_counter()
     if workload.writes_output:
         release_left_tasks(client, workload, open_store(options.output).url)
-    store = open_output(workload, options, echo)
+    store = open_output(workload, options, echo, checked=store_checked)
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store)
     done = _completed(store, workload.job_id)

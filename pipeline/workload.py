@@ -11,6 +11,7 @@ from .manifest import UNIT_RANGE, consolidate_manifest
 from .storage import Store
 
 __all__ = [
+    "OutputFile",
     "Task",
     "TaskOutput",
     "TaskReceipt",
@@ -84,17 +85,41 @@ def unit_label(unit: int | str, key: str = "") -> str:
 USER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 
+@dataclass(frozen=True)
+class OutputFile:
+    """An object of a task that is no table (a figure, an array): ``data``, which the
+    runner writes at ``key``, or None for an object the task wrote there itself (the
+    runner then reads it back for its checksum). ``kind`` names it in the manifest;
+    ``units`` are the units it holds: the task's (None), or a range that splits them."""
+
+    key: str
+    kind: str
+    data: bytes | None = None
+    units: range | None = None
+
+
 @dataclass
 class TaskOutput:
     """What ``Workload.run_task`` returns on the worker.
 
-    ``manifest`` (a ``pyarrow.Table``) is the task's manifest entry, which the
-    runner writes after everything else, and only when no unit failed: its objects
-    (``object``, ``kind``), their units (``unit_start``, ``unit_stop``: the task's
-    range, or ranges that split it) and their :func:`checksum`. The runner checks it
-    (:mod:`pipeline.contract`): a task without a valid entry fails.
+    ``tables`` and ``files`` are what the task made: the runner writes each table as
+    the part ``<job>/<kind>/part-NNNNNN.parquet`` (:meth:`Workload.table_bytes`), then
+    each file, and lists them with their units and :func:`checksum` in the task's
+    manifest entry, which it writes after everything else, and only when no unit
+    failed. A workload with a manifest of its own (``Workload.manifest_columns`` that
+    name no range, as the cubes' shards) writes its objects itself and returns the
+    entry as ``manifest`` (a ``pyarrow.Table``: its objects, units and checksums),
+    which the runner checks (:mod:`pipeline.contract`): a task without a valid entry
+    fails.
     """
 
+    #: The task's part of each table, by kind (in the order the entry lists them); a
+    #: kind mapped to None: no part this time, and one an earlier attempt of the task
+    #: wrote is deleted (a failures table whose units now succeeded).
+    tables: dict[str, Any] = field(default_factory=dict)
+    #: Its objects that are no table, listed after the tables.
+    files: list[OutputFile] = field(default_factory=list)
+    #: The entry of a workload with a manifest of its own; never beside tables or files.
     manifest: Any = None
     failures: list[UnitFailure] = field(default_factory=list)
     bytes_written: int = 0
@@ -155,65 +180,56 @@ class Workload(ABC):
     """A job's work: ``n_units`` independent units, run in tasks on workers.
 
     Instances are pickled into every task: keep them small (settings and paths,
-    never data). Methods marked *worker* run in a worker process.
+    never data). Methods marked *worker* run in a worker process; the others in the
+    driver. The members come in groups, as docs/plugins.md lists them: the required
+    ones, then optional ones by concern, each with a default that suits most.
     """
+
+    # -- required: what the job is, its validation, and a task ---------------------------
 
     #: The name used as ``workload = "..."`` in job files.
     kind: ClassVar[str]
-    #: The dataclass of its settings (fields made with ``pipeline.config.setting``).
+    #: The dataclass of its settings (fields made with ``pipeline.setting``).
     settings_class: ClassVar[type]
-    #: Whether tasks write to the store (resume needs a store).
-    writes_output: bool = True
-
     job_id: str
+    #: Set by ``preflight``: at least 1.
     n_units: int
-    unit_name: str = "unit"
-    #: What a run's summary calls the time its tasks compute ("building" cubes).
-    work_name: str = "work"
-    #: Tasks hold a multiple of this many units (e.g. whole shards).
-    granularity: int = 1
-    #: Modules its tasks import: loaded on every worker while the driver validates the
-    #: job's inputs, rather than by each worker's first task.
-    worker_modules: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod
     def from_settings(cls, settings: Any, job_id: str, options: Any) -> Workload:
-        """Driver: the workload of one resolved job (``options``: its ``RunOptions``)."""
+        """The workload of one resolved job (``options``: its ``RunOptions``)."""
 
     @abstractmethod
     def preflight(self) -> None:
-        """Driver: validate every input; raise ``InputError``/``ConfigError`` before any task."""
-
-    def input_urls(self) -> Sequence[str]:
-        """Driver, before ``preflight``: where its tasks read (folders, files, ``s3://``
-        prefixes, or globs of files); the workers open these stores while the driver
-        validates, and a job whose output is inside one (or its own folder holds
-        one) is refused."""
-        return ()
-
-    def prepare_cluster(self, client) -> None:
-        """Driver: anything the workers need before the first task (e.g. shipped code)."""
-        return None
+        """Validate every input and set ``n_units``; raise ``InputError``/``ConfigError``
+        before any task. The runner calls it once per job and command."""
 
     @abstractmethod
     def fingerprint(self) -> dict[str, Any]:
-        """Driver: the JSON-able settings that determine the output bytes (checked on resume)."""
-
-    def unit_key(self, unit: int) -> str:
-        """Driver: which unit ``unit`` is, for the failures a run lists (``ticker='AAA'``),
-        when its number alone does not say; "" for none."""
-        return ""
-
-    #: Settings of the fingerprint that a resumed run may change: they decide how the
-    #: units still to run are run, not what a unit writes (the map's ``retries``).
-    resume_may_change: tuple[str, ...] = ()
+        """The JSON-able settings that determine the output bytes (checked on resume)."""
 
     @abstractmethod
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
-        """Worker: run the task's units, write their outputs; record failures per unit."""
+        """Worker: run the task's units; return the tables and files they made (the
+        runner writes them and lists them in the task's manifest entry) and the units
+        that failed."""
 
-    # -- for the planner (driver); the defaults suit units of equal cost ------------------
+    # -- messages: what a unit is called, and the run's first line -----------------------
+
+    unit_name: str = "unit"
+    #: What a run's summary calls the time its tasks compute ("building" cubes).
+    work_name: str = "work"
+
+    def describe(self) -> str:
+        """The run's first line: which job, of how many units."""
+        return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"
+
+    # -- planning: how units are cut into tasks (docs/planning.md); the defaults suit
+    #    units of equal cost ---------------------------------------------------------------
+
+    #: Tasks hold a multiple of this many units (e.g. whole shards).
+    granularity: int = 1
 
     def natural_boundaries(self) -> Sequence[int] | None:
         """Unit indices where a task may start without sharing reads with the task
@@ -234,24 +250,32 @@ class Workload(ABC):
         None: not known."""
         return None
 
-    def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
-        """Driver: once every task is complete, consolidate; return facts for the summary.
+    # -- cluster: where tasks read, and what workers need before the first task ---------
 
-        The default writes the tasks' manifest entries as one ``manifest.parquet``, in
-        unit order when they have unit ranges."""
-        consolidate_manifest(store, self.job_id, tasks, order=self.manifest_columns[1])
-        return {}
+    def input_urls(self) -> Sequence[str]:
+        """Before ``preflight``: where its tasks read (folders, files, ``s3://``
+        prefixes, or globs of files); the workers open these stores while the driver
+        validates, and a job whose output is inside one (or its own folder holds
+        one) is refused."""
+        return ()
 
-    #: Whether the next run calls again the units recorded as failed (user code can
-    #: fail for passing reasons); else a recorded failure is the unit's answer.
-    reruns_failed_units: bool = False
+    #: Modules its tasks import: loaded on every worker while the driver validates the
+    #: job's inputs, rather than by each worker's first task.
+    worker_modules: ClassVar[tuple[str, ...]] = ()
 
-    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
-        """Driver: of these complete tasks, those to run again for their failed units."""
-        return set()
+    def prepare_cluster(self, client) -> None:
+        """Anything the workers need before the first task (e.g. shipped code)."""
+        return None
+
+    # -- failures and resume: units that failed as data, and what a rerun does -----------
+
+    def unit_key(self, unit: int) -> str:
+        """Which unit ``unit`` is, for the failures a run lists (``ticker='AAA'``),
+        when its number alone does not say; "" for none."""
+        return ""
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
-        """Driver: units of these complete tasks that failed as data (recorded in the
+        """Units of these complete tasks that failed as data (recorded in the
         output, so a rerun would not change them)."""
         return []
 
@@ -279,10 +303,50 @@ class Workload(ABC):
 
         return sum(per_object(store, rows, parts))
 
+    #: Whether the next run calls again the units recorded as failed (user code can
+    #: fail for passing reasons); else a recorded failure is the unit's answer.
+    reruns_failed_units: bool = False
+
+    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
+        """Of these complete tasks, those to run again for their failed units."""
+        return set()
+
+    #: Settings of the fingerprint that a resumed run may change: they decide how the
+    #: units still to run are run, not what a unit writes (the map's ``retries``).
+    resume_may_change: tuple[str, ...] = ()
+
+    # -- results and verify: the objects, the manifest, and `pipeline results`/`verify` --
+
+    #: Whether tasks write to the store (resume needs a store).
+    writes_output: bool = True
+
+    def table_bytes(self, kind: str, table) -> bytes:
+        """Worker: a table of ``TaskOutput.tables`` as the bytes of its parquet part;
+        the default is ``pyarrow.parquet.write_table``'s, with its defaults."""
+        import io
+
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        return sink.getvalue()
+
     #: The manifest's columns of an entry's object, its first unit and the one past its
-    #: last (None: each entry holds one unit): what ``pipeline verify`` checks and
-    #: ``--repair`` maps to tasks, and the order of the consolidated manifest.
+    #: last (None: each entry holds one unit, in a manifest the workload builds): what
+    #: ``pipeline verify`` checks and ``--repair`` maps to tasks, and the order of the
+    #: consolidated manifest.
     manifest_columns: ClassVar[tuple[str, str, str | None]] = UNIT_RANGE
+
+    def finalize(self, store: Store, tasks: list[Task]) -> dict[str, Any]:
+        """Once every task is complete, consolidate; return facts for the summary.
+
+        The default writes the tasks' manifest entries as one ``manifest.parquet``, in
+        unit order when they have unit ranges."""
+        consolidate_manifest(store, self.job_id, tasks, order=self.manifest_columns[1])
+        return {}
+
+    #: Objects ``finalize`` writes under the job's prefix besides its manifests.
+    final_objects: tuple[str, ...] = ()
 
     #: The table ``pipeline results`` shows when none is named.
     default_table: str | None = None
@@ -300,9 +364,6 @@ class Workload(ABC):
         """``pipeline results`` without ``--out``: a summary, or None for the default."""
         return None
 
-    #: Objects ``finalize`` writes under the job's prefix besides its manifests.
-    final_objects: tuple[str, ...] = ()
-
     @classmethod
     def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
         """``pipeline verify``: check the job's objects against its manifest (a pandas
@@ -312,7 +373,3 @@ class Workload(ABC):
         from .manifest import check_listed_objects
 
         return check_listed_objects(store, manifest, check, columns=cls.manifest_columns)
-
-    def describe(self) -> str:
-        """The run's first line: which job, of how many units."""
-        return f"{self.kind} job {self.job_id!r}: {self.n_units} {self.unit_name}s"

@@ -324,6 +324,18 @@ def test_a_plugin_may_write_verify_job_as_a_staticmethod(tmp_path, client):
         ),
         # a TypeError in the check, and a rerun advised for ever
         ("null ranges", r"a manifest entry whose ranges \(unit_start..unit_stop: none\)"),
+        # the part overwritten by the task's entry, <job>/manifest/part-NNNNNN.parquet
+        ("a table named manifest", r"a table named 'manifest'; a table's kind is a name"),
+        ("a list for a table", r"table 'values' of type list, not a pyarrow.Table"),
+        # an object --overwrite and verify never see
+        ("a file outside the job's folder", r"a file at 'elsewhere/x', outside the job's folder"),
+        # the runner's entry checked as one given by hand
+        (
+            "files whose units overlap",
+            r"a manifest entry whose ranges \(unit_start..unit_stop: (\d+)..\d+\) "
+            r"do not cover the task's, \1..\d+, once each",
+        ),
+        ("files and an entry", r"tables or files and a manifest entry of its own"),
     ],
 )
 def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp_path, client):
@@ -337,3 +349,58 @@ def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp
     assert not (tmp_path / "out" / consolidated_manifest_key("job")).exists()
     failed = next(line for line, _ in summary_lines(s) if line.startswith("  FAILED"))
     assert "did not keep the workload contract, as said below; a rerun fails" in failed
+
+
+def test_the_runner_lists_a_tasks_tables_and_files_in_its_entry(tmp_path, client, frames_dir):
+    """A task returns its tables and files; the runner writes them and lists each, in the
+    order given, with its kind, units, size and checksum: the entry workloads built."""
+    from workloads import SquaresWorkload
+
+    from pipeline import checksum
+
+    out = tmp_path / "out"
+    run(client, build("wordcount", tmp_path, frames_dir, fail=True), out, units_per_task=3)
+    run(client, SquaresWorkload("sq", 5), out, units_per_task=3)
+    columns = ["object", "kind", "unit_start", "unit_stop", "size", "checksum"]
+    types = ["string", "string", "int64", "int64", "int64", "string"]
+    for job, task, listed in [
+        ("job", 1, [("job/counts/part-000001.parquet", "counts", 3, 6),
+                    ("job/failures/part-000001.parquet", "failures", 3, 6)]),
+        ("sq", 1, [("sq/values/00003", "values", 3, 5), ("sq/values/00004", "values", 3, 5)]),
+    ]:  # fmt: skip
+        entry = pq.read_table(out / manifest_key(job, task))
+        assert entry.column_names == columns
+        assert [str(t) for t in entry.schema.types] == types
+        rows = entry.to_pylist()
+        assert [(r["object"], r["kind"], r["unit_start"], r["unit_stop"]) for r in rows] == listed
+        for r in rows:
+            data = (out / r["object"]).read_bytes()
+            assert (r["size"], r["checksum"]) == (len(data), checksum(data))
+
+
+def test_a_task_may_write_its_files_itself(tmp_path, client):
+    # The runner reads such a file back for its checksum: the same entries as for the
+    # bytes it writes itself.
+    from workloads import SquaresWorkload
+
+    given, itself = tmp_path / "given", tmp_path / "itself"
+    assert run(client, SquaresWorkload("job", 12), given).complete
+    assert run(client, SquaresWorkload("job", 12, writes_itself=True), itself).complete
+    for out in (given, itself):
+        (check,) = verify_output(str(out))
+        assert check.ok and check.units_ok == 12, check
+    manifest = consolidated_manifest_key("job")
+    assert (itself / manifest).read_bytes() == (given / manifest).read_bytes()
+
+
+def test_the_plugin_docs_show_the_example_plugin_as_it_is():
+    """docs/plugins.md shows the whole example plug-in: its code, but for the module's
+    docstring and its __future__ import, as examples/plugin holds it."""
+    from pathlib import Path
+
+    import wordcount
+
+    code = Path(wordcount.__file__).read_text().split("from __future__ import annotations\n\n")[1]
+    docs = Path(__file__).parents[1] / "docs" / "plugins.md"
+    shown = docs.read_text().split("```python\n", 1)[1].split("```\n", 1)[0]
+    assert shown == code

@@ -324,3 +324,37 @@ def test_a_cluster_left_without_workers_mid_run_ends_the_run(tmp_path, monkeypat
                         client, echo=lambda m: None)  # fmt: skip
         finally:
             gone.join()
+
+
+def test_each_job_is_validated_once_a_command(tmp_path, client):
+    # The driver validated each job, then run_job did again: a workload's preflight
+    # had to be idempotent (and the output store was probed twice).
+    from pipeline import ConfigError, Job, load_jobs, run_jobs
+    from pipeline.driver import run_workload
+
+    log = tmp_path / "preflights"
+    paths = []
+    for name in ("a", "b"):
+        paths.append(tmp_path / f"{name}.toml")
+        paths[-1].write_text(f'workload = "squares"\nn_units = 4\npreflights = "{log}"\n')
+    cli = {"output": str(tmp_path / "out"), "scheduler": client.scheduler.address,
+           "progress": False}  # fmt: skip
+    jobs = load_jobs([str(p) for p in paths], cli, environ={})
+    assert all(s.complete for s in run_jobs(jobs, echo=lambda m: None))
+    assert log.read_text().split() == ["a", "b"]
+    # Found complete: validated, and nothing run
+    assert all(s.complete for s in run_jobs(jobs, echo=lambda m: None))
+    assert log.read_text().split() == ["a", "b", "a", "b"]
+    log.unlink()
+    w = SquaresWorkload("c", 4, preflights=str(log))
+    assert run_job(w, options(tmp_path / "out"), client, echo=lambda m: None).complete
+    w = SquaresWorkload("d", 4, preflights=str(log))
+    assert run_workload(w, options(tmp_path / "out"), client=client).complete
+    assert log.read_text().split() == ["c", "d"]
+    # A job's name is checked where it is made, and by each way to run a workload
+    with pytest.raises(ConfigError, match=r"^job name 'x/y': a job's name is one folder"):
+        Job("squares", jobs[0].options, jobs[0].settings, "x/y", None)
+    for run in (run_workload, lambda w, o: run_job(w, o, client)):
+        with pytest.raises(ConfigError, match=r"^job name 'x/y'"):
+            run(SquaresWorkload("x/y", 4, preflights=str(log)), options(tmp_path / "out"))
+    assert log.read_text().split() == ["c", "d"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline import TaskOutput, UnitFailure, Workload, checksum
+from pipeline import OutputFile, TaskOutput, UnitFailure, Workload, checksum
 from pipeline.config import setting
 from pipeline.storage import join
 
@@ -23,10 +23,13 @@ class SquaresJob:
     name: str | None = setting(None, str, "Job id.")
     n_units: int = setting(10, int, "Units.", minimum=1)
     fail: str | None = setting(None, str, "Units that raise, comma-separated.", sequence=True)
+    preflights: str | None = setting(None, str, "A file each preflight adds the job's name to.")
 
 
 class SquaresWorkload(Workload):
-    """Unit i writes i*i; units in ``fail`` raise, a task containing ``crash_task``'s
+    """Unit i writes i*i (an object the runner writes, or with ``writes_itself`` one
+    the task writes); each preflight adds the job's name to the file ``preflights``
+    (when given); units in ``fail`` raise, a task containing ``crash_task``'s
     first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
     each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more)."""
 
@@ -35,19 +38,30 @@ class SquaresWorkload(Workload):
     settings_class = SquaresJob
 
     def __init__(
-        self, job_id, n_units, fail=(), crash_task=None, exit_unit=None, unit_seconds=0, slow=None
+        self,
+        job_id,
+        n_units,
+        fail=(),
+        crash_task=None,
+        exit_unit=None,
+        unit_seconds=0,
+        slow=None,
+        writes_itself=False,
+        preflights=None,
     ):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
-        self.slow = slow
+        self.slow, self.writes_itself, self.preflights = slow, writes_itself, preflights
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
 
     @classmethod
     def from_settings(cls, settings, job_id, options=None):
         fail = [int(u) for u in (settings.fail or "").split(",") if u.strip()]
-        return cls(job_id, settings.n_units, fail=fail)
+        return cls(job_id, settings.n_units, fail=fail, preflights=settings.preflights)
 
     def preflight(self):
-        pass
+        if self.preflights:
+            with open(self.preflights, "a") as f:
+                f.write(f"{self.job_id}\n")
 
     def fingerprint(self):
         return {"n_units": self.n_units}
@@ -66,19 +80,13 @@ class SquaresWorkload(Workload):
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")
-                store.write_bytes(join(self.job_id, "values", f"{unit:05d}"), b"%d" % (unit * unit))
+                key, data = join(self.job_id, "values", f"{unit:05d}"), b"%d" % (unit * unit)
+                if self.writes_itself:  # the runner reads it back for its checksum
+                    store.write_bytes(key, data)
+                    data = None
+                out.files.append(OutputFile(key, "values", data))
             except ValueError as exc:
                 out.failures.append(UnitFailure.from_exception(unit, exc))
-        out.manifest = pa.table(
-            {
-                "object": [join(self.job_id, "values", f"{u:05d}") for u in task.units
-                           if u not in self.fail],
-                "unit_start": [task.start] * (len(task.units) - len(set(task.units) & self.fail)),
-                "unit_stop": [task.stop] * (len(task.units) - len(set(task.units) & self.fail)),
-                "checksum": [checksum(b"%d" % (u * u)) for u in task.units
-                             if u not in self.fail],
-            }
-        )  # fmt: skip
         return out
 
 
@@ -111,7 +119,29 @@ class MistakenWorkload(SquaresWorkload):
 
     def run_task(self, task, store):
         out = super().run_task(task, store)
-        entry = out.manifest
+        if self.mistake == "a table named manifest":
+            out.tables["manifest"] = pa.table({"x": [1]})
+        elif self.mistake == "a list for a table":
+            out.tables["values"] = [task.start]
+        elif self.mistake == "a file outside the job's folder":
+            out.files[0] = OutputFile("elsewhere/x", "values", b"1")
+        elif self.mistake == "files whose units overlap":
+            more = range(task.start, task.stop + 1)
+            out.files = [dataclasses.replace(f, units=more) for f in out.files]
+        elif self.mistake == "files and an entry":
+            out.manifest = pa.table({"object": [f.key for f in out.files]})
+        else:  # a mistake in an entry it builds itself, of the objects it writes itself
+            self._own_entry(task, store, out)
+        return out
+
+    def _own_entry(self, task, store, out):
+        for file in out.files:
+            store.write_bytes(file.key, file.data)
+        n = len(out.files)
+        entry = pa.table({"object": [f.key for f in out.files], "unit_start": [task.start] * n,
+                          "unit_stop": [task.stop] * n,
+                          "checksum": [checksum(f.data) for f in out.files]})  # fmt: skip
+        out.files, out.manifest = [], entry
         if self.mistake == "no manifest entry":
             out.manifest = None
         elif self.mistake == "objects alone":
@@ -126,7 +156,6 @@ class MistakenWorkload(SquaresWorkload):
         elif self.mistake == "null ranges":
             starts = pa.array([None] * entry.num_rows, pa.int64())
             out.manifest = entry.set_column(1, "unit_start", starts)
-        return out
 
 
 class StaticVerifyWorkload(SquaresWorkload):

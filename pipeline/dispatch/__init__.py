@@ -1,4 +1,5 @@
 """Running a workload's tasks on the cluster: the task a worker runs (:mod:`.task`),
+the objects it returns written and listed in its manifest entry (:mod:`.outputs`),
 its receipt's way back (:mod:`.receipts`), the workload's way out (:mod:`.shipping`),
 the runner of lists of tasks (:mod:`.runner`) and task profiles (:mod:`.profiling`)."""
 

@@ -1,5 +1,6 @@
 """The task a worker runs: one :class:`~pipeline.workload.Task` of a workload, its
-outputs written and checked, its manifest entry last, and its receipt published.
+outputs checked and written (:mod:`.outputs`), its manifest entry last, and its
+receipt published.
 
 A task never raises: what its units raise is recorded as their failures, so nothing a
 unit does ends the run; only the worker process dying (or the cluster failing under
@@ -13,11 +14,12 @@ import os
 import socket
 import time
 
-from ..contract import check_output
+from ..contract import check_entry, check_output
 from ..layout import manifest_key
 from ..storage import open_store, write_parquet
 from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 from . import shipping
+from .outputs import write_outputs
 from .receipts import encode
 
 __all__ = [
@@ -85,13 +87,21 @@ def execute_task(
                                started=started, pid=os.getpid())  # fmt: skip
         out = workload.run_task(task, store)
         check_output(workload, task, out, writes=store is not None)
-        if not out.failures and store is not None:
-            # Last, so that an entry exists only for a task whose data is all written.
+        if store is not None:
             t_write = time.perf_counter()
-            out.bytes_written += write_parquet(
-                store, manifest_key(workload.job_id, task.index), out.manifest
-            )
-            out.phases["writing"] = out.phases.get("writing", 0.0) + (time.perf_counter() - t_write)
+            # Its objects even when units failed (then without an entry), as a task
+            # that writes its own does.
+            write_outputs(workload, task, out, store)
+            if not out.failures:
+                check_entry(workload, task, out.manifest)
+                # Last, so that an entry exists only for a task whose data is all written.
+                out.bytes_written += write_parquet(
+                    store, manifest_key(workload.job_id, task.index), out.manifest
+                )
+            seconds = time.perf_counter() - t_write
+            out.phases["writing"] = out.phases.get("writing", 0.0) + seconds
+            if out.busy_seconds is not None:  # its phases are all the task's busy time
+                out.busy_seconds += seconds
     except USER_ERRORS as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0

@@ -1,25 +1,23 @@
 """A ``map`` task on a worker: its units' calls, their rows, and its parts.
 
-Task ``i`` writes the rows of its units, in unit order, to
-``<job>/results/part-NNNNNN.parquet`` and the units that raised (after ``retries``
-more tries) to ``<job>/failures/part-NNNNNN.parquet``. A task run again after some
-of its units failed calls those units alone, reads the input of those alone (a
-dataset's row groups of the others are not read), and keeps the others' rows.
+Task ``i`` returns the rows of its units, in unit order, as its part of the table
+``results`` (``<job>/results/part-NNNNNN.parquet``, which the runner writes) and the
+units that raised (after ``retries`` more tries) as its part of ``failures``. A task
+run again after some of its units failed calls those units alone, reads the input
+of those alone (a dataset's row groups of the others are not read), and keeps the
+others' rows.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import time
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ...layout import part_key
-from ...manifest import checksum
 from ...storage import Store, read_parquet_object
 from ...workload import USER_ERRORS, Task, TaskOutput, UnitFailure
 from .usercode import unit_seed
@@ -58,25 +56,8 @@ def run_map_task(workload, task: Task, store: Store | None) -> TaskOutput:
         results = rows.empty()
     failed.sort(key=lambda f: f["unit"])
     out.phases["compute"] = time.perf_counter() - t0
-    t_write = time.perf_counter()
-    entries = []
-    if store is not None:
-        entries.append(_write(store, job_id, "results", task, results, out))
-        if failed:
-            entries.append(_write(store, job_id, "failures", task, rows.failures(failed), out))
-        else:
-            store.delete_prefix(part_key(job_id, "failures", task.index))
-    out.phases["writing"] = time.perf_counter() - t_write
-    out.manifest = pa.table(
-        {
-            "object": pa.array([e[0] for e in entries], pa.string()),
-            "kind": pa.array([e[1] for e in entries], pa.string()),
-            "unit_start": pa.array([task.start] * len(entries), pa.int64()),
-            "unit_stop": pa.array([task.stop] * len(entries), pa.int64()),
-            "size": pa.array([e[2] for e in entries], pa.int64()),
-            "checksum": pa.array([e[3] for e in entries], pa.string()),
-        }
-    )
+    # A part of failures only while units fail: a rerun's, once they succeed, goes
+    out.tables = {"results": results, "failures": rows.failures(failed) if failed else None}
     out.recorded_failures = [recorded_failure(f, f["key"]) for f in failed]
     out.busy_seconds = time.perf_counter() - t0
     return out
@@ -92,15 +73,6 @@ def _call_again(workload, unit: int, args: tuple, kwargs: dict, error):
         except USER_ERRORS as exc:
             error = exc
     return None, workload.rows.failure(unit, error, attempt + 1)
-
-
-def _write(store: Store, job_id: str, table: str, task: Task, data: pa.Table, out: TaskOutput):
-    sink = io.BytesIO()
-    pq.write_table(data, sink)
-    payload = sink.getvalue()
-    key = part_key(job_id, table, task.index)
-    out.bytes_written += store.write_bytes(key, payload)
-    return key, table, len(payload), checksum(payload)
 
 
 def _previous(store: Store | None, job_id: str, task: Task):

@@ -1,12 +1,12 @@
 """The per-chunk regression workload: one model fit per chunk of a parquet dataset.
 
-Task ``i`` writes ``<job>/coefficients/part-NNNNNN.parquet`` (one row per chunk and
-term), ``<job>/models/part-NNNNNN.parquet`` (one row per chunk, failed ones
-included), ``<job>/timings/part-NNNNNN.parquet`` (each chunk's ``fit_seconds``) and,
-with ``plots``, ``<job>/plots/<chunk>.pdf``; its manifest entry lists
-those objects with the xxh3_64 of their bytes. A chunk whose fit fails is a row of
-the models table (``error_type``, ``error_message``): its task still completes, so a
-resumed run does not refit it; :meth:`RegressionWorkload.finalize` reports those
+Task ``i`` returns its parts of the tables ``coefficients`` (one row per chunk and
+term), ``models`` (one row per chunk, failed ones included) and ``timings`` (each
+chunk's ``fit_seconds``), and with ``plots`` a ``<job>/plots/<chunk>.pdf`` per chunk:
+the runner writes them (``<job>/<table>/part-NNNNNN.parquet``) and lists them in
+the task's manifest entry with the xxh3_64 of their bytes. A chunk whose fit fails
+is a row of the models table (``error_type``, ``error_message``): its task still
+completes, so a resumed run does not refit it; :meth:`RegressionWorkload.finalize` reports those
 failures (``recorded_failures``) for ``--max-failures``.
 
 Coefficients and models are deterministic: same job, same bytes, whatever the task
@@ -27,9 +27,9 @@ from ...inputs.chunks import ChunkIndex, plan_chunks
 from ...inputs.dataset import Dataset, check_columns, discover
 from ...inputs.task_rows import read_task_rows
 from ...layout import part_key
-from ...manifest import checksum, consolidate_manifest
+from ...manifest import consolidate_manifest
 from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
-from ...workload import Task, TaskOutput, UnitFailure, Workload
+from ...workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
 from .chunkfit import ChunkFit
 from .design import ChunkError, TaskDesign, design_slices
@@ -194,41 +194,18 @@ class RegressionWorkload(Workload):
 
         t0 = time.perf_counter()
         reads = dataclasses.replace(READS)
-        objects, recorded = self._task_objects(task)
-        t_write = time.perf_counter()
-        out = TaskOutput(recorded_failures=recorded)
+        tables, files, recorded = self._task_objects(task)
+        out = TaskOutput(tables=tables, files=files, recorded_failures=recorded)
         out.bytes_read, out.bytes_needed, out.read_seconds = READS.since(reads)
-        rows = {"object": [], "kind": [], "chunk_start": [], "chunk_stop": [], "size": [],
-                "checksum": []}  # fmt: skip
-        for key, kind, data in objects:
-            if store is not None:
-                out.bytes_written += store.write_bytes(key, data)
-            rows["object"].append(key)
-            rows["kind"].append(kind)
-            rows["chunk_start"].append(task.start)
-            rows["chunk_stop"].append(task.stop)
-            rows["size"].append(len(data))
-            rows["checksum"].append(checksum(data))
-        out.manifest = pa.table(
-            {
-                "object": pa.array(rows["object"], pa.string()),
-                "kind": pa.array(rows["kind"], pa.string()),
-                "chunk_start": pa.array(rows["chunk_start"], pa.int64()),
-                "chunk_stop": pa.array(rows["chunk_stop"], pa.int64()),
-                "size": pa.array(rows["size"], pa.int64()),
-                "checksum": pa.array(rows["checksum"], pa.string()),
-            }
-        )
         out.busy_seconds = time.perf_counter() - t0
-        out.phases = {
-            "inputs": out.read_seconds,
-            "compute": t_write - t0 - out.read_seconds,
-            "writing": time.perf_counter() - t_write,
-        }
+        out.phases = {"inputs": out.read_seconds, "compute": out.busy_seconds - out.read_seconds}
         return out
 
-    def _task_objects(self, task: Task) -> tuple[list[tuple[str, str, bytes]], list[UnitFailure]]:
-        """The task's objects (key, kind, bytes), and its chunks whose fit failed."""
+    def table_bytes(self, kind: str, table: pa.Table) -> bytes:
+        return parquet_bytes(table)  # its text columns alone dictionary-encoded
+
+    def _task_objects(self, task: Task) -> tuple[dict, list[OutputFile], list[UnitFailure]]:
+        """The task's tables (by kind), its plots, and its chunks whose fit failed."""
         plots = self.job.plots
         fits = self.fit_range(task.start, task.stop, keep_resid=plots)
         recorded = [  # (the batched engine's blocks are fits that succeeded)
@@ -236,10 +213,8 @@ class RegressionWorkload(Workload):
             for i, fit in sorted(fits.single.items())
             if fit.error_type is not None
         ]
-        objects = [
-            (part_key(self.job_id, name, task.index), name, parquet_bytes(table))
-            for name, table in zip(PART_TABLES, self.tables(task.start, fits), strict=True)
-        ]
+        tables = dict(zip(PART_TABLES, self.tables(task.start, fits), strict=True))
+        files = []
         if plots:
             from .plots import chunk_figure
 
@@ -247,8 +222,8 @@ class RegressionWorkload(Workload):
                 if fit.ok and fit.resid is not None:
                     label = self.chunk_label(task.start + i)
                     key = join(self.job_id, "plots", f"{plot_name(task.start + i, label)}.pdf")
-                    objects.append((key, "plot", chunk_figure(fit, label)))
-        return objects, recorded
+                    files.append(OutputFile(key, "plot", chunk_figure(fit, label)))
+        return tables, files, recorded
 
     # -- tables ---------------------------------------------------------------------------
 

@@ -1,25 +1,21 @@
 """An example workload plug-in: the words of each text file in a folder, counted.
 
-It uses only the workload contract (``pipeline.Workload``): its settings, how it is
-built from them, its preflight, its fingerprint, a task, and the table it writes.
-The runner does the rest: task sizing, failures per unit, resume, the manifest and
-its consolidation, ``pipeline verify`` and ``pipeline results``.
+It uses only what ``pipeline`` exports for workloads: its settings, how it is built
+from them, its preflight, its fingerprint, and a task that returns its tables. The
+runner does the rest: task sizing, writing the tables, failures per unit, resume,
+the manifest and its consolidation, ``pipeline verify`` and ``pipeline results``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import io
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline import InputError, TaskOutput, UnitFailure, Workload, checksum
-from pipeline.config import check_settings, setting
-from pipeline.layout import part_key
-from pipeline.storage import read_parquet_object
+import pipeline
+from pipeline import InputError, TaskOutput, UnitFailure, Workload, check_settings, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +36,7 @@ class WordCountWorkload(Workload):
     optional_tables = ("failures",)  # a job whose files were all read has none
 
     def __init__(self, job: WordCountJob, job_id: str):
-        self.job, self.job_id = job, job_id
-        self.files: tuple[str, ...] = ()
-        self.n_units = 0
+        self.job, self.job_id, self.files, self.n_units = job, job_id, (), 0
 
     @classmethod
     def from_settings(cls, settings, job_id, options=None):
@@ -64,47 +58,35 @@ class WordCountWorkload(Workload):
         return Path(self.files[unit]).name  # failures name the file, not its number
 
     def run_task(self, task, store) -> TaskOutput:
-        rows, failed = [], []
+        counts, failed = [], []
         for unit in task.units:
             try:
                 words = Path(self.files[unit]).read_text(encoding="utf-8").split()
             except (OSError, UnicodeDecodeError) as exc:
-                # Recorded as data: a rerun would fail it the same way, and the other
-                # files of the task are kept (a failure in TaskOutput.failures would
-                # leave the whole task to run again, and the job never complete).
+                # Recorded as data: a rerun would fail it the same way, and the task's
+                # other files are kept (a unit in TaskOutput.failures would leave the
+                # whole task to run again, and the job never complete).
                 failed.append(UnitFailure.from_exception(unit, exc))
                 continue
             for word, count in collections.Counter(words).most_common(self.job.top):
-                rows.append({"unit": unit, "file": Path(self.files[unit]).name,
-                             "word": word, "count": count})  # fmt: skip
-        tables = {"counts": pa.Table.from_pylist(rows, schema=COUNTS)}
+                counts.append({"unit": unit, "file": self.unit_key(unit), "word": word,
+                               "count": count})  # fmt: skip
+        tables = {"counts": pa.Table.from_pylist(counts, schema=COUNTS)}
         if failed:
             tables["failures"] = pa.Table.from_pylist(
-                [{"unit": f.unit, "file": Path(self.files[f.unit]).name,
-                  "error_type": f.error_type, "message": f.message} for f in failed],
+                [{"unit": f.unit, "file": self.unit_key(f.unit), "error_type": f.error_type,
+                  "message": f.message} for f in failed],
                 schema=FAILURES,
             )  # fmt: skip
-        out = TaskOutput(recorded_failures=failed)
-        entries = []
-        for kind, table in tables.items():
-            sink = io.BytesIO()
-            pq.write_table(table, sink)
-            data, key = sink.getvalue(), part_key(self.job_id, kind, task.index)
-            if store is not None:
-                out.bytes_written += store.write_bytes(key, data)
-            entries.append({"object": key, "kind": kind, "unit_start": task.start,
-                            "unit_stop": task.stop, "size": len(data),
-                            "checksum": checksum(data)})  # fmt: skip
-        out.manifest = pa.Table.from_pylist(entries)
-        return out
+        return TaskOutput(tables=tables, recorded_failures=failed)
 
     def recorded_failures(self, store, tasks) -> list[UnitFailure]:
         """The unreadable files of earlier runs' tasks, read back from their output."""
         failed = []
         for task in tasks:
-            key = part_key(self.job_id, "failures", task.index)
+            key = pipeline.part_key(self.job_id, "failures", task.index)
             if store.exists(key):
-                rows = read_parquet_object(store, key).to_pylist()
+                rows = pipeline.read_parquet_object(store, key).to_pylist()
                 failed += [UnitFailure(r["unit"], r["error_type"], r["message"]) for r in rows]
         return failed
 
