@@ -270,13 +270,13 @@ def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, cl
     # not projected at the cost of the units right after the probes (it was: 1x
     # unit_seconds, against 2.5x on average).
     est = estimate(
-        lambda opts: _LaterUnitsCostMore("sq", 600, unit_seconds=0.004),
+        lambda opts: _LaterUnitsCostMore("sq", 600, unit_seconds=0.01),
         options(tmp_path / "out"),
         client,
         [],
     )
     assert est.sampled > est.sample.units  # full-size tasks ran
-    assert 1.9 * 0.004 < est.sample.model.per_unit < 3.5 * 0.004, est.sample.model
+    assert 1.9 * 0.01 < est.sample.model.per_unit < 3.5 * 0.01, est.sample.model
 
 
 def test_an_estimate_stops_probing_once_a_round_measured_enough(tmp_path, client):

@@ -68,6 +68,39 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_100_simulated_workers_run_with_the_planners_task_sizes(tmp_path):
+    # scale-sim --planned: no --units-per-task; the planner sizes the tasks for the
+    # cluster (the scheduler's measured CPU per task at most a quarter of its core) in
+    # whole rounds of one task per worker. Its efficiency is reported, not asserted:
+    # it is this machine's load's as much as the planner's.
+    out = tmp_path / "planned.json"
+    argv = [
+        sys.executable, str(SCRIPTS / "scale_sim.py"),
+        "--workers", "100", "--per-process", "50", "--planned", "--task-seconds", "0.1",
+        "--ideal-seconds", "6", "--idle-seconds", "2",
+        "--workdir", str(tmp_path / "sim"), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["driver_exit_code"] == 0, figures["logs"]
+    assert figures["units_exactly_once"]["ok"], figures["units_exactly_once"]
+    assert figures["verify_exit_code"] == 0, figures["verify_output"]
+    assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
+    assert figures["units"] == 100 * 60 and figures["tasks"] < figures["units"] / 2
+    record = json.loads(next((tmp_path / "sim" / "out").glob("*/job.json")).read_text())
+    stops, model = record["stops"], record["cost_model"]
+    assert len(stops) % 100 == 0  # whole rounds: the last one balanced
+    # The plan's own account of the scheduler: its tasks a second at the model's task
+    # time, times its CPU per task, at most a quarter of a core.
+    starts = [sum(record["head"]), *stops[:-1]]
+    sizes = [b - a for a, b in zip(starts, stops, strict=True)]
+    seconds = [model["fixed"] + model["per_unit"] * n for n in sizes]
+    share = model["overhead"] * 100 / (sum(seconds) / len(seconds))
+    assert share <= 0.25 * 1.05, (share, model)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
     sys.path.insert(0, str(SCRIPTS))
     try:
