@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the tests
 pytest_plugins = ["s3_server"]  # moto_server, s3, s3_bucket fixtures
 
 # Workers inherit this: the tests' layout cache never touches the user's ~/.cache.

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cluster_procs import (
+from tcp_cutter import TcpCutter
+from workloads import SquaresWorkload
+
+from harness.cluster_procs import (
     REPO_ROOT,
     ProcessManager,
     free_port,
@@ -29,9 +32,6 @@ from cluster_procs import (
     start_scheduler,
     start_worker,
 )
-from tcp_cutter import TcpCutter
-from workloads import SquaresWorkload
-
 from pipeline import RunOptions, connect, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -282,7 +282,7 @@ def test_bad_delivery_and_batch_size_are_refused(frames_dir, client):
 
 @pytest.fixture(scope="module")
 def procs_cluster(tmp_path_factory):
-    from cluster_procs import tls_cluster
+    from harness.cluster_procs import tls_cluster
 
     tmp = tmp_path_factory.mktemp("delivery-cluster")
     with tls_cluster(tmp, n_workers=2) as cluster:
@@ -293,7 +293,7 @@ CONSUMER = textwrap.dedent(
     """
     import sys, time, warnings
     from distributed import Client
-    from cluster_procs import client_security
+    from harness.cluster_procs import client_security
     from pipeline import CubeJob, iter_cubes
 
     address, ca, cert, key, frames, delivery, direct, rounds, pause = sys.argv[1:]
@@ -325,7 +325,7 @@ def run_consumer(cluster, frames_dir, delivery, direct="0", rounds=1, pause=0.0,
 @pytest.mark.integration
 def test_a_scheduler_killed_mid_iteration_is_one_error_naming_it(tmp_path, frames_dir):
     # It was four Dask tracebacks ending in CommClosedError: ConnectionPool.gather.
-    from cluster_procs import tls_cluster
+    from harness.cluster_procs import tls_cluster
 
     with tls_cluster(tmp_path, n_workers=1) as cluster:
         consumer = run_consumer(cluster, frames_dir, "dask", pause=0.05,

@@ -17,8 +17,9 @@ import threading
 import time
 
 import pytest
-from cluster_procs import tls_cluster
 from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, moto_endpoint, reset_moto
+
+from harness.cluster_procs import tls_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

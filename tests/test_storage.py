@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-# Helper modules beside the tests (tests/conftest.py puts tests/ on sys.path and
-# loads s3_server's fixtures: moto_server, s3, s3_bucket).
+# Helper modules beside the tests (on sys.path by pyproject.toml's pytest `pythonpath`;
+# tests/conftest.py loads s3_server's fixtures: moto_server, s3, s3_bucket).
 from fault_proxy import FaultProxy
 from s3_server import (
     BUCKET,

@@ -25,12 +25,8 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from distributed import Client
 from distributed.security import Security
 
+from harness import cluster_procs as cp
 from pipeline.cluster.tls import make_certificates, tls_security
-
-try:
-    from tests import cluster_procs as cp
-except ImportError:  # tests/ is not a package: pytest put tests/ on sys.path
-    import cluster_procs as cp
 
 pytestmark = pytest.mark.integration
 
