@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from workloads import SquaresWorkload
@@ -27,9 +28,8 @@ def options(out, **kw):
 
 def test_the_packaged_table_covers_the_terraform_defaults():
     import hcl2
-    from conftest import ROOT
 
-    with open(ROOT / "terraform" / "variables.tf") as f:
+    with open(Path(__file__).resolve().parents[1] / "terraform" / "variables.tf") as f:
         # python-hcl2 >= 7 keeps the quotes of labels and string literals.
         variables = {k.strip('"'): v for d in hcl2.load(f)["variable"] for k, v in d.items()}
     table = load_prices()

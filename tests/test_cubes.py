@@ -10,33 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from cube_jobs import cube_job, load_manifest, run
 
-from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
+from pipeline import ConfigError, InputError, load_jobs, read_shard
 from pipeline.workloads.cubes import cube_columns
-
-
-def cube_job(out, frames_dir, **settings):
-    cli = {
-        "output": str(out),
-        "frames": str(frames_dir),
-        "cubes": 40,
-        "dim": 10,
-        "seed": 3,
-        "cubes_per_shard": 4,
-        "progress": False,
-        **settings,
-    }
-    (job,) = load_jobs([], cli, environ={})
-    return job
-
-
-def run(job, client, messages=None):
-    echo = messages.append if messages is not None else (lambda m: None)
-    return run_job(job.build(), job.options, client, echo=echo)
-
-
-def load_manifest(out, job_id="cubes"):
-    return pq.read_table(out / job_id / "manifest.parquet").to_pandas()
 
 
 def frames(frames_dir):

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from map_jobs import FN, run
 from mapfns import userfns
 
 import pipeline
@@ -31,14 +32,6 @@ from pipeline.layout import completed_tasks
 from pipeline.results import results_table, write_results
 from pipeline.storage import LocalStore
 from pipeline.verify import verify_output
-
-FN = "mapfns.userfns"
-
-
-def run(client, out, job_id="m", units_per_task=2, echo=None, **settings):
-    w = MapWorkload(MapJob(**settings), job_id)
-    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
-    return run_job(w, options, client, echo=echo or (lambda m: None))
 
 
 def calls(log) -> list[str]:

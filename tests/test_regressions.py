@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
+from regression_fits import FORMULA, assert_same, fit_all, workload
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
 from pipeline.inputs.chunks import plan_chunks
@@ -25,8 +26,6 @@ from pipeline.workloads.regressions import (
     write_regression_data,
 )
 from pipeline.workloads.regressions.generate import chunk_frame
-
-FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
 
 
 def panel(chunks=8, rows=120, seed=5) -> pd.DataFrame:
@@ -51,34 +50,6 @@ def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("reg") / "data"
     df = panel()
     return write(df, path), df
-
-
-def workload(data, **settings) -> RegressionWorkload:
-    settings.setdefault("chunk_by", "chunk")
-    if "endog" not in settings:
-        settings.setdefault("formula", FORMULA)
-    w = RegressionWorkload(RegressionJob(data=data, **settings), "reg")
-    w.preflight()
-    return w
-
-
-def fit_all(w):
-    fits = w.fit_range(0, w.n_units)
-    coefs, models, _timings = w.tables(0, fits)
-    return coefs.to_pandas(), models.to_pandas()
-
-
-def assert_same(coefs, chunk_id, res, names=None, alpha=0.05):
-    got = coefs[coefs.chunk_id == chunk_id]
-    names = list(names if names is not None else res.params.index)
-    assert got.term.tolist() == names
-    np.testing.assert_allclose(got.estimate, np.asarray(res.params), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.std_error, np.asarray(res.bse), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.statistic, np.asarray(res.tvalues), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.p_value, np.asarray(res.pvalues), rtol=1e-8, atol=1e-14)
-    ci = np.asarray(res.conf_int(alpha))
-    np.testing.assert_allclose(got.ci_low, ci[:, 0], rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.ci_high, ci[:, 1], rtol=1e-9, atol=1e-12)
 
 
 CASES = {
