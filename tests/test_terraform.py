@@ -770,25 +770,94 @@ def test_checkov_skips_are_justified(mod):
     assert not {re.match(r"checkov:skip=([A-Z0-9_]+)", c).group(1) for _, c in skips} & forbidden
 
 
-def test_readme_documents_inputs_outputs_and_usage(mod):
+def _readme_rows(heading: str) -> list[list[str]]:
+    """The body rows of the table under the README's ``## heading``, as cells."""
+    text = (TF / "README.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line.strip() for line in section.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def _readme_table(heading: str) -> dict[str, list[str]]:
+    """The README's table under ``## heading``: each name (in backticks) to its cells."""
+    rows = {}
+    for name, *cells in _readme_rows(heading):
+        assert name.startswith("`") and name.strip("`") not in rows, (heading, name)
+        rows[name.strip("`")] = cells
+    return rows
+
+
+def _hcl(value) -> str:
+    """A default as the README writes it (HCL)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_hcl(v) for v in value) + "]"
+    if isinstance(value, dict):
+        pairs = ", ".join(f"{k} = {_hcl(v)}" for k, v in value.items())
+        return f"{{ {pairs} }}" if pairs else "{}"
+    return str(value)
+
+
+def _description(body: dict) -> str:
+    return body["description"].replace('\\"', '"')
+
+
+def test_readme_tables_are_the_modules_inputs_and_outputs(mod):
+    inputs = _readme_table("Inputs")
+    assert set(inputs) == set(mod.variables)
+    for name, body in mod.variables.items():
+        kind = re.sub(r"^\$\{(.*)\}$", r"\1", body["type"])
+        default = _hcl(body.get("default"))
+        assert inputs[name] == [_description(body), f"`{kind}`", f"`{default}`"], name
+    outputs = _readme_table("Outputs")
+    assert set(outputs) == set(mod.outputs)
+    for name, body in mod.outputs.items():
+        assert outputs[name] == [_description(body)], name
+
+
+def test_readme_cost_table_is_the_default_fleet_at_the_packaged_prices(mod):
+    import tomllib
+
+    prices = tomllib.loads((REPO / "pipeline" / "costs" / "prices.toml").read_text())["instances"]
+    v = mod.variables
+    worker, scheduler = (
+        v["worker_instance_type"]["default"],
+        v["scheduler_instance_type"]["default"],
+    )
+    count, rate = v["worker_count"]["default"], prices[worker]["usd_per_hour"]
+    rows = _readme_rows("Cost of an hour")
+    items = {r[0]: r[1:] for r in rows}
+    assert items[f"Workers, {worker} on-demand"] == [
+        str(count), f"${rate:g}/hour", f"${count * rate:.2f}"
+    ]  # fmt: skip
+    sched = prices[scheduler]["usd_per_hour"]
+    assert items[f"Scheduler, {scheduler} on-demand"] == ["1", f"${sched:g}/hour", f"${sched:g}"]
+    *parts, (total, fleet, _, hourly) = rows
+    per_hour = sum(float(re.sub(r"[^0-9.]", "", p[3])) for p in parts)
+    assert total == "**Total, default fleet**"
+    assert fleet == f"{count * prices[worker]['vcpus']} Dask workers"
+    assert hourly == f"**≈ ${per_hour:.2f}/hour**"
+
+
+def test_readme_commands_name_what_the_example_has(mod, example):
+    """The quick start's commands run in terraform/examples/minimal: the variables they
+    set, the outputs they read and the resources they target exist there."""
     readme = (TF / "README.md").read_text()
-    for name in mod.variables:
-        assert f"`{name}`" in readme, f"input {name} missing from README"
-    for name in mod.outputs:
-        assert f"`{name}`" in readme, f"output {name} missing from README"
-    for needle in (
-        "terraform init",
-        "terraform apply",
-        "terraform destroy",
-        "pipeline run",
-        "aws ssm get-parameter",
-        "c5.24xlarge",
-        "$4.08",
-        "2026-11-21",
-        "AWS on-demand price list, us-east-1",
-        "Terraform state",
-    ):
-        assert needle in readme, needle
+    assert "cd terraform/examples/minimal" in readme and (TF / "examples" / "minimal").is_dir()
+    set_vars = set(re.findall(r"-var '?([a-z_]+)=", readme))
+    assert set_vars and set_vars <= set(mod.variables), set_vars - set(mod.variables)
+    outputs = set(re.findall(r"terraform output (?:-raw )?([a-z_]+)", readme))
+    assert outputs and outputs <= set(example.outputs), outputs - set(example.outputs)
+    targets = re.findall(r"-(?:target|replace)='?module\.([a-z_]+)\.([a-z_]+)\.([a-z_]+)", readme)
+    assert targets
+    for module, rtype, name in targets:
+        assert module in example.modules
+        mod.resource(rtype, name)
 
 
 def test_scripts_exist_and_are_strict():
