@@ -31,11 +31,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.cluster.environment import worker_env
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 SEAWEEDFS = ROOT / "docker-compose.seaweedfs.yml"
 COMPOSE_DIR = ROOT / "deploy" / "compose"
+WORKER_ENV_SOURCE = "pipeline/cluster/worker.env"
+IMAGE_WORKER_ENV = "/etc/pipeline/worker.env"
+ENTRYPOINT = "/usr/local/bin/pipeline-worker-env"
 
 
 def _missing_tool(reason: str):
@@ -202,6 +207,37 @@ def _services() -> dict:
     return yaml.safe_load(COMPOSE.read_text())["services"]
 
 
+DASK_SERVICES = ("scheduler", "worker", "driver")
+
+
+def test_dask_services_take_their_environment_from_its_one_source():
+    services = _services()
+    for name in DASK_SERVICES:
+        assert services[name]["env_file"] == f"./{WORKER_ENV_SOURCE}", name
+    compose = COMPOSE.read_text()
+    for key in worker_env():  # not written again, which would override the source
+        assert not re.search(rf"\b{key}\s*:", compose), key
+
+
+def test_compose_reads_the_worker_environment_as_written():
+    commands = _compose_commands()
+    if not commands:
+        _missing_tool("neither docker-compose nor 'docker compose' is installed")
+    for command in commands:
+        proc = subprocess.run(
+            [*command, "-f", str(COMPOSE), "--project-directory", str(ROOT), "config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        services = yaml.safe_load(proc.stdout)["services"]
+        for name in DASK_SERVICES:
+            env = services[name]["environment"]
+            assert {k: str(env.get(k)) for k in worker_env()} == worker_env(), (command, name)
+
+
 def test_only_lb_and_dashboard_are_published_on_loopback_by_default():
     published = {name: s["ports"] for name, s in _services().items() if s.get("ports")}
     assert set(published) == {"lb", "scheduler"}
@@ -240,11 +276,12 @@ def test_workers_are_single_threaded_tls_through_the_load_balancer():
 
 
 def test_stopped_workers_have_time_to_drain():
-    # The image drains a worker asked to leave for up to PIPELINE_DRAIN_SECONDS (50 s);
+    # The image drains a worker asked to leave for up to PIPELINE_DRAIN_SECONDS;
     # Compose's default 10 s before SIGKILL would cut that short.
     worker = _services()["worker"]
     assert worker["stop_signal"] == "SIGTERM"
-    assert int(worker["stop_grace_period"].removesuffix("s")) > 50
+    drain = int(worker_env()["PIPELINE_DRAIN_SECONDS"])
+    assert int(worker["stop_grace_period"].removesuffix("s")) > drain
 
 
 def test_driver_reaches_the_scheduler_through_lb_with_the_client_certificate():
@@ -299,19 +336,22 @@ def test_final_stage_is_the_non_root_runtime_with_the_cluster_environment():
     user = [line.split()[1] for line in runtime if line.startswith("USER ")]
     assert user == ["10001:10001"]  # numeric, so that runAsNonRoot-style checks can verify it
     assert "--uid 10001" in "\n".join(stages["base"])
-    for setting in (
-        "MKL_NUM_THREADS=1",
-        "OMP_NUM_THREADS=1",
-        "OPENBLAS_NUM_THREADS=1",
-        "MALLOC_TRIM_THRESHOLD_=67108864",
-        "MALLOC_MMAP_THRESHOLD_=33554432",
-        "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096",
-        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s",
-        "DASK_DISTRIBUTED__NANNY__PRELOAD='[\"pipeline.cluster.drain\"]'",
-        "PIPELINE_DRAIN_SECONDS=50",
-        "MPLCONFIGDIR=/tmp/matplotlib",
-    ):
-        assert setting in text, setting
+    assert "MPLCONFIGDIR=/tmp/matplotlib" in text
+    # The Dask processes' environment: set by the entrypoint from the image's copy of
+    # its one source, never written in the Dockerfile itself.
+    assert [line for line in runtime if line.startswith("ENTRYPOINT")] == [
+        f'ENTRYPOINT ["{ENTRYPOINT}"]'
+    ]
+    project = "\n".join(stages["project"])
+    assert f"COPY deploy/worker-env.sh /rootfs{ENTRYPOINT}" in project
+    assert f"install -D -m 0644 /src/{WORKER_ENV_SOURCE} /rootfs{IMAGE_WORKER_ENV}" in project
+    assert "COPY pipeline/ /src/pipeline/" in project
+    assert (
+        f"WORKER_ENV_FILE:-{IMAGE_WORKER_ENV}}}" in (ROOT / "deploy" / "worker-env.sh").read_text()
+    )
+    dockerfile = DOCKERFILE.read_text()
+    for key in worker_env():
+        assert not re.search(rf"\b{key}=", dockerfile), key
     assert "HEALTHCHECK" in text
     # No compilers, and no package installs at all, in the final stage.
     assert not [line for line in runtime if line.startswith("RUN ")]
@@ -336,6 +376,34 @@ def test_docker_context_allows_exactly_what_the_dockerfile_copies():
         source = source.rstrip("/")
         assert any(source == a or source.startswith(a + "/") for a in allowed), source
         assert (ROOT / source).exists(), source
+
+
+def _through_entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["sh", str(ROOT / "deploy" / "worker-env.sh"), *command],
+        env={"PATH": os.environ["PATH"], "WORKER_ENV_FILE": str(ROOT / WORKER_ENV_SOURCE), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_entrypoint_sets_the_worker_environment_unless_given():
+    given = {"OMP_NUM_THREADS": "4", "PIPELINE_DRAIN_SECONDS": ""}
+    script = 'env -0; printf "%s|" "$@"; exit 7'
+    proc = _through_entrypoint(given, "sh", "-c", script, "sh", "a b", "", "c  d")
+    assert proc.returncode == 7, proc.stderr  # the command's own status: it was exec'd
+    *pairs, args = proc.stdout.split("\0")
+    env = dict(pair.split("=", 1) for pair in pairs)
+    assert args == "a b||c  d|"
+    assert {k: env.get(k) for k in worker_env()} == {**worker_env(), **given}
+
+
+def test_the_entrypoint_refuses_a_line_that_is_not_key_value(tmp_path):
+    bad = tmp_path / "worker.env"
+    bad.write_text("MKL_NUM_THREADS=1\nexport OMP_NUM_THREADS=1\n")
+    proc = _through_entrypoint({"WORKER_ENV_FILE": str(bad)}, "true")
+    assert proc.returncode == 1 and "not KEY=VALUE: export OMP_NUM_THREADS=1" in proc.stderr
 
 
 # ------------------------------------------------------------ helper scripts

@@ -21,6 +21,7 @@ import pytest
 
 from benchmarks.fleet.scale_logs import scan_logs
 from harness.cluster_procs import (
+    ENCRYPTION_ENV,
     REPO_ROOT,
     ProcessManager,
     client_security,
@@ -173,7 +174,7 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
                 "--key", str(certs["worker-key"]),
                 "--local-directory", str(tmp_path / "scratch" / str(p)),
             ]  # fmt: skip
-            pm.start(f"workers-{p}", argv, {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
+            pm.start(f"workers-{p}", argv, ENCRYPTION_ENV)
         _wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
         flags = [
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],

@@ -12,6 +12,7 @@ which needs no provider.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cluster.environment import worker_env
+
 # python-hcl2 >= 8 keeps comments (the checkov skips are read from them) and
 # marks blocks; older releases shape the parse tree differently.
 hcl2 = pytest.importorskip(
@@ -29,6 +32,7 @@ hcl2 = pytest.importorskip(
 
 REPO = Path(__file__).resolve().parents[1]
 TF = REPO / "terraform"
+WORKER_ENV = REPO / "pipeline" / "cluster" / "worker.env"
 TEMPLATES = TF / "templates"
 TERRAFORM = shutil.which("terraform")
 USER_DATA_LIMIT = 16 * 1024
@@ -441,7 +445,8 @@ def test_workers_drain_on_stop_and_on_a_spot_notice():
     text = _template("worker.sh.tftpl")
     stop = int(re.search(r"ExecStop=/usr/bin/docker stop -t (\d+) dask", text).group(1))
     unit = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
-    assert 50 < stop < unit <= 110, (stop, unit)  # within a spot notice's 120 s
+    drain = int(worker_env()["PIPELINE_DRAIN_SECONDS"])
+    assert drain < stop < unit <= 110, (drain, stop, unit)  # within a spot notice's 120 s
     assert "meta-data/$what" in text and "spot/instance-action" in text
     assert "events/recommendations/rebalance" in text
     assert "systemctl stop dask.service" in text
@@ -457,21 +462,19 @@ def test_worker_template_inputs(mod):
     )
 
 
-def test_dask_environment(mod):
-    env = mod.locals["dask_env"]
-    for key, value in {
-        "MKL_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MALLOC_TRIM_THRESHOLD_": "67108864",
-        "MALLOC_MMAP_THRESHOLD_": "33554432",
-        "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG": "4096",
-        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60s",
-        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-        "PIPELINE_DRAIN_SECONDS": "50",
-    }.items():
-        assert re.search(rf'{key}\s*=\s*\\?"{re.escape(value)}\\?"', env), f"{key}={value} missing"
-    assert re.search(r'DASK_DISTRIBUTED__NANNY__PRELOAD\s*=\s*"\[\\"pipeline.cluster.drain', env)
+def test_dask_environment_is_the_repositorys_worker_env(mod):
+    # One source: the module reads pipeline/cluster/worker.env by a path inside the
+    # repository, and no .tf file or template writes any of its variables again.
+    source = "${path.module}/../pipeline/cluster/worker.env"
+    assert (TF / ".." / "pipeline" / "cluster" / "worker.env").is_file()
+    assert f'file("{source}")' in mod.locals["worker_env"]
+    assert mod.locals["dask_env"].startswith("${merge(local.worker_env, {")
+    assert mod.locals["dask_env"].endswith("}, var.dask_env)}")
+    assert 'DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"' in mod.locals["dask_env"]
+    written = [*TF.rglob("*.tf"), *TEMPLATES.glob("*.tftpl")]
+    for key in worker_env():
+        assignment = re.compile(rf"\b{key}\s*=")
+        assert not [p.name for p in written if assignment.search(p.read_text())], key
 
 
 # --------------------------------------------------------------------------
@@ -932,6 +935,28 @@ def test_variable_validations(tmp_path, args, ok):
         assert '"c5.24xlarge"' in result.stdout
 
 
+def _module_with_worker_env(tmp_path: Path, files: str) -> Path:
+    """A folder ``terraform`` under ``tmp_path`` with ``files`` (main.tf's worker_env
+    local added), and the repository's worker.env where the module reads it."""
+    module = tmp_path / "terraform"
+    shutil.copytree(TEMPLATES, module / "templates")
+    (tmp_path / "pipeline" / "cluster").mkdir(parents=True)
+    shutil.copy(WORKER_ENV, tmp_path / "pipeline" / "cluster" / "worker.env")
+    main = (TF / "main.tf").read_text()
+    local = re.search(r"^  worker_env = \{\n.*?^  \}\n", main, re.S | re.M).group(0)
+    (module / "worker_env.tf").write_text("locals {\n" + local + "}\n")
+    (module / "render.tf").write_text(files)
+    return module
+
+
+@needs_terraform
+def test_terraform_reads_worker_env_as_the_package_does(tmp_path):
+    module = _module_with_worker_env(tmp_path, "")
+    result = _console(module, "jsonencode(local.worker_env)")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(json.loads(result.stdout.strip())) == worker_env()
+
+
 RENDER = textwrap.dedent(
     """
     locals {
@@ -940,16 +965,11 @@ RENDER = textwrap.dedent(
       registry = "123456789012.dkr.ecr.ap-southeast-2.amazonaws.com"
       tag      = "0123456789ab-dirty-20261121000000"
       image    = "${local.registry}/a-rather-long-repository-name/pipeline:${local.tag}"
-      dask_env = {
-        MKL_NUM_THREADS                            = "1"
-        OMP_NUM_THREADS                            = "1"
-        OPENBLAS_NUM_THREADS                       = "1"
-        DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG     = "4096"
-        DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
+      dask_env = merge(local.worker_env, {
         DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"
         AWS_REGION                                 = local.region
         AWS_DEFAULT_REGION                         = local.region
-      }
+      })
       files = {
         scheduler = ["ca.pem", "scheduler.pem", "scheduler-key.pem"]
         workers   = ["ca.pem", "worker.pem", "worker-key.pem"]
@@ -1001,21 +1021,19 @@ RENDER = textwrap.dedent(
 @needs_terraform
 @pytest.mark.parametrize("role", ["scheduler", "worker"])
 def test_rendered_user_data(tmp_path, role):
-    shutil.copytree(TEMPLATES, tmp_path / "templates")
-    (tmp_path / "render.tf").write_text(RENDER)
-    result = _console(tmp_path, f"jsonencode(local.{role})")
+    module = _module_with_worker_env(tmp_path, RENDER)
+    result = _console(module, f"jsonencode(local.{role})")
     assert result.returncode == 0, result.stderr
-    import json
-
     rendered = json.loads(json.loads(result.stdout.strip()))
     assert len(rendered.encode()) < USER_DATA_LIMIT * 0.6, len(rendered.encode())
     assert rendered.startswith("#!/bin/bash\n")
     assert "BEGIN" not in rendered and "PRIVATE KEY" not in rendered
     assert "${" not in rendered.replace("${INSTANCE_ID}", "").replace("${PRIVATE_IP}", "")
-    assert (
-        "MKL_NUM_THREADS=1\n" in rendered
-        and "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096\n" in rendered
-    )
+    # The container's --env-file: every variable of worker.env, and TLS required.
+    env_file = rendered.split("<<'DASKENV'\n", 1)[1].split("DASKENV\n", 1)[0]
+    lines = env_file.splitlines()
+    assert {f"{k}={v}" for k, v in worker_env().items()} <= set(lines), env_file
+    assert "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True" in lines
     if role == "worker":
         assert "--nworkers 192 --nthreads 1" in rendered
         assert "--host ${PRIVATE_IP}" in rendered

@@ -43,6 +43,7 @@ import psutil
 
 from benchmarks.fleet.scale_logs import scan_logs
 from harness.cluster_procs import (
+    ENCRYPTION_ENV,
     REPO_ROOT,
     ProcessManager,
     StartupError,
@@ -50,15 +51,18 @@ from harness.cluster_procs import (
     start_haproxy,
     start_scheduler,
 )
+from pipeline.cluster.environment import worker_env
 
-#: What the image ships (Dockerfile) and a fleet of this size needs; see docs/scale.md.
+#: What a fleet of this size needs of the deployments' environment (pipeline/cluster/
+#: worker.env): TLS required, Dask's comm settings, the thread pinning. The simulated
+#: workers have no nanny and preload nothing; docs/scale.md.
 FLEET_ENV = {
-    "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-    "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG": "4096",
-    "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60s",
-    "MKL_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
+    **ENCRYPTION_ENV,
+    **{
+        k: v
+        for k, v in worker_env().items()
+        if k.startswith("DASK_DISTRIBUTED__COMM__") or k.endswith("_NUM_THREADS")
+    },
 }
 
 SLEEP_MODULE = '''"""The scale simulation's task: sleeps, so a worker spends no CPU."""

@@ -14,21 +14,11 @@ import dask
 
 from ..config import RunOptions
 from ..errors import ClusterError, ConfigError
+from .environment import process_env
 
-#: Set in every worker process before numpy loads there. One task per worker
-#: thread, and BLAS must not start its own threads on top of that. glibc's heap
-#: kept for arrays under 32 MiB, trimmed above 64 MiB: Dask's nanny sets
-#: MALLOC_TRIM_THRESHOLD_=65536, which also fixes glibc's mmap threshold at 128 KiB,
-#: so every array over that was a fresh mapping, its pages faulted in again by each
-#: use: regression tasks of 2,500 chunks took 0.38-0.40 s with it, 0.25-0.26 s
-#: with these (median of 16 tasks, 2 workers).
-WORKER_ENV = {
-    "MKL_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-}
+#: Set in every worker process before numpy loads there: the variables of worker.env
+#: that native libraries read at a process's start (BLAS threads, glibc's malloc).
+WORKER_ENV = process_env()
 
 log = logging.getLogger(__name__)
 
