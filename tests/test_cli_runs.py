@@ -114,7 +114,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames
         workers.update(descendants(proc.pid))
         return bool(list(out.glob("cubes/manifest/part-*")))
 
-    # to the process group, as a terminal's Ctrl-C: each worker printed tracebacks
+    # to the process group, as a terminal's Ctrl-C: the workers must not print tracebacks
     stderr = interrupted(proc, started, "a first complete task", group=True)
     assert workers, "the embedded cluster runs worker processes"
     assert proc.returncode == 130, stderr
@@ -169,7 +169,7 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert again.stdout.startswith(
         "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
     ), again.stdout
-    # nothing ran to report on: said, where the folder asked for stayed empty unsaid
+    # nothing ran to report on: said, so that the empty report folder is explained
     assert "no report for job 'cubes'" in again.stderr and "nothing ran" in again.stderr
     assert not (tmp_path / "report").exists()
     assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
@@ -191,8 +191,8 @@ def test_several_jobs_space_is_checked_before_any_and_each_summary_told_as_it_en
                         f'dim = 6\ncubes = {cubes}\noutput = "{tmp_path / "out"}"\n')  # fmt: skip
         return path
 
-    # Together more than the disk holds: refused before the first job writes anything
-    # (the second's check came after the first had run, and its summary was lost).
+    # Together more than the disk holds: refused before the first job writes anything,
+    # every job's space checked before the first runs.
     too_much = pipeline("run", job("a", 40), job("b", 10**12))
     assert too_much.returncode == 1
     assert "still to write (jobs 'a' 69.1 kB, 'b' " in too_much.stderr, too_much.stderr

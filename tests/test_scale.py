@@ -86,8 +86,8 @@ def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
 
 
 def test_the_log_scan_reads_asyncios_untimed_messages_as_records_of_their_own(tmp_path):
-    # What CI once printed: a harmless handshake warning, then asyncio's report of an
-    # exception in the listener's accept callback, without a timestamp of its own.
+    # A harmless handshake warning, then asyncio's report of an exception in the
+    # listener's accept callback, without a timestamp of its own: a record of its own.
     (tmp_path / "scheduler.log").write_text(
         "2026-11-23 07:15:13,490 - distributed.comm.tcp - WARNING - Listener on "
         "'tls://127.0.0.1:48985': TLS handshake failed with remote 'tls://127.0.0.1:49070': "

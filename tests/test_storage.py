@@ -802,8 +802,8 @@ def test_open_file_reads_a_local_path_as_bytes_or_text(tmp_path):
 
 
 def test_a_local_write_under_a_file_is_one_storage_error(tmp_path):
-    # The clean-up of the temporary file raised NotADirectoryError while the first
-    # error was handled: two chained tracebacks instead of "cannot write ...".
+    # One StorageError, "cannot write ...": the clean-up of the temporary file must not
+    # raise a second error (NotADirectoryError) while the first is handled.
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(StorageError, match=r"cannot write .*a_file/x\.csv: "):
         LocalStore(tmp_path).write_bytes("a_file/x.csv", b"1,2\n")
