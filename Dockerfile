@@ -1,8 +1,10 @@
 # One image for every role of the pipeline: driver (`pipeline run ...`), Dask
 # scheduler (`dask scheduler ...`) and Dask worker (`dask worker ...`). The
-# command picks the role; there is no entrypoint wrapper, so `docker run IMAGE
-# dask worker ...` (Terraform's user data) and `docker compose run driver
-# pipeline run ...` both run exactly what they say.
+# command picks the role. The entrypoint only sets the Dask processes'
+# environment (pipeline/cluster/worker.env, its one source; a variable the
+# container is given wins) and execs the command, so `docker run IMAGE dask
+# worker ...` (Terraform's user data) and `docker compose run driver pipeline
+# run ...` both run exactly what they say.
 #
 #   docker build -t pipeline:local .                      # the runtime image
 #   docker build --build-arg BASE_IMAGE=python:3.12-slim -t pipeline:py312 .
@@ -69,13 +71,16 @@ COPY pyproject.toml /src/
 COPY pipeline/ /src/pipeline/
 COPY examples/ /rootfs/opt/pipeline/examples/
 COPY deploy/compose/certs.sh deploy/compose/make_bucket.py deploy/compose/healthcheck.py /rootfs/opt/pipeline/compose/
+COPY deploy/worker-env.sh /rootfs/usr/local/bin/pipeline-worker-env
 # A bare virtualenv at the same path, so that the console script's shebang is
 # /opt/venv/bin/python.
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps --target /rootfs/opt/pipeline/lib /src \
  && mkdir -p /rootfs/opt/venv /rootfs/usr/local/bin \
  && mv /rootfs/opt/pipeline/lib/bin /rootfs/opt/venv/bin \
- && mv /rootfs/opt/pipeline/compose/healthcheck.py /rootfs/usr/local/bin/pipeline-healthcheck
+ && mv /rootfs/opt/pipeline/compose/healthcheck.py /rootfs/usr/local/bin/pipeline-healthcheck \
+ && chmod 0755 /rootfs/usr/local/bin/pipeline-worker-env \
+ && install -D -m 0644 /src/pipeline/cluster/worker.env /rootfs/etc/pipeline/worker.env
 
 # --------------------------------------------------------------- objectstore
 # An S3-compatible store for the local Compose stack only: moto's server
@@ -94,37 +99,15 @@ CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py"]
 
 # ------------------------------------------------------------------- runtime
 FROM base AS runtime
-# Thread pinning: one task per single-threaded worker, and BLAS must not start
-# threads of its own on top. MALLOC_*: glibc keeps its heap for arrays under
-# 32 MiB (Dask's nanny would set a 64 KiB trim threshold, which turns every
-# array over 128 KiB into a fresh mapping: tasks 35 % slower; pipeline/cluster/connect.py). Dask settings the reference deployment needed at
-# scale: a deep listen backlog for thousands of workers connecting at once,
-# and a connect timeout that survives a busy scheduler's TLS handshakes.
-# WORKER_TTL: a worker silent this long is removed; Dask spaces heartbeats at
-# workers/200 + 1 s (11 s at 2,000 workers), so 300 s is over 25 missed ones
-# and outlasts the scheduler's event-loop stalls measured at 1,000 workers
-# (docs/scale.md).
+# The Dask processes' environment (thread pinning, glibc's heap, Dask's fleet
+# settings, the worker and nanny preloads, the drain time) is not written here:
+# the entrypoint sets it from /etc/pipeline/worker.env, a copy of
+# pipeline/cluster/worker.env, which says why each value. Give `docker stop` a
+# longer timeout than PIPELINE_DRAIN_SECONDS there.
 # MPLCONFIGDIR: matplotlib (if a task imports it) needs a writable directory;
 # /tmp is writable for any uid the container is run as.
 # HEALTHCHECK_PORTS: see the health check below; empty = no port to check.
-# DASK_DISTRIBUTED__WORKER__PRELOAD: workers import what tasks use at start
-# (pipeline/cluster/worker.py), not in every job's first task.
-# DASK_DISTRIBUTED__NANNY__PRELOAD, PIPELINE_DRAIN_SECONDS: a worker asked to leave
-# (SIGTERM: docker stop, a spot notice) lets its running tasks finish, up to 50 s,
-# and is retired before it stops (pipeline/cluster/drain.py); give `docker stop` a
-# longer timeout.
 ENV PATH=/opt/venv/bin:$PATH \
-    MKL_NUM_THREADS=1 \
-    OMP_NUM_THREADS=1 \
-    OPENBLAS_NUM_THREADS=1 \
-    MALLOC_TRIM_THRESHOLD_=67108864 \
-    MALLOC_MMAP_THRESHOLD_=33554432 \
-    DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096 \
-    DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s \
-    DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s \
-    DASK_DISTRIBUTED__WORKER__PRELOAD='["pipeline.cluster.worker"]' \
-    DASK_DISTRIBUTED__NANNY__PRELOAD='["pipeline.cluster.drain"]' \
-    PIPELINE_DRAIN_SECONDS=50 \
     MPLCONFIGDIR=/tmp/matplotlib \
     HEALTHCHECK_PORTS= \
     HEALTHCHECK_MIN_LISTENING=
@@ -138,6 +121,7 @@ EXPOSE 8786 8787
 # container runs.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python", "/usr/local/bin/pipeline-healthcheck"]
+ENTRYPOINT ["/usr/local/bin/pipeline-worker-env"]
 CMD ["pipeline", "--help"]
 WORKDIR /opt/pipeline
 USER 10001:10001

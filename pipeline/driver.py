@@ -219,8 +219,8 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     finished = completed_job(workload, options)
     if finished is None:
         price = worker_price(options)
-        # The report and the driver's profile as `pipeline run` writes them: checked
-        # above, they were then left unwritten, unsaid
+        # The report and the driver's profile, written as `pipeline run` writes them
+        # (their paths are checked above)
         with contextlib.ExitStack() as stack, _profiled(options.profile):
             if client is None:
                 client = stack.enter_context(connect(options))

@@ -85,7 +85,7 @@ class Interrupted(KeyboardInterrupt):
 
     def recounted(self) -> str:
         """The message with the units complete counted again: tasks running at the
-        interrupt go on completing until the cluster has stopped (163 said, 203 found)."""
+        interrupt go on completing until the cluster has stopped, and a rerun finds them."""
         if self._recount is not None:
             with contextlib.suppress(Exception):  # the store gone too: the first count stands
                 self.units_complete = self._recount()

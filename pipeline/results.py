@@ -348,7 +348,8 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
     if rows:
         lines = [f"{found.where}: table {found.name!r}, {rows:,} rows"]
     else:
-        # (pandas printed "Empty DataFrame", and ten index entries for a table of no columns)
+        # Said in words: pandas' text of an empty table (and of a table of no columns) is
+        # noise that reads as a failure.
         columns = f" (its columns: {', '.join(schema.names)})" if schema.names else ""
         lines = [f"{found.where}: table {found.name!r} is empty: no rows{columns}"]
     if note:

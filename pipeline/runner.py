@@ -52,8 +52,8 @@ WAIT_FOR_WORKERS = WORKERLESS_SECONDS
 
 def _wait_for_a_worker(client) -> int:
     """The cluster's worker threads, once it has one. A scheduler without workers (none
-    started yet, or all gone) is an error before any task: the tasks waited 60 s each
-    in joblib and every unit was failed with its advice, after 6 minutes."""
+    started yet, or all gone) is an error before any task, not a wait on every task
+    and every unit failed with the same advice minutes later."""
     workers = worker_threads(client)
     if workers:
         return workers

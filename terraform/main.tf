@@ -71,20 +71,21 @@ locals {
 
   log_group_name = "/${var.name}/dask"
 
-  # Environment of every Dask container. The image sets the same values; they
-  # are repeated here so any image runs correctly on this cluster.
-  dask_env = merge({
-    MKL_NUM_THREADS                            = "1"
-    OMP_NUM_THREADS                            = "1"
-    OPENBLAS_NUM_THREADS                       = "1"
-    MALLOC_TRIM_THRESHOLD_                     = "67108864"
-    MALLOC_MMAP_THRESHOLD_                     = "33554432"
-    DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG     = "4096"
-    DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
-    DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL    = "300s"
+  # The Dask processes' environment, from its one source in the repository this
+  # module is part of (a local path or a git source of the module brings the whole
+  # repository along). The image's entrypoint sets the same from the same file; the
+  # module passes it too, so that an image of another build runs correctly here.
+  worker_env = {
+    for kv in [
+      for line in split("\n", file("${path.module}/../pipeline/cluster/worker.env")) :
+      regex("^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line) if can(regex("^[A-Za-z_][A-Za-z0-9_]*=", line))
+    ] : kv[0] => kv[1]
+  }
+
+  # Environment of every Dask container: the above, TLS required (this cluster's
+  # transport), the region, then the caller's additions.
+  dask_env = merge(local.worker_env, {
     DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"
-    DASK_DISTRIBUTED__NANNY__PRELOAD           = "[\"pipeline.cluster.drain\"]"
-    PIPELINE_DRAIN_SECONDS                     = "50"
     AWS_REGION                                 = local.region
     AWS_DEFAULT_REGION                         = local.region
   }, var.dask_env)

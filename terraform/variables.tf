@@ -367,7 +367,7 @@ variable "health_check_grace_period_seconds" {
 }
 
 variable "dask_env" {
-  description = "Extra environment variables for the Dask containers (added after the module's own: thread pinning to 1, DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s, DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL=300s, DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True; docs/scale.md gives the settings for 500 to 2,000 workers). Never put secrets here: they end up in user data."
+  description = "Extra environment variables for the Dask containers (added after the module's own: those of the repository's pipeline/cluster/worker.env (thread pinning, glibc's heap, Dask's settings for large fleets, the preloads, the drain time; docs/scale.md gives the settings for 500 to 2,000 workers), DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True and the region). Never put secrets here: they end up in user data."
   type        = map(string)
   default     = {}
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the tests
 pytest_plugins = ["s3_server"]  # moto_server, s3, s3_bucket fixtures
 
 # Workers inherit this: the tests' layout cache never touches the user's ~/.cache.
@@ -29,20 +27,6 @@ def _no_env_leaks():
     yield
     after = {k: v for k, v in os.environ.items() if k.startswith(("PIPELINE_", "AWS_"))}
     assert after == before, f"environment leaked: {set(after.items()) ^ set(before.items())}"
-
-
-def venv_commands(bin_dir: Path) -> Path:
-    """Write ``python`` and ``pipeline`` wrappers for this interpreter into ``bin_dir``.
-
-    Scripts that exec ``sys.executable``, not symlinks to it: a venv's interpreter
-    started through a symlink outside the venv does not see the venv's packages.
-    """
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, args in (("python", ""), ("python3", ""), ("pipeline", " -m pipeline")):
-        wrapper = bin_dir / name
-        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
-        wrapper.chmod(0o755)
-    return bin_dir
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """An in-process moto S3 server on loopback, and pytest fixtures around it.
 
-tests/conftest.py puts tests/ on ``sys.path``; load the fixtures for every module
-with ``pytest_plugins = ["s3_server"]`` in the conftest, or in one module with
-``s3 = s3_server.s3`` (etc.) at module level. Fixtures:
+pytest puts tests/ on ``sys.path`` (pyproject.toml's ``pythonpath``); load the fixtures
+for every module with ``pytest_plugins = ["s3_server"]`` in the conftest, or in one module
+with ``s3 = s3_server.s3`` (etc.) at module level. Fixtures:
 
 * ``moto_server`` (session): the endpoint URL, ``http://127.0.0.1:<port>``. The
   server is one per process (:func:`moto_endpoint`) whichever modules import it.

@@ -62,11 +62,11 @@ def test_frames_named_as_a_file_are_told_to_be_a_folder(tmp_path):
     frame = frames_in(tmp_path) / "frame-00000.parquet"
     with pytest.raises(InputError, match=r"frames .*frame-00000\.parquet is a file; frames are a "
                        "folder"):  # fmt: skip
-        run_cubes(tmp_path, frame)  # ("has no .parquet files", it said)
+        run_cubes(tmp_path, frame)  # a file given for a folder is named as such
 
 
 def test_files_named_as_a_writers_own_are_not_frames(tmp_path):
-    # _SUCCESS, _tmp.parquet, .part.parquet: a broken _tmp.parquet failed the job
+    # _SUCCESS, _tmp.parquet, .part.parquet: a writer's own files, never frames
     from pipeline.workloads.cubes.frames import inspect_frames
 
     path = frames_in(tmp_path)
@@ -77,8 +77,8 @@ def test_files_named_as_a_writers_own_are_not_frames(tmp_path):
 
 
 def test_data_frames_refuses_a_folder_of_frames_unless_overwrite(tmp_path):
-    # It overwrote the first frames silently, even with another shape: 3 frames of 5x5
-    # and 9 of 30x20 were left in one folder.
+    # Writing frames into a folder of frames would mix two sets (even of other shapes)
+    # in one folder: refused unless --overwrite, which replaces them wholly.
     def frames(*args):
         argv = [sys.executable, "-m", "pipeline", "data", "frames", "--out", str(path), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -316,7 +316,7 @@ def test_a_missing_dataset_is_told_from_one_without_parquet_files(tmp_path):
     from pipeline.inputs.dataset import discover
 
     with pytest.raises(InputError, match=r"nosuchdir: no such folder or file$"):
-        discover(str(tmp_path / "nosuchdir"))  # "no .parquet files there", it said
+        discover(str(tmp_path / "nosuchdir"))  # missing, not "no .parquet files there"
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text("x")
     with pytest.raises(InputError, match=r"texts: no \.parquet files there"):

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cluster_procs import (
+from tcp_cutter import TcpCutter
+from workloads import SquaresWorkload
+
+from harness.cluster_procs import (
     REPO_ROOT,
     ProcessManager,
     free_port,
@@ -29,9 +32,6 @@ from cluster_procs import (
     start_scheduler,
     start_worker,
 )
-from tcp_cutter import TcpCutter
-from workloads import SquaresWorkload
-
 from pipeline import RunOptions, connect, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -249,7 +249,7 @@ def test_a_worker_sent_sigterm_leaves_and_nothing_is_lost_failed_or_duplicated(t
 
 def test_a_worker_that_cannot_serve_its_results_does_not_hold_up_the_run(tmp_path):
     # A worker that heartbeats but answers no request for the data it holds (a process
-    # of many simulated workers, swamped): results fetched from it were waited for,
+    # of many simulated workers, swamped): results fetched from it would be waited for,
     # rescheduled and fetched again, for ever. Receipts never need that fetch.
     from distributed.diagnostics.plugin import WorkerPlugin
 

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -64,6 +65,16 @@ def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if Path(f"/proc/{p}").exists()}
 
 
+def session_alive(sid: int) -> bool:
+    """Whether a process of session ``sid`` (its leader started with
+    ``start_new_session``) is still there."""
+    try:
+        os.killpg(sid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -103,7 +114,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames
         workers.update(descendants(proc.pid))
         return bool(list(out.glob("cubes/manifest/part-*")))
 
-    # to the process group, as a terminal's Ctrl-C: each worker printed tracebacks
+    # to the process group, as a terminal's Ctrl-C: the workers must not print tracebacks
     stderr = interrupted(proc, started, "a first complete task", group=True)
     assert workers, "the embedded cluster runs worker processes"
     assert proc.returncode == 130, stderr
@@ -158,7 +169,7 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
     assert again.stdout.startswith(
         "cubes job 'cubes' is complete: 40 cubes; nothing left to run"
     ), again.stdout
-    # nothing ran to report on: said, where the folder asked for stayed empty unsaid
+    # nothing ran to report on: said, so that the empty report folder is explained
     assert "no report for job 'cubes'" in again.stderr and "nothing ran" in again.stderr
     assert not (tmp_path / "report").exists()
     assert "dashboard" not in again.stderr and "worker threads" not in again.stderr
@@ -180,8 +191,8 @@ def test_several_jobs_space_is_checked_before_any_and_each_summary_told_as_it_en
                         f'dim = 6\ncubes = {cubes}\noutput = "{tmp_path / "out"}"\n')  # fmt: skip
         return path
 
-    # Together more than the disk holds: refused before the first job writes anything
-    # (the second's check came after the first had run, and its summary was lost).
+    # Together more than the disk holds: refused before the first job writes anything,
+    # every job's space checked before the first runs.
     too_much = pipeline("run", job("a", 40), job("b", 10**12))
     assert too_much.returncode == 1
     assert "still to write (jobs 'a' 69.1 kB, 'b' " in too_much.stderr, too_much.stderr
@@ -349,26 +360,51 @@ def test_an_input_error_found_while_the_cluster_starts_leaves_no_process(tmp_pat
 
 
 def test_an_interrupted_estimate_deletes_its_scratch_output(tmp_path):
-    # Its tasks went on writing after the scratch folder was deleted, and made it
-    # again: a folder of parts was left in the temporary directory each time.
-    (tmp_path / "slow.py").write_text("import time\ndef f(a):\n    time.sleep(0.2)\n"
-                                      "    return {'v': a}\n")  # fmt: skip
+    # Tasks still running at the interrupt must not write into the scratch folder once
+    # it is deleted. The first unit to start returns at once (its task's part shows the
+    # estimate under way); every other one waits for a file the test makes only after
+    # the interrupt, so the estimate cannot finish first.
+    first, release = tmp_path / "first", tmp_path / "release"
+    (tmp_path / "gated.py").write_text(
+        textwrap.dedent(f"""\
+        import os
+        import time
+
+
+        def f(a):
+            try:
+                os.close(os.open({str(first)!r}, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                while not os.path.exists({str(release)!r}):
+                    time.sleep(0.01)
+            return {{"v": a}}
+        """)
+    )
     points = ", ".join(map(str, range(60)))
-    (tmp_path / "slow.toml").write_text(
-        f'workload = "map"\nfunction = "slow:f"\nunits_per_task = 2\n[grid]\na = [{points}]\n'
+    (tmp_path / "gated.toml").write_text(
+        f'workload = "map"\nfunction = "gated:f"\nunits_per_task = 1\n[grid]\na = [{points}]\n'
     )
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "estimate", "slow.toml"],
+        [sys.executable, "-m", "pipeline", "estimate", "gated.toml"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         start_new_session=True, cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
-    parts = "pipeline-estimate-*/slow/results/part-*"
-    stderr = interrupted(proc, lambda: list(scratch.glob(parts)), "a first probe's part")
+    parts = "pipeline-estimate-*/gated/results/part-*"
+    try:
+        wait_for(lambda: list(scratch.glob(parts)), 120, "the first unit's part")
+        proc.send_signal(signal.SIGINT)
+        release.touch()  # the waiting units finish now, while the estimate stops
+        stderr = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == (
         "interrupted: no estimate; its scratch output is deleted"
     ), stderr
-    time.sleep(2)  # a task still running would write within this
+    # Once no process of the command's session is left, nothing can write any more.
+    wait_for(lambda: not session_alive(proc.pid), 30, "the estimate's processes to exit")
     assert not list(scratch.glob("pipeline-estimate-*")), list(scratch.rglob("*"))

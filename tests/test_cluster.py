@@ -9,19 +9,17 @@ import pytest
 
 from pipeline import RunOptions, connect
 from pipeline.cluster.connect import ClusterStart
+from pipeline.cluster.environment import parse_env, process_env, worker_env
 from pipeline.errors import ConfigError
 
 
-def _thread_facts():
+def _thread_facts(keys):
     # Runs in a worker process: numpy was imported there after the variables were set.
     import numpy  # noqa: F401
     from threadpoolctl import threadpool_info
 
     return {
-        "env": {
-            k: os.environ.get(k)
-            for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-        },
+        "env": {k: os.environ.get(k) for k in keys},
         "pools": [(p["internal_api"], p["num_threads"]) for p in threadpool_info()],
         "pid": os.getpid(),
     }
@@ -31,16 +29,41 @@ def test_workers_are_processes_with_one_thread_and_pinned_blas(client):
     info = client.scheduler_info()["workers"]
     assert len(info) == 2
     assert all(w["nthreads"] == 1 for w in info.values())
-    facts = client.run(_thread_facts)
+    # The embedded workers' environment is worker.env's native-library variables: the
+    # thread pinning among them.
+    pinned = {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    assert pinned.items() <= process_env().items()
+    facts = client.run(_thread_facts, list(process_env()))
     assert len({f["pid"] for f in facts.values()} | {os.getpid()}) == 3  # real processes
     for f in facts.values():
-        assert f["env"] == {
-            "MKL_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-        }
+        assert f["env"] == process_env()
         assert f["pools"], "threadpoolctl found no BLAS/OpenMP pool to check"
         assert all(n == 1 for _api, n in f["pools"]), f["pools"]
+
+
+def test_the_embedded_workers_take_the_native_library_variables_of_worker_env():
+    env = worker_env()
+    assert process_env() == {k: env[k] for k in env if not k.startswith(("DASK_", "PIPELINE_"))}
+    assert set(process_env()) == {
+        "MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+        "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+    }  # fmt: skip
+    # Package data: where an installed pipeline finds it.
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "cluster/worker.env" in pyproject["tool"]["setuptools"]["package-data"]["pipeline"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['A="1"', "A='1'", "A=1 # one", "A=", "1A=1", "A B=1", "export A=1", "A=1\nA=2"],
+)
+def test_worker_env_refuses_what_another_reader_would_read_otherwise(line):
+    assert parse_env("# a comment\n\nB=2\n") == {"B": "2"}
+    with pytest.raises(ValueError, match=r"worker\.env line \d"):
+        parse_env(line)
 
 
 def test_default_worker_count_is_the_core_count():

@@ -32,8 +32,8 @@ def test_precedence_flag_over_file_over_env_over_default(tmp_path):
 
 
 def test_the_workload_resolves_as_settings_do(tmp_path):
-    # PIPELINE_WORKLOAD was ignored: the job ran as cubes, and its map or regressions
-    # flags were refused as not applying to a 'cubes' job.
+    # PIPELINE_WORKLOAD picks the workload like any setting, so the workload's own
+    # flags apply (not refused as not applying to a 'cubes' job).
     env = {"PIPELINE_WORKLOAD": "regressions"}
     (job,) = load_jobs([], {"data": "d", "formula": "y ~ x", "chunk_by": "g"}, environ=env)
     assert job.workload == "regressions" and job.settings.formula == "y ~ x"
@@ -64,7 +64,8 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
     assert job.options.task_seconds == 0.5
     with pytest.raises(ConfigError, match="environment PIPELINE_WORKERS: 'many' is not an integer"):
         load_jobs([], {}, environ={"PIPELINE_WORKERS": "many"})
-    # nan passed "at least 0.01" (no comparison with it is true) and the run hung
+    # nan is refused by name: no comparison with it is true, so "at least 0.01" would
+    # pass it, and a run with it would never end
     with pytest.raises(ConfigError, match="PIPELINE_TASK_SECONDS: nan is not a finite number"):
         load_jobs([], {}, environ={"PIPELINE_TASK_SECONDS": "nan"})
     with pytest.raises(ConfigError, match="inf is not a finite number"):
@@ -77,7 +78,8 @@ def test_env_vars_are_parsed_by_type_and_bad_ones_named(tmp_path):
 
 
 def test_workers_with_a_scheduler_is_refused_unless_an_exported_default(tmp_path):
-    # --workers sizes the embedded cluster: with a scheduler it was ignored unsaid.
+    # --workers sizes the embedded cluster: with a scheduler it cannot apply, so it is
+    # refused rather than ignored.
     with pytest.raises(ConfigError, match=r"workers = 7 \(--workers, PIPELINE_WORKERS\)"):
         load_jobs([], {"scheduler": "tcp://127.0.0.1:8786", "workers": 7}, environ={})
     path = write(tmp_path, 'scheduler = "tcp://127.0.0.1:8786"\n')
@@ -158,7 +160,7 @@ def test_a_grid_may_be_a_list_of_points_in_any_of_its_forms(tmp_path):
     with pytest.raises(ConfigError, match=r"mixed.json: item 1 is \[2\] \(list\)"):
         load_jobs([], {"grid": str(tmp_path / "mixed.json")}, workload="map", environ={})
     (tmp_path / "empty.csv").write_text("alpha,n\n")
-    # (it said "--grid: file empty.csv is not a table: --grid: file empty.csv: an empty list")
+    # An empty table is said in its own words, once, not as "not a table".
     no_rows = r"no rows; expected a row per call \(a header line and at least one row, for a CSV\)$"
     with pytest.raises(ConfigError, match=rf"^--grid: file \S*empty.csv has {no_rows}"):
         load_jobs([], {"grid": str(tmp_path / "empty.csv")}, workload="map", environ={})
@@ -186,8 +188,8 @@ def test_files_the_driver_writes_must_be_local_paths(tmp_path):
 
 
 def test_report_and_profile_paths_are_checked_before_any_task(tmp_path):
-    # A folder given as --profile-tasks failed after the last task, and the job was
-    # left without its consolidated manifest; the others failed with tracebacks.
+    # Output paths the run writes at its end are checked before any task: a bad one
+    # found at the end would cost the run's work and leave the job unfinished.
     from pipeline import run_jobs
 
     (tmp_path / "a_folder").mkdir()
@@ -206,7 +208,7 @@ def test_report_and_profile_paths_are_checked_before_any_task(tmp_path):
 
 
 def test_an_input_inside_the_jobs_own_folder_is_refused(tmp_path):
-    # --overwrite empties the job's folder: it deleted frames kept there.
+    # --overwrite empties the job's folder, so inputs kept there would be deleted.
     from pipeline import run_jobs
     from pipeline.storage import LocalStore
     from pipeline.workloads.cubes.frames import write_frames
@@ -238,7 +240,8 @@ def test_several_jobs_profiles_need_a_file_each(tmp_path):
 
 
 def test_a_later_job_files_cluster_settings_must_be_the_firsts(tmp_path):
-    # They were ignored: the order of the files decided the workers and the dashboard.
+    # One cluster serves every job of a command: a later job's differing settings are
+    # refused, not ignored (the file order would otherwise decide them).
     from pipeline import run_jobs
 
     (tmp_path / "a.toml").write_text("cubes = 1\n")
@@ -281,7 +284,8 @@ def test_several_job_files_share_flags(tmp_path):
 
 
 def test_a_cube_seed_is_a_64_bit_word():
-    # 2**64 passed, then every cube failed with OverflowError (the Philox key's word).
+    # The seed is the Philox key's 64-bit word: a larger one is refused up front, not
+    # an OverflowError in every cube.
     from pipeline import CubeJob
 
     with pytest.raises(ConfigError, match=r"seed=18446744073709551616.*must be less than"):
@@ -290,7 +294,7 @@ def test_a_cube_seed_is_a_64_bit_word():
 
 
 def test_an_empty_job_file_is_refused(tmp_path):
-    # It ran the default job: 1,000 cubes of 100^3 and 100 frames, 8.4 GB written.
+    # Refused, not the default job: that writes 1,000 cubes of 100^3 (8.4 GB).
     for text in ("", "# only a comment\n"):
         (tmp_path / "empty.toml").write_text(text)
         with pytest.raises(ConfigError, match=r"empty\.toml: no settings in it; a job file says "
@@ -399,8 +403,8 @@ def test_a_plugin_that_does_not_import_leaves_every_other_command_working(tmp_pa
 
 
 def test_a_plugin_setting_named_like_a_run_option_is_refused(install_plugin):
-    # Its --workers (a string) replaced the run's, and `--workers 1` then failed
-    # every job, the built-ins' too.
+    # A plug-in setting must not shadow a run option's flag: the run's --workers
+    # would take the plug-in's type for every job, the built-ins' too.
     from pipeline import registry
 
     install_plugin("clash", "clashmod:ClashWorkload", plugin_source({"workers": "str"}))
@@ -439,8 +443,8 @@ def plugin_source(settings: dict[str, str], preflight: str = "pass") -> str:
 
 
 def test_a_plugin_setting_named_like_a_builtins_is_parsed_by_each_ones_type(tmp_path, frames_dir):
-    # A plug-in's `dim: str` replaced the cubes' integer flag: `--dim 5` was refused
-    # for a cube job, and --help showed its help for the regressions' --model.
+    # Workloads' settings of the same name are each parsed by their own type and keep
+    # their own help: a plug-in's `dim: str` must not change the cubes' integer --dim.
     said = "raise InputError(f'tagger got dim={self.job.dim!r}, model={self.job.model!r}')"
     _plugin(tmp_path, "tagger", "tagmod:ClashWorkload",
             plugin_source({"dim": "str", "model": "str"}, said))  # fmt: skip

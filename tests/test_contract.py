@@ -281,7 +281,7 @@ PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
         ("a ValueError in preflight", "its preflight failed: ValueError: threshold must be"),
         # (the input failing, not the plug-in: a StorageError, not a WorkloadError)
         ("an unreadable input", r"its inputs could not be read: .*inputs/a\.csv"),
-        # recorded as a memory address: every rerun was refused "with other settings"
+        # a memory address, another each run: every rerun would be "other settings"
         ("an object in the fingerprint", r"fingerprint\(\) key 'obj' holds <workloads.Opaque "
          r"object at 0x[0-9a-f]+>, which the job's record \(JSON\) cannot keep"),
     ],
@@ -298,7 +298,7 @@ def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, cli
 
 
 def test_a_plugin_may_write_verify_job_as_a_staticmethod(tmp_path, client):
-    # The entry check looked up verify_job.__func__: every task of it failed.
+    # verify_job may be a staticmethod: the entry check must not need __func__.
     from workloads import StaticVerifyWorkload
 
     out = tmp_path / "out"

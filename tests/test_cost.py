@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from workloads import SquaresWorkload
@@ -27,9 +28,8 @@ def options(out, **kw):
 
 def test_the_packaged_table_covers_the_terraform_defaults():
     import hcl2
-    from conftest import ROOT
 
-    with open(ROOT / "terraform" / "variables.tf") as f:
+    with open(Path(__file__).resolve().parents[1] / "terraform" / "variables.tf") as f:
         # python-hcl2 >= 7 keeps the quotes of labels and string literals.
         variables = {k.strip('"'): v for d in hcl2.load(f)["variable"] for k, v in d.items()}
     table = load_prices()
@@ -191,7 +191,7 @@ def test_a_projection_of_waiting_tasks_says_the_cores_are_not_what_binds():
     p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=computed), here)
     assert p.notes == [] and projection_lines(p)[0].endswith("bound by CPU")
     # Not on the CPU, but runnable: the machine's cores were busy with other work, which
-    # more workers would not overlap (the note said they would).
+    # more workers would not overlap, so no note says they would.
     queued = dataclasses.replace(waited, cpu=2.5, runq=7.0)
     p = project(make_layout(200), dataclasses.replace(_sample(per_unit=0.2), spent=queued), here)
     assert projection_lines(p)[0].endswith(
@@ -217,7 +217,8 @@ def test_the_tasks_floor_is_named_by_the_tasks_that_make_most_of_it():
     assert projection_lines(small)[0].endswith(
         "bound by loading inputs (input-bound: loading inputs was 75% of the probes' tasks' time)"
     )
-    # A fleet writes to S3: the writes were timed to a disk, which the projection says.
+    # A fleet writes to S3 while the writes here were timed to a disk: the projection
+    # says so.
     fleet = project(make_layout(10**6), sample, parse_fleet("c5.24xlarge:1", load_prices()))
     assert fleet.task_bound == "disk-bound"
     assert "the tasks' writes were timed to a disk (this estimate's output)" in fleet.notes[0]
@@ -240,8 +241,8 @@ def test_an_estimate_without_a_full_size_round_keeps_the_probes_model(tmp_path, 
 
 
 def test_an_estimate_says_when_the_units_it_ran_failed(tmp_path, client):
-    # A function that raised for every unit was estimated as if it had worked (the
-    # failures' time projected as the job's, exit 0); for some, said nothing either.
+    # Units that raise are not work to project: an estimate whose every unit failed is
+    # an error, and one where some failed says how many.
     from pipeline import MapJob, MapWorkload
     from pipeline.errors import PipelineError
 
@@ -267,7 +268,7 @@ class _LaterUnitsCostMore(SquaresWorkload):
 def test_an_estimate_samples_the_whole_job_not_only_its_first_units(tmp_path, client):
     # The probes run the job's first units; the full-size tasks are spread
     # over the job, so a job whose later units cost more (a grid's larger sizes) is
-    # not projected at the cost of the units right after the probes (it was: 1x
+    # not projected at the cost of the units right after the probes (here 1x
     # unit_seconds, against 2.5x on average).
     est = estimate(
         lambda opts: _LaterUnitsCostMore("sq", 600, unit_seconds=0.01),
@@ -412,9 +413,8 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
 
 @pytest.mark.integration
 def test_an_estimate_names_the_bound_as_the_runs_summary_does(s3, s3_bucket, frames_dir):
-    # Shards to S3 (here moto): the run said "S3-bound: ... writing 12.2 s per worker of
-    # 13.3 s", its estimate "bound by CPU", calling the tasks' makespan CPU whatever
-    # they spent it on. Both now name it from the same phases.
+    # Shards to S3 (here moto): the run and its estimate name the bound from the same
+    # phases, so an S3-bound run is not estimated as bound by CPU.
     from pipeline import connect, load_jobs
     from pipeline.summary import bottleneck
 
@@ -460,7 +460,7 @@ def test_the_summary_names_what_bound_the_run_and_reads_short_times():
         "CPU-bound: 2 workers busy 95% of the run, waiting for a core 32% of that time (other "
         "processes, or more workers than cores)"
     )
-    # (small figures keep their digits: it said "wrote 0.00 GB at 0.00 GB/s")
+    # (small figures keep their digits, never "wrote 0.00 GB at 0.00 GB/s")
     assert bottleneck(run(10.0, 19.0, compute=4.0, writing=15.0)) == (
         "disk-bound: wrote 1.0 MB at 100.0 kB/s; units were built at 2,000/s"
     )
@@ -492,7 +492,8 @@ def test_slow_rates_and_single_units_read_right():
 
 
 def test_an_estimate_refuses_the_flags_of_a_run_it_would_ignore(tmp_path):
-    # --report, --profile, --overwrite... were listed and silently ignored.
+    # --report, --profile, --overwrite...: an estimate runs no job, so they are
+    # refused rather than silently ignored.
     from click.testing import CliRunner
 
     from pipeline.cli import main
@@ -505,8 +506,9 @@ def test_an_estimate_refuses_the_flags_of_a_run_it_would_ignore(tmp_path):
 
 
 def test_a_price_file_without_the_fleets_scheduler_or_load_balancer(tmp_path):
-    # The scheduler's message offered --price-per-worker-hour (which prices no fleet),
-    # and a missing NLB price was a silent $0.
+    # A missing scheduler price is refused with the price file as the fix (not
+    # --price-per-worker-hour, which prices no fleet), and a missing NLB price too,
+    # never a silent $0.
     from pipeline import ConfigError
     from pipeline.costs.prices import load_prices
 

@@ -10,33 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from cube_jobs import cube_job, load_manifest, run
 
-from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
+from pipeline import ConfigError, InputError, load_jobs, read_shard
 from pipeline.workloads.cubes import cube_columns
-
-
-def cube_job(out, frames_dir, **settings):
-    cli = {
-        "output": str(out),
-        "frames": str(frames_dir),
-        "cubes": 40,
-        "dim": 10,
-        "seed": 3,
-        "cubes_per_shard": 4,
-        "progress": False,
-        **settings,
-    }
-    (job,) = load_jobs([], cli, environ={})
-    return job
-
-
-def run(job, client, messages=None):
-    echo = messages.append if messages is not None else (lambda m: None)
-    return run_job(job.build(), job.options, client, echo=echo)
-
-
-def load_manifest(out, job_id="cubes"):
-    return pq.read_table(out / job_id / "manifest.parquet").to_pandas()
 
 
 def frames(frames_dir):
@@ -97,7 +74,7 @@ def test_frames_whose_first_column_is_a_date_build_cubes(tmp_path, client):
 
 def test_a_pandas_index_stored_in_the_frames_is_never_drawn(tmp_path, client, caplog):
     # DataFrame.to_parquet keeps an index that is not a plain range as a last column,
-    # __index_level_0__: it was drawn as data, in 49 of 50 cubes (values from 1000 up).
+    # __index_level_0__: it is not data, and no cube may draw from it.
     rng = np.random.default_rng(1)
     folder = tmp_path / "frames"
     folder.mkdir()
@@ -125,8 +102,8 @@ def test_a_pandas_index_stored_in_the_frames_is_never_drawn(tmp_path, client, ca
 
 
 def test_frames_in_subfolders_are_not_the_folders_frames(tmp_path, client, caplog):
-    # The recursive listing took 2023-old/frame-*.parquet, which sorts ahead of the
-    # folder's own frame-*.parquet: every cube was from the old subfolder.
+    # A folder's frames are its own files: a subfolder's (2023-old/frame-*.parquet
+    # sorts ahead of them) must not stand in for them.
     from pipeline.storage import LocalStore
     from pipeline.workloads.cubes.frames import write_frames
 
@@ -162,8 +139,8 @@ def test_frames_in_s3_subfolders_are_not_the_prefixs_frames(s3, s3_bucket):
 
 @pytest.mark.parametrize("sink", ["store", "none"])
 def test_the_workers_busy_time_covers_loading_the_frames(tmp_path, frames_dir, client, sink):
-    # A task's busy time began after its frames were loaded: an input-bound run was
-    # costed (worker-seconds) and its workers' busy share given at a tenth.
+    # A task's busy time starts before its frames are loaded: otherwise an input-bound
+    # run's cost (worker-seconds) and its workers' busy share come out far too low.
     s = run(cube_job(tmp_path / "out", frames_dir, sink=sink), client)
     assert s.phases["inputs"] > 0
     assert s.busy_seconds >= sum(s.phases.values()) * 0.999 and s.worker_seconds == s.busy_seconds
@@ -257,8 +234,8 @@ def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(
     over = run(fresh, client, messages)
     assert over.tasks_skipped == 0 and over.units_run == 40
     assert any("--overwrite: removed" in m for m in messages)
-    # A size that is not whole shards of 4 is rounded up, and a refusal says so (it
-    # said "--units-per-task 12" for 9)
+    # A size that is not whole shards of 4 is rounded up, and a refusal names the size
+    # the user gave, not the rounded one
     (out / "cubes" / "manifest.parquet").unlink()
     with pytest.raises(ConfigError, match=r"--units-per-task 9 \(rounded up to 12, whole groups "
                        r"of 4 units\): .* was planned with 8 units per task"):  # fmt: skip
@@ -275,8 +252,8 @@ def test_resume_refuses_an_output_holding_other_settings(tmp_path, frames_dir, c
 
 
 def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, client):
-    # The same frame names with other values: the resumed run built the rest of the
-    # cubes from them, beside the first run's from the old ones, and verify said OK.
+    # The same frame names with other values: a resume must refuse them, or the rest of
+    # the cubes would come from them beside the first run's from the old ones.
     import shutil
 
     from pipeline import ConfigError
@@ -291,7 +268,7 @@ def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, cli
     with pytest.raises(ConfigError, match=r"holds job 'cubes' whose input files changed since"):
         run(cube_job(out, frames), client)
     # Other frames, or another dim, change the versions too: the setting is named, and
-    # the files are not said to have changed (they had not).
+    # the files are not said to have changed (they have not).
     with pytest.raises(ConfigError, match=r"with other settings \(dim, frames\); use --over"):
         run(cube_job(out, frames, dim=5), client)
 
@@ -299,8 +276,8 @@ def test_resume_refuses_frames_rewritten_since_the_run(tmp_path, frames_dir, cli
 def test_a_damaged_index_or_record_is_named_and_the_index_written_again(
     tmp_path, frames_dir, client
 ):
-    # Garbage in manifest.parquet: verify was a pyarrow traceback and the run said the
-    # job was complete; in job.json, every command was a JSONDecodeError traceback.
+    # Garbage in manifest.parquet or job.json is an error that names the file, for verify
+    # and for a run alike: never a traceback, and never a job taken as complete.
     from pipeline import InputError
     from pipeline.verify import verify_output
 
@@ -347,7 +324,7 @@ def test_sink_none_builds_everything_and_writes_nothing(tmp_path, frames_dir, cl
     assert a.units_run == 50 and a.complete and not out.exists()
     assert a.details["fingerprint"] != c.details["fingerprint"]
     assert a.bytes_written == 0
-    # the same however the job is cut into tasks (it was a digest of the tasks' digests)
+    # the same however the job is cut into tasks (a digest of the units, not the tasks)
     assert b.details["fingerprint"] == a.details["fingerprint"]
 
 
@@ -444,8 +421,8 @@ def test_a_hosts_layout_read_in_threads_is_the_frames_in_order(tmp_path):
 
 
 def test_a_damaged_layout_cache_file_is_built_again(tmp_path, monkeypatch):
-    # A cache file with 8 bytes changed gave wrong cubes, whose checksums then
-    # verified; a truncated one, or a cache folder that is a file, failed every cube.
+    # A damaged cache file (8 bytes changed, truncated) or a cache folder that is a file
+    # is detected and built again: never wrong cubes that verify, nor every cube failed.
     from pipeline.storage import LocalStore
     from pipeline.workloads.cubes.frames import inspect_frames, load_layout, write_frames
 

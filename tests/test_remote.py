@@ -16,8 +16,9 @@ import threading
 import time
 
 import pytest
-from cluster_procs import tls_cluster
 from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, moto_endpoint, reset_moto
+
+from harness.cluster_procs import tls_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -365,9 +366,8 @@ def test_map_code_is_shipped_to_the_workers_and_its_hash_guards_resume(remote, t
 
 
 def test_shipped_package_and_folder_of_modules_run_their_current_code(remote, tmp_path):
-    # A package whose helper module changes between runs: the workers imported the
-    # first version, and Dask's UploadDirectory wrote the new files beside modules
-    # they kept, so the rerun's results came from the old code.
+    # A package whose helper module changes between runs: the rerun's results come from
+    # the new code, not from the modules the workers imported the first time.
     pkg = tmp_path / "lib" / "shippedpkg"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
@@ -393,8 +393,8 @@ def test_shipped_package_and_folder_of_modules_run_their_current_code(remote, tm
     assert again.returncode == 0, again.stdout + again.stderr
     assert ys() == [-1, -2, -3]
 
-    # A folder of modules (not a package) imports on the workers as on the driver: it
-    # was put on the nannies' import path only.
+    # A folder of modules (not a package) imports on the workers as on the driver, not
+    # on the nannies' import path only.
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "modfn.py").write_text(

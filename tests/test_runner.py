@@ -33,8 +33,8 @@ def test_unit_failures_are_data_and_the_run_finishes(tmp_path, client):
 
 
 def test_the_units_of_a_task_with_a_failed_unit_are_not_counted_as_stored(tmp_path, client):
-    # A unit in TaskOutput.failures leaves its whole task to run again: the summary said
-    # "39 of 40", where 20 were stored (verify: 20 of 40).
+    # A unit in TaskOutput.failures leaves its whole task to run again: none of that
+    # task's units counts as stored, so the summary agrees with verify.
     from pipeline import verify_output
     from pipeline.summary import summary_lines
 
@@ -135,7 +135,7 @@ def test_a_small_job_runs_in_one_round_unprobed(tmp_path, client):
 
 def test_the_client_sends_a_rounds_tasks_without_waiting_for_dasks_next_batch(tmp_path, client):
     # Dask's client batches its messages 10 ms apart; a probe round, submitted just
-    # after the last round's results were released, waited for the next batch.
+    # after the last round's results were released, must not wait for the next batch.
     run_job(SquaresWorkload("sq", 4), options(tmp_path), client, echo=lambda m: None)
     assert client.scheduler_comm.interval <= 0.001
 
@@ -202,9 +202,9 @@ def test_a_unit_that_kills_every_worker_fails_its_task_not_the_run(tmp_path):
 
 
 def test_probe_rounds_use_every_worker(tmp_path, client, monkeypatch):
-    # A large workload held once on the cluster by one worker (joblib's scatter) kept
-    # the scheduler's short tasks where their data was: whole probe rounds ran on that
-    # one worker while the other idled. Shipped to every worker, it holds no task.
+    # A large workload held on the cluster by one worker would keep the scheduler's
+    # short tasks where their data is: whole probe rounds on that one worker while the
+    # other idles. Shipped to every worker, it holds no task.
     import pipeline.dispatch.shipping
 
     monkeypatch.setattr(pipeline.dispatch.shipping, "INLINE_BYTES", 1)  # ship any workload
@@ -285,8 +285,8 @@ def test_a_second_run_of_a_running_job_is_refused_and_a_killed_one_lets_go(tmp_p
 
 
 def test_a_scheduler_without_workers_is_an_error_before_any_task(tmp_path, monkeypatch):
-    # The tasks waited 60 s each in joblib, then every unit was failed with joblib's
-    # advice, after 6 minutes, and the run was costed for them.
+    # An error at once, not a wait on every task, every unit failed minutes later and
+    # a run costed for them.
     from distributed import Client, LocalCluster
 
     import pipeline.runner

@@ -1,8 +1,8 @@
-"""A simulated fleet (scripts/scale-sim) and the loss of the scheduler.
+"""A simulated fleet (benchmarks/fleet/scale-sim) and the loss of the scheduler.
 
 Real processes throughout: a TLS ``dask scheduler``, HAProxy with the repository's
 configuration, simulated workers (real ``distributed.Worker`` objects, many to a
-process, scripts/sim_workers.py) joining through HAProxy with the worker
+process, benchmarks/fleet/sim_workers.py) joining through HAProxy with the worker
 certificate, and ``pipeline run`` / ``verify`` / ``results`` as a user runs them.
 The 1,000-worker run is the script's; its figures are in docs/scale.md.
 """
@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cluster_procs import (
+
+from benchmarks.fleet.scale_logs import scan_logs
+from harness.cluster_procs import (
+    ENCRYPTION_ENV,
     REPO_ROOT,
     ProcessManager,
     client_security,
@@ -29,13 +32,11 @@ from cluster_procs import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-SCRIPTS = REPO_ROOT / "scripts"
-
 
 def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_path):
     out = tmp_path / "scale.json"
     argv = [
-        sys.executable, str(SCRIPTS / "scale_sim.py"),
+        sys.executable, "-m", "benchmarks.fleet.scale_sim",
         "--workers", "200", "--per-process", "100", "--task-seconds", "0.5",
         "--units", "400", "--idle-seconds", "3", "--kill-worker-process",
         "--workdir", str(tmp_path / "sim"), "--out", str(out),
@@ -45,6 +46,7 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
         capture_output=True,
         text=True,
         timeout=540,
+        cwd=REPO_ROOT,  # the benchmark runs as a module from the repository's root
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -102,11 +104,6 @@ def test_100_simulated_workers_run_with_the_planners_task_sizes(tmp_path):
 
 
 def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from scale_logs import scan_logs
-    finally:
-        sys.path.remove(str(SCRIPTS))
     reset = (
         "{} - distributed.comm.tcp - WARNING - Listener on 'tls://127.0.0.1:51433': TLS "
         "handshake failed with remote 'tls://127.0.0.1:48150': [Errno 104] Connection "
@@ -122,13 +119,8 @@ def test_the_log_scan_counts_a_killed_process_handshakes_apart(tmp_path):
 
 
 def test_the_log_scan_reads_asyncios_untimed_messages_as_records_of_their_own(tmp_path):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from scale_logs import scan_logs
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    # What CI once printed: a harmless handshake warning, then asyncio's report of an
-    # exception in the listener's accept callback, without a timestamp of its own.
+    # A harmless handshake warning, then asyncio's report of an exception in the
+    # listener's accept callback, without a timestamp of its own: a record of its own.
     (tmp_path / "scheduler.log").write_text(
         "2026-11-23 07:15:13,490 - distributed.comm.tcp - WARNING - Listener on "
         "'tls://127.0.0.1:48985': TLS handshake failed with remote 'tls://127.0.0.1:49070': "
@@ -209,13 +201,13 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
         lb = start_haproxy(pm, f"127.0.0.1:{port}")
         for p in range(2):  # 2 processes of 3 workers; they restart workers that close
             argv = [
-                sys.executable, str(SCRIPTS / "sim_workers.py"), lb.address,
+                sys.executable, "-m", "benchmarks.fleet.sim_workers", lb.address,
                 "--count", "3", "--prefix", f"sim{p}", "--restart-seconds", "1",
                 "--ca", str(certs["ca"]), "--cert", str(certs["worker"]),
                 "--key", str(certs["worker-key"]),
                 "--local-directory", str(tmp_path / "scratch" / str(p)),
             ]  # fmt: skip
-            pm.start(f"workers-{p}", argv, {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
+            pm.start(f"workers-{p}", argv, ENCRYPTION_ENV)
         _wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
         flags = [
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],

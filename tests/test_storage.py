@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-# Helper modules beside the tests (tests/conftest.py puts tests/ on sys.path and
-# loads s3_server's fixtures: moto_server, s3, s3_bucket).
+# Helper modules beside the tests (on sys.path by pyproject.toml's pytest `pythonpath`;
+# tests/conftest.py loads s3_server's fixtures: moto_server, s3, s3_bucket).
 from fault_proxy import FaultProxy
 from s3_server import (
     BUCKET,
@@ -802,8 +802,8 @@ def test_open_file_reads_a_local_path_as_bytes_or_text(tmp_path):
 
 
 def test_a_local_write_under_a_file_is_one_storage_error(tmp_path):
-    # The clean-up of the temporary file raised NotADirectoryError while the first
-    # error was handled: two chained tracebacks instead of "cannot write ...".
+    # One StorageError, "cannot write ...": the clean-up of the temporary file must not
+    # raise a second error (NotADirectoryError) while the first is handled.
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(StorageError, match=r"cannot write .*a_file/x\.csv: "):
         LocalStore(tmp_path).write_bytes("a_file/x.csv", b"1,2\n")

@@ -12,6 +12,7 @@ which needs no provider.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cluster.environment import worker_env
+
 # python-hcl2 >= 8 keeps comments (the checkov skips are read from them) and
 # marks blocks; older releases shape the parse tree differently.
 hcl2 = pytest.importorskip(
@@ -29,6 +32,7 @@ hcl2 = pytest.importorskip(
 
 REPO = Path(__file__).resolve().parents[1]
 TF = REPO / "terraform"
+WORKER_ENV = REPO / "pipeline" / "cluster" / "worker.env"
 TEMPLATES = TF / "templates"
 TERRAFORM = shutil.which("terraform")
 USER_DATA_LIMIT = 16 * 1024
@@ -441,7 +445,8 @@ def test_workers_drain_on_stop_and_on_a_spot_notice():
     text = _template("worker.sh.tftpl")
     stop = int(re.search(r"ExecStop=/usr/bin/docker stop -t (\d+) dask", text).group(1))
     unit = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
-    assert 50 < stop < unit <= 110, (stop, unit)  # within a spot notice's 120 s
+    drain = int(worker_env()["PIPELINE_DRAIN_SECONDS"])
+    assert drain < stop < unit <= 110, (drain, stop, unit)  # within a spot notice's 120 s
     assert "meta-data/$what" in text and "spot/instance-action" in text
     assert "events/recommendations/rebalance" in text
     assert "systemctl stop dask.service" in text
@@ -457,21 +462,19 @@ def test_worker_template_inputs(mod):
     )
 
 
-def test_dask_environment(mod):
-    env = mod.locals["dask_env"]
-    for key, value in {
-        "MKL_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MALLOC_TRIM_THRESHOLD_": "67108864",
-        "MALLOC_MMAP_THRESHOLD_": "33554432",
-        "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG": "4096",
-        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60s",
-        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-        "PIPELINE_DRAIN_SECONDS": "50",
-    }.items():
-        assert re.search(rf'{key}\s*=\s*\\?"{re.escape(value)}\\?"', env), f"{key}={value} missing"
-    assert re.search(r'DASK_DISTRIBUTED__NANNY__PRELOAD\s*=\s*"\[\\"pipeline.cluster.drain', env)
+def test_dask_environment_is_the_repositorys_worker_env(mod):
+    # One source: the module reads pipeline/cluster/worker.env by a path inside the
+    # repository, and no .tf file or template writes any of its variables again.
+    source = "${path.module}/../pipeline/cluster/worker.env"
+    assert (TF / ".." / "pipeline" / "cluster" / "worker.env").is_file()
+    assert f'file("{source}")' in mod.locals["worker_env"]
+    assert mod.locals["dask_env"].startswith("${merge(local.worker_env, {")
+    assert mod.locals["dask_env"].endswith("}, var.dask_env)}")
+    assert 'DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"' in mod.locals["dask_env"]
+    written = [*TF.rglob("*.tf"), *TEMPLATES.glob("*.tftpl")]
+    for key in worker_env():
+        assignment = re.compile(rf"\b{key}\s*=")
+        assert not [p.name for p in written if assignment.search(p.read_text())], key
 
 
 # --------------------------------------------------------------------------
@@ -770,25 +773,94 @@ def test_checkov_skips_are_justified(mod):
     assert not {re.match(r"checkov:skip=([A-Z0-9_]+)", c).group(1) for _, c in skips} & forbidden
 
 
-def test_readme_documents_inputs_outputs_and_usage(mod):
+def _readme_rows(heading: str) -> list[list[str]]:
+    """The body rows of the table under the README's ``## heading``, as cells."""
+    text = (TF / "README.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line.strip() for line in section.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def _readme_table(heading: str) -> dict[str, list[str]]:
+    """The README's table under ``## heading``: each name (in backticks) to its cells."""
+    rows = {}
+    for name, *cells in _readme_rows(heading):
+        assert name.startswith("`") and name.strip("`") not in rows, (heading, name)
+        rows[name.strip("`")] = cells
+    return rows
+
+
+def _hcl(value) -> str:
+    """A default as the README writes it (HCL)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_hcl(v) for v in value) + "]"
+    if isinstance(value, dict):
+        pairs = ", ".join(f"{k} = {_hcl(v)}" for k, v in value.items())
+        return f"{{ {pairs} }}" if pairs else "{}"
+    return str(value)
+
+
+def _description(body: dict) -> str:
+    return body["description"].replace('\\"', '"')
+
+
+def test_readme_tables_are_the_modules_inputs_and_outputs(mod):
+    inputs = _readme_table("Inputs")
+    assert set(inputs) == set(mod.variables)
+    for name, body in mod.variables.items():
+        kind = re.sub(r"^\$\{(.*)\}$", r"\1", body["type"])
+        default = _hcl(body.get("default"))
+        assert inputs[name] == [_description(body), f"`{kind}`", f"`{default}`"], name
+    outputs = _readme_table("Outputs")
+    assert set(outputs) == set(mod.outputs)
+    for name, body in mod.outputs.items():
+        assert outputs[name] == [_description(body)], name
+
+
+def test_readme_cost_table_is_the_default_fleet_at_the_packaged_prices(mod):
+    import tomllib
+
+    prices = tomllib.loads((REPO / "pipeline" / "costs" / "prices.toml").read_text())["instances"]
+    v = mod.variables
+    worker, scheduler = (
+        v["worker_instance_type"]["default"],
+        v["scheduler_instance_type"]["default"],
+    )
+    count, rate = v["worker_count"]["default"], prices[worker]["usd_per_hour"]
+    rows = _readme_rows("Cost of an hour")
+    items = {r[0]: r[1:] for r in rows}
+    assert items[f"Workers, {worker} on-demand"] == [
+        str(count), f"${rate:g}/hour", f"${count * rate:.2f}"
+    ]  # fmt: skip
+    sched = prices[scheduler]["usd_per_hour"]
+    assert items[f"Scheduler, {scheduler} on-demand"] == ["1", f"${sched:g}/hour", f"${sched:g}"]
+    *parts, (total, fleet, _, hourly) = rows
+    per_hour = sum(float(re.sub(r"[^0-9.]", "", p[3])) for p in parts)
+    assert total == "**Total, default fleet**"
+    assert fleet == f"{count * prices[worker]['vcpus']} Dask workers"
+    assert hourly == f"**≈ ${per_hour:.2f}/hour**"
+
+
+def test_readme_commands_name_what_the_example_has(mod, example):
+    """The quick start's commands run in terraform/examples/minimal: the variables they
+    set, the outputs they read and the resources they target exist there."""
     readme = (TF / "README.md").read_text()
-    for name in mod.variables:
-        assert f"`{name}`" in readme, f"input {name} missing from README"
-    for name in mod.outputs:
-        assert f"`{name}`" in readme, f"output {name} missing from README"
-    for needle in (
-        "terraform init",
-        "terraform apply",
-        "terraform destroy",
-        "pipeline run",
-        "aws ssm get-parameter",
-        "c5.24xlarge",
-        "$4.08",
-        "2026-11-21",
-        "AWS on-demand price list, us-east-1",
-        "Terraform state",
-    ):
-        assert needle in readme, needle
+    assert "cd terraform/examples/minimal" in readme and (TF / "examples" / "minimal").is_dir()
+    set_vars = set(re.findall(r"-var '?([a-z_]+)=", readme))
+    assert set_vars and set_vars <= set(mod.variables), set_vars - set(mod.variables)
+    outputs = set(re.findall(r"terraform output (?:-raw )?([a-z_]+)", readme))
+    assert outputs and outputs <= set(example.outputs), outputs - set(example.outputs)
+    targets = re.findall(r"-(?:target|replace)='?module\.([a-z_]+)\.([a-z_]+)\.([a-z_]+)", readme)
+    assert targets
+    for module, rtype, name in targets:
+        assert module in example.modules
+        mod.resource(rtype, name)
 
 
 def test_scripts_exist_and_are_strict():
@@ -863,6 +935,28 @@ def test_variable_validations(tmp_path, args, ok):
         assert '"c5.24xlarge"' in result.stdout
 
 
+def _module_with_worker_env(tmp_path: Path, files: str) -> Path:
+    """A folder ``terraform`` under ``tmp_path`` with ``files`` (main.tf's worker_env
+    local added), and the repository's worker.env where the module reads it."""
+    module = tmp_path / "terraform"
+    shutil.copytree(TEMPLATES, module / "templates")
+    (tmp_path / "pipeline" / "cluster").mkdir(parents=True)
+    shutil.copy(WORKER_ENV, tmp_path / "pipeline" / "cluster" / "worker.env")
+    main = (TF / "main.tf").read_text()
+    local = re.search(r"^  worker_env = \{\n.*?^  \}\n", main, re.S | re.M).group(0)
+    (module / "worker_env.tf").write_text("locals {\n" + local + "}\n")
+    (module / "render.tf").write_text(files)
+    return module
+
+
+@needs_terraform
+def test_terraform_reads_worker_env_as_the_package_does(tmp_path):
+    module = _module_with_worker_env(tmp_path, "")
+    result = _console(module, "jsonencode(local.worker_env)")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(json.loads(result.stdout.strip())) == worker_env()
+
+
 RENDER = textwrap.dedent(
     """
     locals {
@@ -871,16 +965,11 @@ RENDER = textwrap.dedent(
       registry = "123456789012.dkr.ecr.ap-southeast-2.amazonaws.com"
       tag      = "0123456789ab-dirty-20261121000000"
       image    = "${local.registry}/a-rather-long-repository-name/pipeline:${local.tag}"
-      dask_env = {
-        MKL_NUM_THREADS                            = "1"
-        OMP_NUM_THREADS                            = "1"
-        OPENBLAS_NUM_THREADS                       = "1"
-        DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG     = "4096"
-        DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT  = "60s"
+      dask_env = merge(local.worker_env, {
         DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION = "True"
         AWS_REGION                                 = local.region
         AWS_DEFAULT_REGION                         = local.region
-      }
+      })
       files = {
         scheduler = ["ca.pem", "scheduler.pem", "scheduler-key.pem"]
         workers   = ["ca.pem", "worker.pem", "worker-key.pem"]
@@ -932,21 +1021,19 @@ RENDER = textwrap.dedent(
 @needs_terraform
 @pytest.mark.parametrize("role", ["scheduler", "worker"])
 def test_rendered_user_data(tmp_path, role):
-    shutil.copytree(TEMPLATES, tmp_path / "templates")
-    (tmp_path / "render.tf").write_text(RENDER)
-    result = _console(tmp_path, f"jsonencode(local.{role})")
+    module = _module_with_worker_env(tmp_path, RENDER)
+    result = _console(module, f"jsonencode(local.{role})")
     assert result.returncode == 0, result.stderr
-    import json
-
     rendered = json.loads(json.loads(result.stdout.strip()))
     assert len(rendered.encode()) < USER_DATA_LIMIT * 0.6, len(rendered.encode())
     assert rendered.startswith("#!/bin/bash\n")
     assert "BEGIN" not in rendered and "PRIVATE KEY" not in rendered
     assert "${" not in rendered.replace("${INSTANCE_ID}", "").replace("${PRIVATE_IP}", "")
-    assert (
-        "MKL_NUM_THREADS=1\n" in rendered
-        and "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG=4096\n" in rendered
-    )
+    # The container's --env-file: every variable of worker.env, and TLS required.
+    env_file = rendered.split("<<'DASKENV'\n", 1)[1].split("DASKENV\n", 1)[0]
+    lines = env_file.splitlines()
+    assert {f"{k}={v}" for k, v in worker_env().items()} <= set(lines), env_file
+    assert "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True" in lines
     if role == "worker":
         assert "--nworkers 192 --nthreads 1" in rendered
         assert "--host ${PRIVATE_IP}" in rendered

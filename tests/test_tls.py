@@ -25,12 +25,8 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from distributed import Client
 from distributed.security import Security
 
+from harness import cluster_procs as cp
 from pipeline.cluster.tls import make_certificates, tls_security
-
-try:
-    from tests import cluster_procs as cp
-except ImportError:  # tests/ is not a package: pytest put tests/ on sys.path
-    import cluster_procs as cp
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +144,7 @@ def test_tls_security(certs, tmp_path):
         with pytest.raises(FileNotFoundError, match=setting):
             tls_security(**{**args, **kwargs})
     # Files that do not load as what they are given for are named before any connection
-    # (it was "cannot reach the Dask scheduler: [SSL] PEM lib")
+    # (not "cannot reach the Dask scheduler: [SSL] PEM lib")
     with pytest.raises(FileNotFoundError, match=r"tls_cert .*client-key\.pem and tls_key "
                        r".*client\.pem are not a certificate and its key"):  # fmt: skip
         tls_security(certs["ca"], certs["client-key"], certs["client"])
@@ -271,8 +267,8 @@ def test_direct_to_workers(cluster, direct):
 
 @pytest.mark.timeout(120)
 def test_a_bare_scheduler_address_with_tls_settings_is_taken_as_tls(cluster):
-    # It was tcp://: distributed refused it with a RuntimeError traceback; tcp:// is
-    # refused saying what the address should be.
+    # With TLS settings a bare address means tls:// (distributed would take tcp:// and
+    # refuse it with a traceback); an explicit tcp:// is refused, saying what it should be.
     from pipeline import ClusterError, RunOptions, connect
 
     tls = {"tls_ca_file": str(cluster.certs["ca"]), "tls_cert": str(cluster.certs["client"]),

@@ -60,9 +60,8 @@ def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
                 assert cube_id not in got
                 got[cube_id] = digest(cube)
         assert got == want
-        # len() batches, all full but the last, the same whatever the workers (each
-        # worker's share was batched apart: a short batch per worker, and more
-        # batches than len() said)
+        # len() batches, all full but the last, the same whatever the workers (not each
+        # worker's share batched apart: a short batch per worker, more than len())
         assert batches == [list(range(i, min(23, i + 4))) for i in range(0, 23, 4)], batches
     assert len(CubeStream(job, batch_size=4)) == 6
     with pytest.raises(ValueError, match="batch_size=0"):
@@ -160,8 +159,8 @@ def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
 
 
 def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, client):
-    # One mapping of a shard served every read: an in-place augmentation of a cube
-    # was what the next epoch read (the file itself never changed).
+    # Each read gets its own cube: an in-place augmentation of one must not be what the
+    # next epoch reads (as one mapping of a shard serving every read would make it).
     stored_job(tmp_path, frames_dir, client)
     ds = CubeShards(str(tmp_path), "cubes")
     want = digest(ds[5])
@@ -184,8 +183,8 @@ def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, c
 
 
 def test_cube_shards_name_a_shard_that_is_not_the_listed_one(tmp_path, frames_dir, client):
-    # A shard replaced by another (valid, fewer cubes) ended plain iteration early
-    # without a word (numpy's IndexError), and a deleted one was a FileNotFoundError.
+    # A shard replaced by another (valid, fewer cubes) or deleted is an error naming it,
+    # never an iteration ended early without a word, nor a bare FileNotFoundError.
     stored_job(tmp_path, frames_dir, client)
     shards = tmp_path / "cubes" / "shards"
     last = sorted(shards.iterdir())[-1]

@@ -134,8 +134,8 @@ def _exit_interrupted(exc: KeyboardInterrupt) -> None:
     if isinstance(exc, Interrupted):
         click.echo(exc.recounted(), err=True)
     else:
-        # (before the run's tasks, or a second Ctrl-C while the first one's count was
-        # made: "before any task ran" was said of a run 548 tasks into its job)
+        # Before the run's tasks, or a second Ctrl-C while the first one's count was
+        # made: no count to give, and nothing said about how far the job got.
         click.echo(
             "interrupted: the tasks that completed are kept; run the same command again to resume",
             err=True,

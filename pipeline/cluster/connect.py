@@ -206,8 +206,8 @@ def _closing(client):
         yield client
     except BaseException:
         # The run's own error says what happened. Closing must neither replace it nor
-        # wait long on a scheduler that is gone (a client reconnecting through a load
-        # balancer took 60 s to close and raised TimeoutError in its place).
+        # wait long on a scheduler that is gone: a client still reconnecting through a
+        # load balancer waits out its connect timeout, then raises TimeoutError.
         with contextlib.suppress(Exception):
             client.close(timeout=CLOSE_AFTER_ERROR_SECONDS)
         raise

@@ -14,21 +14,11 @@ import dask
 
 from ..config import RunOptions
 from ..errors import ClusterError, ConfigError
+from .environment import process_env
 
-#: Set in every worker process before numpy loads there. One task per worker
-#: thread, and BLAS must not start its own threads on top of that. glibc's heap
-#: kept for arrays under 32 MiB, trimmed above 64 MiB: Dask's nanny sets
-#: MALLOC_TRIM_THRESHOLD_=65536, which also fixes glibc's mmap threshold at 128 KiB,
-#: so every array over that was a fresh mapping, its pages faulted in again by each
-#: use: regression tasks of 2,500 chunks took 0.38-0.40 s with it, 0.25-0.26 s
-#: with these (median of 16 tasks, 2 workers).
-WORKER_ENV = {
-    "MKL_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-}
+#: Set in every worker process before numpy loads there: the variables of worker.env
+#: that native libraries read at a process's start (BLAS threads, glibc's malloc).
+WORKER_ENV = process_env()
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +28,14 @@ MAX_WORKERS_PER_CORE = 8
 
 
 #: Memory an embedded worker process holds once it has imported what tasks use
-#: (measured: 133 MB resident, 78 MB of it its own).
+#: (about 135 MB resident, half of it its own), with a margin.
 WORKER_PROCESS_BYTES = 150 << 20
 
 
 def check_embedded_workers(options: RunOptions) -> None:
     """Refuse a worker count this machine cannot hold, before any process starts: the
-    embedded cluster makes every worker a process here (``--workers 960`` meant for a
-    fleet started 960 on 2 cores, and failed minutes later)."""
+    embedded cluster makes every worker a process here, and a count meant for a fleet
+    would otherwise start them all and fail minutes later."""
     import psutil
 
     if options.scheduler or not options.workers:
@@ -195,7 +185,7 @@ def sweep_stale_semaphores(shm: Path = Path("/dev/shm"), min_age=STALE_SEMAPHORE
 def embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profile: bool = False):
     """``profile``: Dask's statistical profiler on the workers, for the performance
     report and the dashboard. It samples each worker's stack every 10 ms, taking the
-    GIL from the task: regressions on 2 workers ran about 4% slower with it on."""
+    GIL from the task (a few percent of its time): off unless asked for."""
     from distributed import LocalCluster
 
     _refuse_inside_a_worker()
@@ -213,11 +203,11 @@ def embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profi
         "distributed.worker.preload": preload,
         "pipeline.embedded-worker": True,  # see pipeline.cluster.worker
         "distributed.worker.profile.enabled": profile,
-        # The embedded cluster shares the driver's cores: Dask's event-loop tick (every
-        # 20 ms in the scheduler, each nanny and each worker) and system monitors
-        # (every 0.5 s) kept an idle driver at 5.8% of a core and its 2 workers at 2.0
-        # and 2.4%; 1.8, 0.8 and 0.4% with these. A tick still catches a loop blocked
-        # for longer than its limit (3 s).
+        # The embedded cluster shares the driver's cores: Dask's event-loop tick (by
+        # default every 20 ms in the scheduler, each nanny and each worker) and system
+        # monitors (every 0.5 s) would keep an idle cluster at several percent of a core
+        # per process; these cut that to about a third. A tick still catches a loop
+        # blocked for longer than its limit (3 s).
         "distributed.admin.tick.interval": "500ms",
     }
     if not (dashboard or profile):  # their plots are drawn from the system monitor
@@ -248,10 +238,10 @@ def embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profi
 def _close_embedded(cluster) -> None:
     """Close the embedded cluster; a failure to is logged, never raised. A worker whose
     process a unit's code ended just before is being restarted by its nanny, and a
-    close then can fail in Dask ("can only join a started process", about 1 run in
-    20 of the test of such a unit): the run is over and its results stored, so a
-    second try, then a warning. The same failure can also leave Dask's close waiting
-    for good (its error raised in a callback, once in a CI run): each try is bounded."""
+    close then can fail in Dask ("can only join a started process"): the run is over
+    and its results stored, so a second try, then a warning. The same failure can
+    also leave Dask's close waiting for good (its error raised in a callback): each
+    try is bounded."""
     error = None
     for _attempt in range(2):
         try:

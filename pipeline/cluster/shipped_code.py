@@ -18,10 +18,10 @@ def ship_code(client, path: Path) -> None:
 
     Each version goes into a folder of its own, named by its content, which replaces
     the last version's on the workers' import path, and the modules the last version
-    loaded are forgotten: Dask's ``UploadDirectory`` wrote a changed package over the
-    old files, while the workers kept running the modules they had imported (the
-    results silently came from the old code), and it put a folder of modules on its
-    nanny's import path only (the workers could not import them)."""
+    loaded are forgotten, so that results never come from the old code. (Dask's
+    ``UploadDirectory`` writes a changed package over the old files while the workers
+    keep the modules they imported, and puts a folder on the nanny's import path only,
+    where the workers cannot import from it.)"""
     client.register_plugin(ShippedCode(path), name=f"pipeline-code-{path.name}")
 
 

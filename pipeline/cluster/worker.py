@@ -1,13 +1,13 @@
 """Dask worker preload (``distributed.worker.preload``): import what tasks use.
 
-The embedded cluster preloads it, and so does the Docker image
-(``DASK_DISTRIBUTED__WORKER__PRELOAD``). Without it each worker's first task
+The embedded cluster preloads it, and so does every deployment
+(``DASK_DISTRIBUTED__WORKER__PRELOAD`` of worker.env). Without it each worker's first task
 pays about half a second for imports, pandas above all (pyarrow loads it on its
 first array), which on a short job is time no unit is being built.
 
 The embedded cluster's workers also ignore Ctrl-C: a terminal sends it to the whole
 process group, and the driver, which stops the cluster, is the one to answer it
-(each worker printed tracebacks of its interrupted task, some 70 lines).
+(a worker that answered it would print a traceback of its interrupted task).
 """
 
 import signal

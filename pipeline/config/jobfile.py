@@ -45,7 +45,7 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         raise ConfigError(f"job file {p}: no such file{hint}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"job file {p}: not valid TOML: {exc}") from None
-    if not data:  # an empty file ran the default job: 1,000 cubes, 8 GB written
+    if not data:  # an empty file would run the default job: 1,000 cubes, 8 GB written
         raise ConfigError(
             f"job file {p}: no settings in it; a job file says which workload it runs "
             f"(workload = {' | '.join(map(repr, registry.names()))}) and its settings"

@@ -29,7 +29,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         check_settings(self)
         if self.scheduler and self.workers:
-            # (it was ignored without a word: the run said "on 2 workers")
+            # Refused, not ignored: the run would report workers it does not have.
             raise ConfigError(
                 f"workers = {self.workers} (--workers, PIPELINE_WORKERS) sizes the embedded "
                 f"cluster; the cluster at scheduler = {self.scheduler!r} has the workers "

@@ -64,8 +64,9 @@ class _NoBar:
 @contextlib.contextmanager
 def scratch_output(output: str) -> Iterator[str]:
     """A scratch output beside ``output`` (a temporary folder for a local one), deleted
-    on leaving. Entered before the cluster it is written from: an interrupted estimate
-    has tasks still writing, which re-made the folder once it was deleted."""
+    on leaving. Enter it before the cluster it is written from, so that it is deleted
+    after the cluster stops: tasks still running at an interrupt would write into it
+    again."""
     if output.startswith("s3://"):
         url = f"{output.rstrip('/')}/_pipeline-estimate-{uuid.uuid4().hex[:12]}"
         try:

@@ -26,9 +26,8 @@ SEND_INTERVAL = 0.001
 def send_promptly(client) -> None:
     """Have ``client`` send its messages to the scheduler at most 1 ms apart. Dask's
     client batches them 10 ms apart, and a probe round is submitted just after the
-    last round's receipts came, so its tasks waited for the next batch: from a round's
-    dispatch to its first task running took 11-14 ms (median), 5.5 ms after this
-    (embedded cluster, 2 workers). A reconnected client is back at Dask's interval."""
+    last round's receipts came: its tasks would wait for the next batch, a delay as
+    long as a short probe itself. A reconnected client is back at Dask's interval."""
     stream = getattr(client, "scheduler_comm", None)
     if isinstance(getattr(stream, "interval", None), float):
         stream.interval = min(stream.interval, SEND_INTERVAL)

@@ -145,8 +145,8 @@ def _chunk_rg_pairs(ds: Dataset, store: Store, i: int, by: tuple[str, ...], gid:
     table = pa.table(by_columns(found, table.num_rows), names=list(by))
     if table.num_rows > RUNS_TOGETHER_ROWS:
         return _runs(table, rgs, counts)
-    # A small file's rows are run-length encoded with the other small files' at once
-    # (a call per file cost more than its rows: 3,333 files of 2-3 chunks, 0.23 s).
+    # A small file's rows are run-length encoded with the other small files' at once:
+    # a call per file costs more than its few rows.
     return table.append_column("__rg", pa.array(np.repeat(rgs, counts)))
 
 
@@ -235,7 +235,8 @@ def plan_chunks(ds: Dataset, by: tuple[str, ...], chunk_rows: int | None) -> Chu
     store = open_store(ds.url)
     first_rg = np.searchsorted(ds.rg_file, np.arange(len(ds.keys)))
     # Files of 100,000 rows or more on average: their keys are decoded and their runs
-    # found in threads (3 files of 833,000 rows: 6.1-6.7 ms instead of 8.4, on 2 cores).
+    # found in threads (numpy and pyarrow release the GIL there; smaller files would
+    # spend more on the threads than they save).
     parts = per_object(
         store,
         lambda i: _chunk_rg_pairs(ds, store, i, by, int(first_rg[i])),

@@ -148,7 +148,7 @@ def read_task_rows(
 
 #: The row group this process read last, when it read it alone, kept for the next
 #: task: tasks of a row group on one worker read it once (a job's first probes all
-#: fall in its first group: on S3 each of them read it again, 0.08-0.13 s a time).
+#: fall in its first group, and on S3 each read is a tenth of a second).
 #: A part of a larger read is not kept (its slice would hold the whole read), nor a
 #: group larger than this.
 LAST_GROUP_BYTES = 64 << 20

@@ -64,7 +64,7 @@ class Plan:
     #: The cost model that chose ``stops`` (recorded for the reader, not replayed).
     model: dict[str, Any] | None = None
     #: The job's fingerprint as recorded, made once per run: a plan is saved up to
-    #: four times, and a grid of 300,000 listed points took 8 s to record each time.
+    #: four times, and the fingerprint of a long listed grid takes seconds to make.
     fingerprint: dict | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -96,16 +96,16 @@ def probe(
             sizes = probe_round(g if rounds == 0 else None, large, n_workers, left)
             if rounds:
                 # A follower of the same size queued behind each large probe: the
-                # workers keep working while the probes report and the rest is cut
-                # (without, each idled 25-40 ms there).
+                # workers keep working while the probes report and the rest is cut,
+                # not idle for that round trip.
                 sizes += probe_round(None, large, n_workers, left - sum(sizes))
                 sizes = aligned_probes(layout, sum(plan.head), sizes)
             elif first_round:  # a warm-up per worker first: each worker's first to start
                 warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
                 # A large probe for every worker and a small one for every other: two
                 # sizes to fit a line through, and rounds that differ by a small task
-                # between workers. (A large and a small for every other worker left
-                # the others idle through the large ones: 7 s of 0.5 s units.)
+                # between workers. (A large and a small for only every other worker
+                # would leave the others idle through the large ones.)
                 rest = left - sum(warm_ups)
                 larges = probe_round(None, large, n_workers, rest)
                 smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))

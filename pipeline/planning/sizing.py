@@ -41,7 +41,7 @@ SCHEDULER_SHARE = 0.25
 MIN_TASKS_PER_WORKER = 4
 #: A small job's tasks last at least this (and 4x their fixed cost): shorter ones cost
 #: more in fixed costs than they save, longer ones leave workers idle at the end when
-#: one runs slower than the other (a 0.5 s task took 0.55-0.75 s on a busy 2-core VM).
+#: one runs slower than the other (on a busy machine a task's time varies by half).
 SHORT_TASK_SECONDS = 0.1
 #: An aligned plan is kept unless the unaligned one finishes this much sooner.
 ALIGNED_SLACK = 1.10

@@ -132,8 +132,8 @@ def read_parquet_file(store: Store, key: str):
 
 
 #: Objects of a remote store read at once by :func:`per_object`: on S3 each is a round
-#: trip or two, and thousands of small files (or task tables at a job's end) one after
-#: another took minutes.
+#: trip or two, so thousands of small files (or task tables at a job's end) read one
+#: after another would take minutes.
 READ_THREADS = 16
 
 

@@ -100,8 +100,8 @@ class LocalStore(Store):
         return Path(self._path_text(key))
 
     def _path_text(self, key: str) -> str:
-        # Text, not Path, where a dataset of 25,000 small files stats and reads each:
-        # pathlib's parsing was a fifth of the time discovering such a dataset took.
+        # Text, not Path: a dataset of tens of thousands of small files stats and reads
+        # each, and pathlib's parsing would be a good part of discovering it.
         if ".." in key.replace("\\", "/").split("/"):
             raise StorageError(f"key {key!r} must not contain '..'")
         return os.path.join(self.url, key) if key else self.url

@@ -18,7 +18,7 @@ each, 8 MB together at d = 100 float64), which fit in a large GPU's L2 cache (50
 on an H200) while the cube is written, so each byte of them should be read from
 memory about once a cube. The alternative ``gather="rows"`` (whole blocks by
 ``index_select``, then one transposition) reads and writes each cube twice;
-``scripts/bench_cubes.py --gpu`` times both (on the CPU, whose caches serve the
+``python -m benchmarks.bench_cubes --gpu`` times both (on the CPU, whose caches serve the
 one-kernel gather's strided reads worse, ``rows`` is faster).
 
 The columns are drawn on the host (:mod:`.draws`, ahead in the background) and go

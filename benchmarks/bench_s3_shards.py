@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """S3 upload throughput of cube shards (store mode), on moto's server on loopback.
 
 Shards are uploaded the way a worker uploads them (``S3Store.write`` of the shard's
@@ -13,8 +12,8 @@ Each configuration uploads about --mb megabytes (at least 2 shards), in rounds
 (--rounds); the median round counts. moto runs in its own process (its own GIL)
 but on the same cores: the figures rank settings, they are not S3's rates.
 
-  python scripts/bench_s3_shards.py
-  python scripts/bench_s3_shards.py --mb 512 --rounds 3 --json s3.json
+  python -m benchmarks.bench_s3_shards
+  python -m benchmarks.bench_s3_shards --mb 512 --rounds 3 --json s3.json
 """
 
 from __future__ import annotations
@@ -29,11 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.storage import s3_client as s3mod  # noqa: E402
-from pipeline.workloads.cubes.shards import ShardBuffer  # noqa: E402
+from pipeline.storage import s3_client as s3mod
+from pipeline.workloads.cubes.shards import ShardBuffer
 
 MiB = 1 << 20
 BUCKET = "bench-shards"

@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 """iter_cubes over the integration tests' production topology: a TLS `dask scheduler`
-behind HAProxy and `dask worker --nthreads 1` processes (tests/cluster_procs.py),
+behind HAProxy and `dask worker --nthreads 1` processes (harness/cluster_procs.py),
 all on loopback, the consumer reading every cube (float(cube.sum())):
 
   relayed   delivery="dask", direct_to_workers=False: worker -> scheduler -> consumer
@@ -10,25 +9,20 @@ all on loopback, the consumer reading every cube (float(cube.sum())):
 Loopback has no network bound, so this shows what each path costs in CPU (TLS,
 serialization, the scheduler's relay) on the same cores that build the cubes.
 
-  python scripts/bench_delivery_remote.py --frames FRAMES_DIR --cubes 1000
+  python -m benchmarks.bench_delivery_remote --frames FRAMES_DIR --cubes 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from pipeline import CubeJob, iter_cubes  # noqa: E402
-from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning  # noqa: E402
+from pipeline import CubeJob, iter_cubes
+from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning
 
 
 def rate(client, job: CubeJob, delivery: str) -> float:
@@ -42,8 +36,7 @@ def rate(client, job: CubeJob, delivery: str) -> float:
 
 
 def main() -> None:
-    from cluster_procs import tls_cluster
-
+    from harness.cluster_procs import tls_cluster
     from pipeline.storage import LocalStore
     from pipeline.workloads.cubes.frames import write_frames
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark the ``map`` workload against a plain loop and joblib on Dask.
 
 For each function (a no-op, ~1 ms of work, ~100 ms of work), in one run on the same
@@ -8,7 +7,7 @@ on the Dask backend with the same function (``batch_size="auto"``); (c)
 units/s, the per-unit overhead of (c) against the work ((c)'s worker-seconds per
 unit minus the loop's seconds per unit), and (c)/(b).
 
-    python scripts/bench_map.py [--workers 2] [--scale 1.0]
+    python -m benchmarks.bench_map [--workers 2] [--scale 1.0]
 
 With ``--units``, jobs of many units instead: ``pipeline run`` of a job file whose
 grid is a range (``i = {start = 0, stop = N}``) of a function returning
@@ -19,8 +18,8 @@ over the same job of 1,000 units per unit, the inputs' check (validation, the
 job's record) and the probes' time, and the workers' busy share of the run and of
 the whole command:
 
-    python scripts/bench_map.py --units 1000000,10000000 [--repeat 3]
-    python scripts/bench_map.py --units 200000 --unit-ms 1
+    python -m benchmarks.bench_map --units 1000000,10000000 [--repeat 3]
+    python -m benchmarks.bench_map --units 200000 --unit-ms 1
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Terraform module's systemd unit, or Compose's ``restart: unless-stopped``,
 restarts a ``dask worker`` container). A new worker keeps trying to reach the
 scheduler for ``--death-timeout`` seconds. SIGKILL to the process group ends both.
 
-    python scripts/sim_workers.py tls://127.0.0.1:8786 --count 200 --prefix p0 \\
+    python -m benchmarks.fleet.sim_workers tls://127.0.0.1:8786 --count 200 --prefix p0 \\
         --ca ca.pem --cert worker.pem --key worker-key.pem --local-directory /tmp/w
 """
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Profile one regression task end to end, in this process (no cluster).
 
 For each case (the default and heavy cases of ``bench_regressions.py``, and a
@@ -6,9 +5,9 @@ categorical-heavy formula) it writes a dataset, plans the job and runs one task
 (``run_task``: read the rows, build the design, fit, build and serialize the
 tables) under cProfile, printing the top functions by cumulative and own time.
 
-    python scripts/profile_regressions.py --case default --engine auto
-    python scripts/profile_regressions.py --case all --dump /tmp/prof   # .pstats files
-    python scripts/profile_regressions.py --case default --lines        # line_profiler
+    python -m benchmarks.profile_regressions --case default --engine auto
+    python -m benchmarks.profile_regressions --case all --dump /tmp/prof   # .pstats files
+    python -m benchmarks.profile_regressions --case default --lines        # line_profiler
 
 ``--lines`` needs ``pip install line_profiler``; it reports the hot functions of
 ``pipeline.workloads.regressions`` line by line.

@@ -3,7 +3,7 @@
 Starts a scheduler with mutual TLS, HAProxy in front of it with the repository's
 configuration (deploy/haproxy/haproxy.cfg), and ``--workers`` real
 ``distributed.Worker`` objects, ``--per-process`` to a process
-(scripts/sim_workers.py), joining through the load balancer with the worker
+(benchmarks/fleet/sim_workers.py), joining through the load balancer with the worker
 certificate. Then runs a real ``pipeline run`` through the load balancer with the
 client certificate: a ``map`` job over a grid whose function sleeps
 ``--task-seconds`` (the workers spend no CPU), one unit per task.
@@ -15,7 +15,7 @@ of ``--task-seconds``); event-loop stalls and connection errors or timeouts in t
 scheduler's, workers', HAProxy's and the driver's logs. Then checks that every unit
 is in the results exactly once and that ``pipeline verify`` passes.
 
-    scripts/scale-sim --workers 1000 --per-process 200 --task-seconds 1 --out scale.json
+    benchmarks/fleet/scale-sim --workers 1000 --per-process 200 --task-seconds 1 --out scale.json
 
 ``--kill-worker-process`` SIGKILLs one worker process (``--per-process`` workers)
 once a third of the units are done: the job must still complete, nothing lost.
@@ -24,7 +24,8 @@ once a third of the units are done: the job must still complete, nothing lost.
 ``--task-seconds``, ``--ideal-seconds`` of them on every worker; the figures add the
 tasks run and the scheduler's share of a core over the command.
 
-    scripts/scale-sim --workers 500 --per-process 100 --planned --task-seconds 0.25 --out s.json
+    benchmarks/fleet/scale-sim --workers 500 --per-process 100 --planned --task-seconds 0.25 \\
+        --out s.json
 """
 
 from __future__ import annotations
@@ -40,27 +41,28 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the real-process cluster helpers
-sys.path.insert(0, str(REPO / "scripts"))
-
-from cluster_procs import (  # noqa: E402
+from benchmarks.fleet.scale_logs import scan_logs
+from harness.cluster_procs import (
+    ENCRYPTION_ENV,
+    REPO_ROOT,
     ProcessManager,
     StartupError,
     free_port,
     start_haproxy,
     start_scheduler,
 )
-from scale_logs import scan_logs  # noqa: E402
+from pipeline.cluster.environment import worker_env
 
-#: What the image ships (Dockerfile) and a fleet of this size needs; see docs/scale.md.
+#: What a fleet of this size needs of the deployments' environment (pipeline/cluster/
+#: worker.env): TLS required, Dask's comm settings, the thread pinning. The simulated
+#: workers have no nanny and preload nothing; docs/scale.md.
 FLEET_ENV = {
-    "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-    "DASK_DISTRIBUTED__COMM__SOCKET_BACKLOG": "4096",
-    "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60s",
-    "MKL_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
+    **ENCRYPTION_ENV,
+    **{
+        k: v
+        for k, v in worker_env().items()
+        if k.startswith("DASK_DISTRIBUTED__COMM__") or k.endswith("_NUM_THREADS")
+    },
 }
 
 SLEEP_MODULE = '''"""The scale simulation's task: sleeps, so a worker spends no CPU."""
@@ -228,7 +230,7 @@ def run(opts) -> dict:
         if not opts.planned:
             args += ["--units-per-task", 1]
         driver_log = pm.log_dir / "driver.log"
-        env = {"PYTHONPATH": str(REPO)}
+        env = {"PYTHONPATH": str(REPO_ROOT)}
         others = {"haproxy": [lb.pid], "worker_processes": [q for p in procs for q in p.pids()]}
         o0 = {name: sum(_cpu(q) for q in pids) for name, pids in others.items()}
         c0, w0 = _cpu(scheduler.pid), time.monotonic()
@@ -352,7 +354,7 @@ def _security(certs):
 
 def _start_sim_process(pm, address, certs, index, count, workdir):
     argv = [
-        sys.executable, str(REPO / "scripts" / "sim_workers.py"), address,
+        sys.executable, "-m", "benchmarks.fleet.sim_workers", address,
         "--count", str(count), "--prefix", f"sim{index}",
         "--ca", str(certs["ca"]), "--cert", str(certs["worker"]), "--key", str(certs["worker-key"]),
         "--local-directory", str(workdir / "scratch" / f"p{index}"),

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How close `pipeline estimate`'s projection comes to the real run, on this machine.
 
 For each job, each on an embedded cluster of its own: (a) the estimate (the job's probe tasks into
@@ -10,7 +9,7 @@ Jobs: (1) `map` over a grid, a fixed amount of numpy work per point (CPU: it
 slows down under load as a real job would); (2) per-chunk OLS regressions on the
 demo panel (`pipeline data regressions`).
 
-    python scripts/bench_estimate.py [--workers 2] [--scale 1.0]
+    python -m benchmarks.bench_estimate [--workers 2] [--scale 1.0]
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cubes into GPU memory: each way of getting them there against the limits, in one run.
 
 The consumer is the GPU host harness's (``gpu_feed.py``): it moves each item to the
@@ -27,9 +26,9 @@ and sums it there; a rate counts cubes from the first item to the last one's sum
 Targets (issue 36): G >= 50,000 cubes/s and >= 0.5 of L3; CPU paths >= 0.8 of L1;
 float32 >= 1.8x float64 for G and for the CPU paths.
 
-  python scripts/bench_cubes.py --gpu [--frames FRAMES]    # this section alone
-  python scripts/bench_cubes_gpu.py --frames FRAMES --json gpu.json
-  python scripts/bench_cubes_gpu.py --device cpu --seconds 1   # the code paths, no GPU
+  python -m benchmarks.bench_cubes --gpu [--frames FRAMES]    # this section alone
+  python -m benchmarks.bench_cubes_gpu --frames FRAMES --json gpu.json
+  python -m benchmarks.bench_cubes_gpu --device cpu --seconds 1   # the code paths, no GPU
 """
 
 from __future__ import annotations
@@ -38,16 +37,12 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def consume(items, device, seconds: float, per_batch: bool) -> float:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cube generation benchmark: this project against the reference method, in one run,
 on the same frames and machine.
 
@@ -39,11 +38,11 @@ on the same frames and machine.
       of a sweep of fixed units_per_task (--regret-cubes).
   GPU section, where CUDA is present (else it says so and skips): cubes into GPU
       memory by every path, against the limits measured in the same run
-      (scripts/bench_cubes_gpu.py describes it); --gpu runs it alone.
+      (benchmarks/bench_cubes_gpu.py describes it); --gpu runs it alone.
 
-  python scripts/bench_cubes.py                 # 100 frames of 1000x1000, d = 100
-  python scripts/bench_cubes.py --store-cubes 500 --none-cubes 20000
-  python scripts/bench_cubes.py --gpu --frames FRAMES   # the GPU section alone
+  python -m benchmarks.bench_cubes                 # 100 frames of 1000x1000, d = 100
+  python -m benchmarks.bench_cubes --store-cubes 500 --none-cubes 20000
+  python -m benchmarks.bench_cubes --gpu --frames FRAMES   # the GPU section alone
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ import mmap
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from multiprocessing.pool import ThreadPool
@@ -63,16 +61,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench_cubes_gpu import arguments as gpu_arguments  # noqa: E402
-from bench_cubes_gpu import gpu_section  # noqa: E402
-
-from pipeline import load_jobs, run_jobs  # noqa: E402
-from pipeline.storage import LocalStore  # noqa: E402
-from pipeline.workloads.cubes import build_cube, cube_columns  # noqa: E402
-from pipeline.workloads.cubes.frames import inspect_frames, load_layout, write_frames  # noqa: E402
+from benchmarks.bench_cubes_gpu import arguments as gpu_arguments
+from benchmarks.bench_cubes_gpu import gpu_section
+from pipeline import load_jobs, run_jobs
+from pipeline.storage import LocalStore
+from pipeline.workloads.cubes import build_cube, cube_columns
+from pipeline.workloads.cubes.frames import inspect_frames, load_layout, write_frames
 
 
 def load_reference_array(frame_files: list[Path], d: int, column_major: bool) -> np.ndarray:

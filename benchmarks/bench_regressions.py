@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark per-chunk regressions, in one run on the same data:
 
 (a) reference: a serial loop of ``smf.ols(formula, chunk_df).fit()``;
@@ -18,11 +17,11 @@ rate is the best of several runs (loops: 3, runner: ``--repeats``); the targets 
 also given run by run, each run against the loop measured just before and after
 it, as the median of those ratios (the VM has slow phases of seconds).
 
-    python scripts/bench_regressions.py                 # default and heavy cases
-    python scripts/bench_regressions.py --case default --workers 2
+    python -m benchmarks.bench_regressions                 # default and heavy cases
+    python -m benchmarks.bench_regressions --case default --workers 2
 
 With ``--layouts i,ii,iii,iv`` it benchmarks the task planner instead, on the data
-layouts of scripts/regression_layouts.py (OLS with HC1): per layout and engine
+layouts of benchmarks/regression_layouts.py (OLS with HC1): per layout and engine
 (``--engine``: auto, the default, and statsmodels), the naive loop, the runner with
 default settings, and the runner with each ``units_per_task`` of a sweep; the
 default's speed-up over the loop, its *regret* (default rate over the best fixed
@@ -40,7 +39,7 @@ ratio: for statsmodels against ``workers`` x loop (b), which reads the statistic
 the tables hold, as in the default case (target 0.85); for auto, the share above
 (target 0.6).
 
-    python scripts/bench_regressions.py --layouts i,ii,iii,iv --layout-chunks 10000
+    python -m benchmarks.bench_regressions --layouts i,ii,iii,iv --layout-chunks 10000
 
 With ``--engine-vs-qr`` it measures the batched engine (``fit_ols_stack``, as the
 runner calls it: checks, estimates, standard errors, p-values, intervals, R², llf,
@@ -56,7 +55,7 @@ rates are of process CPU time (one thread: other jobs on a shared machine are no
 counted), each the best of ``--repeats`` (at least 5), with the median and range of the
 runs' own ratios. Target: the engine at least 0.8 of the plain QR.
 
-    python scripts/bench_regressions.py --engine-vs-qr --chunks 10000
+    python -m benchmarks.bench_regressions --engine-vs-qr --chunks 10000
 """
 
 from __future__ import annotations
@@ -451,8 +450,7 @@ def startup_line(data: str, out: str, formula: str) -> str:
 
 
 def bench_layouts(args, client, root: Path) -> None:
-    from regression_layouts import LAYOUTS, MotoProcess, write_layout
-
+    from benchmarks.regression_layouts import LAYOUTS, MotoProcess, write_layout
     from pipeline.storage import LocalStore, open_store
     from pipeline.workloads.regressions.generate import regression_formula
 

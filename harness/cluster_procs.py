@@ -1,10 +1,10 @@
-"""Real-process Dask clusters (TLS scheduler behind HAProxy) for integration tests.
+"""Real-process Dask clusters (TLS scheduler behind HAProxy) for the integration tests
+and the benchmarks.
 
-Not a test module: a helper imported by tests.  Everything is started as a
-separate OS process (``python -m distributed.cli.dask_*`` of *this* Python,
-and the ``haproxy`` binary), each in its own process group, with stdout/stderr
-in log files under a temporary directory (never pipes, which can fill up and
-block the child).  :class:`ProcessManager` stops every process on exit, also
+Everything is started as a separate OS process (``python -m distributed.cli.dask_*``
+of *this* Python, and the ``haproxy`` binary), each in its own process group, with
+stdout/stderr in log files under a temporary directory (never pipes, which can fill up
+and block the child).  :class:`ProcessManager` stops every process on exit, also
 on failure.
 
 Which connections go through the load balancer, which go direct

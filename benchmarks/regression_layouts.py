@@ -1,4 +1,4 @@
-"""Data layouts for the planner's benchmark (scripts/bench_regressions.py --layouts).
+"""Data layouts for the planner's benchmark (benchmarks/bench_regressions.py --layouts).
 
 The same panel (``pipeline.workloads.regressions.generate.chunk_frame``: chunk ``c`` is the same
 rows in every layout) written four ways:

@@ -1,0 +1,32 @@
+"""Cube jobs for the tests: a small job as the command line would make it, run on a
+client, and its manifest."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+
+from pipeline import load_jobs, run_job
+
+
+def cube_job(out, frames_dir, **settings):
+    cli = {
+        "output": str(out),
+        "frames": str(frames_dir),
+        "cubes": 40,
+        "dim": 10,
+        "seed": 3,
+        "cubes_per_shard": 4,
+        "progress": False,
+        **settings,
+    }
+    (job,) = load_jobs([], cli, environ={})
+    return job
+
+
+def run(job, client, messages=None):
+    echo = messages.append if messages is not None else (lambda m: None)
+    return run_job(job.build(), job.options, client, echo=echo)
+
+
+def load_manifest(out, job_id="cubes"):
+    return pq.read_table(out / job_id / "manifest.parquet").to_pandas()
