@@ -77,12 +77,14 @@ def test_100_simulated_workers_run_with_the_planners_task_sizes(tmp_path):
     # it is this machine's load's as much as the planner's.
     out = tmp_path / "planned.json"
     argv = [
-        sys.executable, str(SCRIPTS / "scale_sim.py"),
+        sys.executable, "-m", "benchmarks.fleet.scale_sim",
         "--workers", "100", "--per-process", "50", "--planned", "--task-seconds", "0.1",
         "--ideal-seconds", "6", "--idle-seconds", "2",
         "--workdir", str(tmp_path / "sim"), "--out", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=540, cwd=REPO_ROOT
+    )  # (the benchmark runs as a module from the repository's root)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["driver_exit_code"] == 0, figures["logs"]
