@@ -281,3 +281,46 @@ def test_a_worker_that_cannot_serve_its_results_does_not_hold_up_the_run(tmp_pat
         handlers = client.run(lambda dask_worker: dask_worker.handlers["get_data"].__name__)
         assert sorted(handlers.values()) == ["get_data", "never"], handlers
     assert json.loads((tmp_path / "sq" / "job.json").read_text())["units"] == 24
+
+
+def test_a_task_the_cluster_lost_track_of_is_run_again(tmp_path, monkeypatch, caplog):
+    # A scheduler under load held a run's last task as running on a worker that never
+    # got it (its message lost): the run waited for ever. Here a worker drops the
+    # first message to run task 3; once the run is down to its last tasks, task 3 is
+    # overdue and a copy of it runs.
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    import pipeline.dispatch.stragglers
+
+    monkeypatch.setattr(pipeline.dispatch.stragglers, "SECONDS", 1.0)
+
+    class LosesTask3(WorkerPlugin):
+        name = "loses-task-3"
+
+        def setup(self, worker):
+            from distributed.worker_state_machine import ComputeTaskEvent
+
+            handle = worker.handle_stimulus
+
+            def dropping(*stims):
+                kept = [s for s in stims if not (isinstance(s, ComputeTaskEvent)
+                                                 and str(s.key).endswith("-3-0"))]  # fmt: skip
+                return handle(*kept) if kept else None
+
+            worker.handle_stimulus = dropping
+
+    with connect(RunOptions(workers=2)) as client, caplog.at_level("WARNING", "pipeline"):
+        client.register_plugin(LosesTask3())
+        s = run_job(
+            SquaresWorkload("sq", 24, unit_seconds=0.02),
+            RunOptions(output=str(tmp_path), units_per_task=2, progress=False),
+            client,
+            echo=lambda m: None,
+        )
+        dropped = client.run(lambda dask_worker: dask_worker.handle_stimulus.__name__)
+    assert sorted(dropped.values()) == ["dropping", "dropping"]
+    assert "task 3 not heard from" in caplog.text  # the copy ran, not the lost task
+    assert s.complete and s.units_ok == 24 and s.units_run == 24, s.failures[:2]
+    assert sorted(p.name for p in (tmp_path / "sq" / "values").iterdir()) == [
+        f"{u:05d}" for u in range(24)
+    ]

@@ -31,3 +31,7 @@ class Launch:
     window: int = 0
     #: Each submitted task's key, by index.
     keys: dict[int, str] = field(default_factory=dict)
+    #: Since when the run is down to its last tasks (monotonic), and the copies of
+    #: each task submitted for being overdue (:mod:`.stragglers`).
+    tail_since: float | None = None
+    copies: collections.Counter = field(default_factory=collections.Counter)

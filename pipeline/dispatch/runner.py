@@ -34,6 +34,7 @@ from . import lease, shipping
 from .launch import Launch
 from .receipts import ReceiptTopic, decode
 from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
+from .stragglers import Stragglers
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
@@ -77,11 +78,12 @@ class TaskRunner:
         self._launches: list[Launch] = []
         self._owner: dict[int, Launch] = {}
         self._generation = 0
-        self._arg: Any = None
-        self._shipped: shipping.Shipped | None = None
+        self._workload = shipping.WorkloadArg(self.client, self.workload)
         self._workerless_since: float | None = None
         self._checked = time.monotonic()
         self._holder = lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0)
+        self._stragglers = Stragglers()
+        self._threads = 1
         url = self.store.url if self.store is not None else None
         self._job_prefix = job_prefix(self.workload, url)
         self._unheld: list[str] = []  # keys whose hold to let go of
@@ -100,9 +102,7 @@ class TaskRunner:
             self._abandon(run)
         self._let_go()
         self._topic.close(self._token)
-        if self._shipped is not None:
-            shipping.unship(self.client, self._shipped)
-            self._shipped = None
+        self._workload.close()
 
     def _abandon(self, run: Launch) -> None:
         futures = [f for i, f in run.futures.items() if i in run.pending]
@@ -130,7 +130,8 @@ class TaskRunner:
             self._owner[t.index] = run
         self._launches.append(run)
         run.waiting.extend(tasks)
-        run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._wait_for_a_worker())
+        self._threads = self._wait_for_a_worker()
+        run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._threads)
         self._refill(run)
         return self._receipts(run)
 
@@ -138,19 +139,6 @@ class TaskRunner:
 
     def _key(self, run: Launch, task: Task) -> str:
         return f"{self._job_prefix}{self._token}-{task.index}-{run.attempts[task.index]}"
-
-    def _workload_arg(self, count: int):
-        """The workload as tasks carry it: itself, unless the submission's copies of it
-        would pass :data:`~.shipping.INLINE_BYTES`; then shipped once, by name."""
-        if self._shipped is not None:
-            return self._shipped
-        if self._arg is None:
-            self._arg = shipping.pickled_size(self.workload)
-        size, data = self._arg
-        if size * count <= shipping.INLINE_BYTES:
-            return self.workload
-        self._shipped = shipping.ship(self.client, data)
-        return self._shipped
 
     def _refill(self, run: Launch) -> None:
         """Submit the run's next tasks while fewer than half its window are in flight:
@@ -165,7 +153,7 @@ class TaskRunner:
         if not tasks:
             return
         store_url = self.store.url if self.store is not None else None
-        call = TaskCall(self._workload_arg(len(tasks)), store_url, self.profile,
+        call = TaskCall(self._workload.for_tasks(len(tasks)), store_url, self.profile,
                         self._topic.topic, self._token, again)  # fmt: skip
         for first in range(0, len(tasks), SUBMIT_BATCH):
             batch = tasks[first : first + SUBMIT_BATCH]
@@ -244,6 +232,7 @@ class TaskRunner:
             self._unheld = []
 
     def _done(self, run: Launch, receipt: TaskReceipt) -> None:
+        self._stragglers.record(receipt)
         key = run.keys.pop(receipt.index, None)
         if key is not None:
             self._unheld.append(key)
@@ -276,6 +265,13 @@ class TaskRunner:
                     return
                 elif status == "finished":
                     self._unreceipted(run, run.pending[index])
+            for task in self._stragglers.overdue(run, self._threads):
+                log.warning("task %d not heard from in %.0f s, the run's last: running a copy",
+                            task.index, self._stragglers.limit())  # fmt: skip
+                self._unheld.append(run.keys.pop(task.index))
+                run.futures.pop(task.index).release()
+                run.attempts[task.index] += 1
+                self._submit(run, [task], again=True)
 
     def _given_up(self, run: Launch, task: Task, error: BaseException) -> None:
         """A task Dask gave up on: run again (alone, if its workers died), or failed."""

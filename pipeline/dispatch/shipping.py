@@ -19,7 +19,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..errors import ClusterError
 
-__all__ = ["INLINE_BYTES", "Shipped", "resolve", "ship", "unship"]
+__all__ = ["INLINE_BYTES", "Shipped", "WorkloadArg", "resolve", "ship", "unship"]
 
 #: Bytes of workload the tasks of one submission may carry inside them in all (the
 #: scheduler holds each task's copy until it runs); beyond, it is shipped once.
@@ -84,3 +84,30 @@ def resolve(workload):
             f"this worker has no copy of the run's workload {workload.name}: it joined "
             "while the run's plug-ins were being removed, or the scheduler restarted"
         ) from None
+
+
+class WorkloadArg:
+    """What a run's tasks carry as their workload: the object itself, unless a
+    submission's copies of it would pass :data:`INLINE_BYTES`; then it is shipped once
+    (and freed from the workers by :meth:`close`), the tasks carrying its name."""
+
+    def __init__(self, client, workload):
+        self.client, self.workload = client, workload
+        self._pickle: tuple[int, bytes] | None = None
+        self.shipped: Shipped | None = None
+
+    def for_tasks(self, count: int):
+        if self.shipped is not None:
+            return self.shipped
+        if self._pickle is None:
+            self._pickle = pickled_size(self.workload)
+        size, data = self._pickle
+        if size * count <= INLINE_BYTES:
+            return self.workload
+        self.shipped = ship(self.client, data)
+        return self.shipped
+
+    def close(self) -> None:
+        if self.shipped is not None:
+            unship(self.client, self.shipped)
+            self.shipped = None
