@@ -16,12 +16,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from tcp_cutter import TcpCutter
+from waiting import wait_for
 from workloads import SquaresWorkload
 
 from harness.cluster_procs import (
@@ -53,14 +53,6 @@ def unit(x, gate, log):
         f.write(f"{os.getpid()}\\n")
     return {"y": 2 * x}
 '''
-
-
-def _wait_for(what: str, ready, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class _Job:
@@ -164,11 +156,11 @@ def test_a_load_balancer_restarted_mid_run_is_waited_out(tmp_path, certs):
         _scheduler, lb, _workers = _cluster(pm, certs)
         job = _Job(tmp_path, certs, lb.address)
         job.start()
-        _wait_for("two running units", lambda: job.started() >= 2)
+        wait_for("two running units", lambda: job.started() >= 2)
         lb.kill()  # SIGKILL, as a balancer node lost
         lb = start_haproxy(pm, _scheduler.address.removeprefix("tls://"),
                            port=int(lb.address.rsplit(":", 1)[1]))  # fmt: skip
-        _wait_for("the driver to reconnect", lambda: job.said("reconnected to the scheduler"))
+        wait_for("the driver to reconnect", lambda: job.said("reconnected to the scheduler"))
         job.open_gate()
         code, stdout, stderr = job.finish()
     assert code == 0, stdout + stderr
@@ -184,9 +176,9 @@ def test_the_drivers_connection_cut_once_mid_run_is_waited_out(tmp_path, certs):
         with TcpCutter(int(lb.address.rsplit(":", 1)[1])) as cutter:
             job = _Job(tmp_path, certs, lb.address)
             job.start(address=f"tls://{cutter.address}")
-            _wait_for("two running units", lambda: job.started() >= 2)
+            wait_for("two running units", lambda: job.started() >= 2)
             assert cutter.cut() >= 1  # the driver's connection, and any other it had
-            _wait_for("the driver to reconnect", lambda: job.said("reconnected to the scheduler"))
+            wait_for("the driver to reconnect", lambda: job.said("reconnected to the scheduler"))
             job.open_gate()
             code, stdout, stderr = job.finish()
     assert code == 0, stdout + stderr
@@ -202,7 +194,7 @@ def test_a_balancer_with_no_scheduler_behind_it_is_waited_for(tmp_path, certs):
         job = _Job(tmp_path, certs, lb.address)
         job.open_gate()
         job.start()
-        _wait_for("the driver to wait", lambda: job.said("no scheduler is behind it yet"))
+        wait_for("the driver to wait", lambda: job.said("no scheduler is behind it yet"))
         scheduler = start_scheduler(pm, certs, port=port)
         for i in range(2):
             start_worker(pm, scheduler.address, certs, name=f"w{i}")
@@ -232,7 +224,7 @@ def test_a_worker_sent_sigterm_leaves_and_nothing_is_lost_failed_or_duplicated(t
         _scheduler, lb, workers = _cluster(pm, certs, workers=3)
         job = _Job(tmp_path, certs, lb.address)
         job.start()
-        _wait_for("three running units", lambda: job.started() >= 3)
+        wait_for("three running units", lambda: job.started() >= 3)
         # The worker process running unit 0, and the `dask worker` command above it
         pid = int((job.log / "started-0").read_text().split()[0])
         leaving = next(w for w in workers if pid in {p.pid for p in

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from processes import descendants
+from waiting import wait_for
 
 import pipeline as pipeline_package
 
@@ -44,23 +46,6 @@ def start(*args) -> subprocess.Popen:
     )
 
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if Path(f"/proc/{p}").exists()}
 
@@ -75,14 +60,6 @@ def session_alive(sid: int) -> bool:
     return True
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def long_cube_job(frames_dir, out) -> list:
     # Big enough to still be running seconds after its first task completes.
     return ["run", "--frames", frames_dir, "--dim", 10, "--cubes", 400_000, "--units-per-task", 64,
@@ -93,7 +70,7 @@ def interrupted(proc: subprocess.Popen, ready, what: str, *, group: bool = False
     """Once ``ready()``, Ctrl-C to ``proc`` (to its process group with ``group``, as a
     terminal sends it); its standard error once it exits (killed if it does not)."""
     try:
-        wait_for(ready, 120, what)
+        wait_for(what, ready, 120)
         if group:
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -123,7 +100,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_cluster(tmp_path, frames
     assert last.startswith("interrupted: job 'cubes' has ") and last.endswith(
         "of 400,000 cubes complete; run the same command again to resume"
     ), stderr
-    wait_for(lambda: not alive(workers), 30, "the cluster's processes to exit")
+    wait_for("the cluster's processes to exit", lambda: not alive(workers), 30)
     # Counted once the cluster has stopped: tasks running at the interrupt may complete
     # meanwhile, and the count is what a rerun finds.
     said = int(last.split(" has ")[1].split(" of ")[0].replace(",", ""))
@@ -135,7 +112,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_warning(tmp_path, frames_dir):
     out = tmp_path / "out"
     proc = start(*long_cube_job(frames_dir, out))
     try:
-        wait_for(lambda: list(out.glob("cubes/manifest/part-*")), 120, "a first complete task")
+        wait_for("a first complete task", lambda: list(out.glob("cubes/manifest/part-*")), 120)
         workers = descendants(proc.pid)
         proc.kill()
         proc.wait(timeout=30)
@@ -144,7 +121,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_warning(tmp_path, frames_dir):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        wait_for(lambda: not alive(workers), 30, "the orphaned processes to exit")
+        wait_for("the orphaned processes to exit", lambda: not alive(workers), 30)
     stderr = proc.stderr.read()
     assert "leaked" not in stderr, stderr
     # A worker that was sending a result to the driver when it died logs that its peer
@@ -353,7 +330,7 @@ def test_an_input_error_found_while_the_cluster_starts_leaves_no_process(tmp_pat
     assert proc.returncode != 0
     assert "no-such-data" in stderr and "Traceback" not in stderr, stderr
     assert seen, "no cluster process was started while the inputs were checked"
-    wait_for(lambda: not alive(seen), 10, "the cluster's processes to exit")
+    wait_for("the cluster's processes to exit", lambda: not alive(seen), 10)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, 0)
         raise AssertionError("a process of the run's session outlived it")
@@ -393,7 +370,7 @@ def test_an_interrupted_estimate_deletes_its_scratch_output(tmp_path):
     )  # fmt: skip
     parts = "pipeline-estimate-*/gated/results/part-*"
     try:
-        wait_for(lambda: list(scratch.glob(parts)), 120, "the first unit's part")
+        wait_for("the first unit's part", lambda: list(scratch.glob(parts)), 120)
         proc.send_signal(signal.SIGINT)
         release.touch()  # the waiting units finish now, while the estimate stops
         stderr = proc.communicate(timeout=60)[1]
@@ -406,5 +383,5 @@ def test_an_interrupted_estimate_deletes_its_scratch_output(tmp_path):
         "interrupted: no estimate; its scratch output is deleted"
     ), stderr
     # Once no process of the command's session is left, nothing can write any more.
-    wait_for(lambda: not session_alive(proc.pid), 30, "the estimate's processes to exit")
+    wait_for("the estimate's processes to exit", lambda: not session_alive(proc.pid), 30)
     assert not list(scratch.glob("pipeline-estimate-*")), list(scratch.rglob("*"))

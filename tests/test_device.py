@@ -15,6 +15,7 @@ import xxhash
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
+from torch_cubes import CUDA, collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload  # noqa: E402
 from pipeline.errors import ConfigError, PipelineError  # noqa: E402
@@ -22,34 +23,6 @@ from pipeline.torch import CubeStream  # noqa: E402
 from pipeline.workloads.cubes import draws, gather, sharding  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available())")
-
-
-def cpu_cubes(job: CubeJob) -> dict[int, torch.Tensor]:
-    """Every cube of the job from the CPU builder, axes (frame, row, column)."""
-    workload = CubeWorkload(job, "cubes", job.frames)
-    workload.preflight()
-    return {k: torch.from_numpy(np.ascontiguousarray(workload.cube(k))) for k in range(job.cubes)}
-
-
-def collect(items, batched: bool) -> dict[int, torch.Tensor]:
-    """{cube id: cube} from ``(ids, batch)`` or ``(cube id, cube)`` items, each id once,
-    each batch contiguous in the training layout."""
-    got: dict[int, torch.Tensor] = {}
-    for ids, x in items:
-        assert x.is_contiguous()
-        pairs = zip(ids.tolist(), x, strict=True) if batched else [(ids, x)]
-        for cube_id, cube in pairs:
-            assert cube_id not in got, f"cube {cube_id} twice"
-            got[cube_id] = cube.cpu()
-    return got
-
-
-def same_bytes(got: dict, want: dict) -> bool:
-    return sorted(got) == sorted(want) and all(
-        got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want
-    )
 
 
 @pytest.fixture(scope="module")

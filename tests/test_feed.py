@@ -14,36 +14,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
+from torch_cubes import collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload, load_jobs, run_jobs  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
 from pipeline.torch import CubeShards, CubeStream, to_device  # noqa: E402
 from pipeline.workloads.cubes import feed, host_memory  # noqa: E402
 from pipeline.workloads.cubes.delivery import iter_cube_batches  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available())")
-
-
-def cpu_cubes(job: CubeJob) -> dict[int, torch.Tensor]:
-    workload = CubeWorkload(job, "cubes", job.frames)
-    workload.preflight()
-    return {k: torch.from_numpy(np.ascontiguousarray(workload.cube(k))) for k in range(job.cubes)}
-
-
-def collect(items, batched: bool, device: str = "cpu") -> dict[int, torch.Tensor]:
-    got: dict[int, torch.Tensor] = {}
-    for ids, x in items:
-        assert x.is_contiguous() and x.device.type == device
-        pairs = zip(ids.tolist(), x, strict=True) if batched else [(ids, x)]
-        for cube_id, cube in pairs:
-            assert cube_id not in got, f"cube {cube_id} twice"
-            got[cube_id] = cube.cpu()
-    return got
-
-
-def same_bytes(got: dict, want: dict) -> bool:
-    return sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def feeder_threads() -> list[threading.Thread]:
@@ -57,7 +34,7 @@ def test_cpu_built_batches_reach_the_device_contiguous_with_the_builders_bytes(
     job = CubeJob(frames=str(frames_dir), cubes=21, dim=10, seed=8, dtype="float32")
     stream = CubeStream(job, device="cpu", build="cpu", batch_size=batch_size, with_ids=True)
     loader = DataLoader(stream, batch_size=None, num_workers=workers)
-    assert same_bytes(collect(loader, batch_size is not None), cpu_cubes(job))
+    assert same_bytes(collect(loader, batch_size is not None, "cpu"), cpu_cubes(job))
     assert not feeder_threads()
 
 
@@ -66,7 +43,7 @@ def test_a_loaders_batches_wrapped_in_to_device_are_the_same_cubes(frames_dir):
     loader = DataLoader(
         CubeStream(job, batch_size=3, with_ids=True), batch_size=None, num_workers=2
     )
-    assert same_bytes(collect(to_device(loader, "cpu"), batched=True), cpu_cubes(job))
+    assert same_bytes(collect(to_device(loader, "cpu"), batched=True, device="cpu"), cpu_cubes(job))
 
 
 @pytest.mark.filterwarnings(
@@ -77,7 +54,7 @@ def test_the_clusters_batches_reach_the_device_and_each_rank_share_is_disjoint(f
     want = cpu_cubes(job)
     stream = CubeStream(job, device="cpu", batch_size=4, cluster=client, with_ids=True)
     assert stream.build == "cpu"
-    assert same_bytes(collect(stream, batched=True), want)
+    assert same_bytes(collect(stream, batched=True, device="cpu"), want)
     # The shares a rank takes (shard=(i, k)) by shared memory and as Dask results
     # (relayed by the scheduler here, which iter_cubes warns of)
     for delivery in ("shared-memory", "dask"):

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -22,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from mapfns import bulk
+from processes import descendants
+from waiting import wait_for
 
 import pipeline
 from pipeline import ConfigError, MapJob, MapWorkload, RunOptions, run_job
@@ -286,29 +287,6 @@ def test_the_drivers_memory_does_not_grow_with_the_units_done(tmp_path, client):
     assert peaks[2_000_000] < peaks[20_000] + 4_000_000, peaks
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_killed_driver_resumes_reading_no_finished_chunk_to_the_same_bytes(tmp_path):
@@ -346,16 +324,16 @@ def test_a_killed_driver_resumes_reading_no_finished_chunk_to_the_same_bytes(tmp
                             start_new_session=True, cwd=tmp_path)  # fmt: skip
     group: set[int] = set()
     try:
-        _wait_for(lambda: marker.exists() or proc.poll() is not None, 180, "the held task")
+        wait_for("the held task", lambda: marker.exists() or proc.poll() is not None, 180)
         assert proc.poll() is None, proc.communicate()[1]
-        group = _descendants(proc.pid)
+        group = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-    _wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in group), 60, "the cluster")
+    wait_for("the cluster", lambda: not any(Path(f"/proc/{p}").exists() for p in group), 60)
     store = pipeline.open_store(str(tmp_path / "out"))
     done = completed_tasks(store, "m")
     assert 9 not in done and not (tmp_path / "out" / "m" / "manifest.parquet").exists()

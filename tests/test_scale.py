@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from waiting import wait_for
 
 from benchmarks.fleet.scale_logs import scan_logs
 from harness.cluster_procs import (
@@ -60,7 +61,8 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
     assert figures["verify_exit_code"] == 0, figures["verify_output"]
     # The scheduler's streams to the killed workers close (lost_worker_streams),
     # results they held are computed again (lost_results), a task sent to several of
-    # them is given up by the scheduler and run again by the runner (killed_tasks),
+    # them is given up by the scheduler and run again by the runner (killed_tasks;
+    # the report's task-stream plugin cannot record it: unstreamed_killed_tasks),
     # its workers' TLS handshakes under way are reset (killed_handshakes);
     # nothing else in any log is
     # an error, a timeout or a stall's consequence.
@@ -160,13 +162,6 @@ def _workers(address, certs) -> int:
         return len(c.scheduler_info(n_workers=-1)["workers"])
 
 
-def _wait_for(what, predicate, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
 def _checksums(output: Path) -> dict:
     (manifest,) = output.glob("*/manifest.parquet")
     table = pq.read_table(manifest).to_pandas()
@@ -210,7 +205,7 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
                 "--local-directory", str(tmp_path / "scratch" / str(p)),
             ]  # fmt: skip
             pm.start(f"workers-{p}", argv, ENCRYPTION_ENV)
-        _wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
+        wait_for("6 workers", lambda: _workers(lb.address, certs) >= 6)
         flags = [
             "--scheduler", lb.address, "--tls-ca-file", certs["ca"],
             "--tls-cert", certs["client"], "--tls-key", certs["client-key"],
@@ -229,7 +224,7 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
             text=True,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         )
-        _wait_for("a third of the tasks", lambda: len(list(lost.glob("*/manifest/*"))) >= 20)
+        wait_for("a third of the tasks", lambda: len(list(lost.glob("*/manifest/*"))) >= 20)
         scheduler.kill()  # SIGKILL, as a crashed or replaced instance
         assert len(list(lost.glob("*/manifest/*"))) < 60, "the run ended before the kill"
         # The auto-scaling group of one starts a new scheduler behind the same address.
@@ -245,7 +240,7 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
             last = stderr.strip().splitlines()[-1]
             assert last.startswith("Error: lost the connection to the Dask scheduler"), stderr
             assert lb.address in last and "same command" in last, stderr
-        _wait_for("the workers to rejoin", lambda: _workers(lb.address, certs) >= 6)
+        wait_for("the workers to rejoin", lambda: _workers(lb.address, certs) >= 6)
 
         rerun = _pipeline(command, timeout=240)
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
@@ -257,3 +252,23 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
         assert shown.returncode == 0, shown.stderr
         units = pq.read_table(table).column("unit").to_pylist()
         assert sorted(units) == list(range(60))
+
+
+def test_the_log_scan_counts_the_task_stream_plugins_killed_task_record_apart(tmp_path):
+    # With --report, distributed's task-stream plugin fails on a task the scheduler
+    # gave up on (it has no timings): expected when a worker process is killed, and
+    # told apart from another plugin's failure, which is an error.
+    record = (
+        "2026-11-28 18:22:19,915 - distributed.scheduler - INFO - Plugin failed with "
+        "exception\nTraceback (most recent call last):\n"
+        '  File "/x/distributed/scheduler.py", line 2065, in _transition\n'
+        "    plugin.transition(\n"
+        '  File "/x/distributed/diagnostics/task_stream.py", line 37, in transition\n'
+        '    assert kwargs["startstops"]\n'
+        "{}\n"
+    )
+    (tmp_path / "scheduler.log").write_text(
+        record.format("KeyError: 'startstops'") + record.format("KeyError: 'worker'")
+    )
+    logs = scan_logs(tmp_path)
+    assert (logs["unstreamed_killed_tasks"], logs["errors"]) == (1, 1), logs

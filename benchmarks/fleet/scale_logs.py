@@ -7,9 +7,13 @@ apart (its text mentions timeouts). "Batched Comm Closed" is the scheduler's
 stream to a worker that vanished, and "Couldn't gather keys" the scheduler's
 report that results held by such workers are gone (the client computes them
 again), and "... workers died while trying to run it" a task the scheduler gave up
-on because the workers it was sent to kept dying (the runner runs it again): all
-three expected only when a worker process is killed, counted apart as
-``lost_worker_streams``, ``lost_results`` and ``killed_tasks``. So is a TLS
+on because the workers it was sent to kept dying (the runner runs it again). With
+``--report`` the scheduler runs distributed's task-stream plugin, which expects
+timings on every finished task and logs "Plugin failed with exception ...
+KeyError: 'startstops'" for such a given-up task (that task is missing from the
+report's task stream, nothing else). All four expected only when a worker process
+is killed, counted apart as ``lost_worker_streams``, ``lost_results``,
+``killed_tasks`` and ``unstreamed_killed_tasks``. So is a TLS
 handshake reset by its peer within :data:`KILL_WINDOW` seconds of the kill (the
 killed process's workers were connecting), as ``killed_handshakes``; at another
 time it is an error. Any other record naming an error, an
@@ -36,6 +40,7 @@ EXPECTED = {
     "lost_worker_streams": "Batched Comm Closed",
     "lost_results": "Couldn't gather keys",
     "killed_tasks": "died while trying to run it",
+    "unstreamed_killed_tasks": "KeyError: 'startstops'",
 }
 #: A handshake reset this long after a worker process was killed was one of its own.
 KILL_WINDOW = 10.0
