@@ -29,7 +29,8 @@ th { background: #eee; text-align: left; } img { max-width: 100%; }
 
 
 def task_timings(receipts: Iterable, t_epoch: float) -> list[dict]:
-    """Each task's index, worker process, start (s after ``t_epoch``), seconds and units."""
+    """Each task's index, worker process, Dask worker (its address), start (s after
+    ``t_epoch``), seconds and units."""
     rows = []
     for r in sorted(receipts, key=lambda r: r.index):
         if not r.started:  # a task the cluster lost: never heard from
@@ -37,6 +38,7 @@ def task_timings(receipts: Iterable, t_epoch: float) -> list[dict]:
         rows.append({
             "index": r.index,
             "worker": f"{r.worker}:{r.pid}",
+            "address": r.worker_address,
             "start": round(r.started - t_epoch, 4),
             "seconds": round(r.seconds, 4),
             "units": r.units,

@@ -170,6 +170,9 @@ class TaskReceipt:
     #: Seconds the task's thread was runnable but waiting for a core (the machine's
     #: cores busy with other work); None where not measured (not Linux).
     runq_seconds: float | None = None
+    #: The Dask worker that ran it ('' outside Dask): workers can share a process (a
+    #: LocalCluster's threads, the fleet simulation), where host and pid are not one.
+    worker_address: str = ""
 
     @property
     def complete(self) -> bool:

@@ -326,6 +326,35 @@ def test_a_cluster_left_without_workers_mid_run_ends_the_run(tmp_path, monkeypat
             gone.join()
 
 
+def test_probes_leave_each_workers_cold_first_task_out_and_measure_the_hand_over(tmp_path):
+    # Two workers in one process (a LocalCluster of threads, as the fleet simulation
+    # runs hundreds): each one's first task is 0.5 s slower. Both are told apart as
+    # cold and left out of the fit, whose fixed part stays near the 10 ms units'
+    # nothing; a worker's wait between one task and its next is measured.
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        w = SquaresWorkload("sq", 300, unit_seconds=0.01, cold_seconds=0.5)
+        s = run_job(w, options(tmp_path), client, echo=lambda m: None)
+    assert s.complete and s.units_run == 300
+    record = json.loads((tmp_path / "sq" / "job.json").read_text())
+    assert record["head"][:5] == [1, 1, 16, 16, 1]
+    timings = sorted(s.task_timings, key=lambda t: t["start"])
+    assert len({t["worker"] for t in timings}) == 1  # one process
+    firsts = {}
+    for t in timings:
+        firsts.setdefault(t["address"], t)
+    assert len(firsts) == 2 and all(t["seconds"] >= 0.5 for t in firsts.values())
+    model = record["cost_model"]
+    assert model["fixed"] < 0.1, model
+    assert model["handover"] > 0, model
+
+
 def test_each_job_is_validated_once_a_command(tmp_path, client):
     # The driver validated each job, then run_job did again: a workload's preflight
     # had to be idempotent (and the output store was probed twice).

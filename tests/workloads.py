@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,8 @@ class SquaresWorkload(Workload):
     the task writes); each preflight adds the job's name to the file ``preflights``
     (when given); units in ``fail`` raise, a task containing ``crash_task``'s
     first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
-    each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more)."""
+    each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more; a
+    worker thread's first unit ``cold_seconds`` more)."""
 
     kind = "squares"
     unit_name = "square"
@@ -48,10 +50,12 @@ class SquaresWorkload(Workload):
         slow=None,
         writes_itself=False,
         preflights=None,
+        cold_seconds=0.0,
     ):
         self.job_id, self.n_units, self.unit_seconds = job_id, n_units, unit_seconds
         self.slow, self.writes_itself, self.preflights = slow, writes_itself, preflights
         self.fail, self.crash_task, self.exit_unit = set(fail), crash_task, exit_unit
+        self.cold_seconds = cold_seconds
 
     @classmethod
     def from_settings(cls, settings, job_id, options=None):
@@ -69,6 +73,9 @@ class SquaresWorkload(Workload):
     def seconds_of(self, unit: int) -> float:
         return self.unit_seconds + (self.slow[1] if self.slow and unit == self.slow[0] else 0)
 
+    def _cold(self) -> float:
+        return self.cold_seconds if self.cold_seconds and _first_call_on_this_thread() else 0.0
+
     def run_task(self, task, store):
         if task.index == self.crash_task:
             raise RuntimeError(f"task {task.index} cannot start")
@@ -76,7 +83,7 @@ class SquaresWorkload(Workload):
         for unit in task.units:
             if unit == self.exit_unit:
                 os._exit(3)
-            time.sleep(self.seconds_of(unit))
+            time.sleep(self.seconds_of(unit) + self._cold())
             try:
                 if unit in self.fail:
                     raise ValueError(f"unit {unit} is bad")
@@ -88,6 +95,15 @@ class SquaresWorkload(Workload):
             except ValueError as exc:
                 out.failures.append(UnitFailure.from_exception(unit, exc))
         return out
+
+
+_THREAD = threading.local()
+
+
+def _first_call_on_this_thread() -> bool:
+    first = not getattr(_THREAD, "warm", False)
+    _THREAD.warm = True
+    return first
 
 
 class Opaque:

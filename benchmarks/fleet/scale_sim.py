@@ -31,6 +31,7 @@ tasks run and the scheduler's share of a core over the command.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -321,6 +322,19 @@ def _phases(report: Path, output: Path) -> dict:
         out["rest_end_seconds"] = round(max(t["start"] + t["seconds"] for t in rest), 2)
         out["rest_task_seconds_median"] = sorted(t["seconds"] for t in rest)[len(rest) // 2]
     out["task_seconds_total"] = round(sum(t["seconds"] for t in timings), 1)
+    if timings:
+        out["first_task_start_seconds"] = round(min(t["start"] for t in timings), 2)
+    # A worker's idle time between one of its tasks and the next (the task's report,
+    # the next one's hand-over): the rest's median, per task.
+    by_worker: dict[str, list] = {}
+    for t in rest:
+        by_worker.setdefault(t.get("address") or t["worker"], []).append(t)
+    gaps = []
+    for tasks in by_worker.values():
+        tasks.sort(key=lambda t: t["start"])
+        gaps += [b["start"] - a["start"] - a["seconds"] for a, b in itertools.pairwise(tasks)]
+    if gaps:
+        out["rest_gap_seconds_median"] = round(sorted(gaps)[len(gaps) // 2], 3)
     return out
 
 

@@ -58,7 +58,9 @@ def run_task(task: Task, call: TaskCall) -> None:
 
     workload = shipping.resolve(call.workload)
     receipt = execute_task(workload, call.store_url, task, call.profile, call.skip_complete)
-    get_worker().log_event(call.topic, encode(receipt, call.token))
+    worker = get_worker()
+    receipt = dataclasses.replace(receipt, worker_address=worker.address)
+    worker.log_event(call.topic, encode(receipt, call.token))
 
 
 def execute_task(

@@ -4,8 +4,10 @@ the rest of the job cut into tasks by it (see docs/planning.md)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict
 
@@ -83,8 +85,14 @@ def probe(
     samples: list[ProbeSample] = []
     overhead = SCHEDULER_SECONDS_PER_TASK
     if overhead_can_bind(n_workers, options.task_seconds):
+        t0 = time.perf_counter()
         overhead = _task_overhead(run.client, n_workers)
-    model, rounds, first_round, cut = None, 0, True, False
+        log.info(
+            "scheduling: %.3g ms of the scheduler's CPU per task (a burst of no-op tasks, %.1f s)",
+            overhead * 1e3,
+            time.perf_counter() - t0,
+        )
+    model, rounds, first_round, cut, handover = None, 0, True, False, 0.0
     while True:
         left = n - sum(plan.head)
         resumed = bool(round_)
@@ -125,7 +133,7 @@ def probe(
                 if cut or not (r.complete and r.units):
                     continue
                 samples.append(_sample(layout, ranges, r))
-                model = fit_costs(samples, overhead)
+                model = fit_costs(samples, overhead, handover)
                 if not counted:  # the round counts from its first measured probe
                     rounds, counted = rounds + 1, True
                 if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
@@ -151,13 +159,14 @@ def probe(
                 model = fit_costs([_sample(layout, ranges, r) for r in cold])
             cold_tasks = {r.index for r in cold}
             timed = [] if resumed else [r for r in timed if r.index not in cold_tasks]
+            handover = _handover(got)
         first_round, round_ = False, []
         if not timed:
             if resumed and any(r.complete for r in got):
                 continue  # the interrupted run's probes warmed the workers: measure now
             break  # nothing to measure (failed units, or the cluster failing under us)
         samples += [_sample(layout, ranges, r) for r in timed]
-        model = fit_costs(samples, overhead)
+        model = fit_costs(samples, overhead, handover)
         rounds += 1
         if _measured(
             samples, model, large, limit, rounds, layout, plan, n_workers, options, min_rounds
@@ -242,29 +251,50 @@ def _start(run: TaskRunner, plan: Plan, layout: UnitLayout):
 
 
 def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
-    """Each worker process's first task to start among ``receipts``."""
-    first: dict[tuple[str, int], TaskReceipt] = {}
+    """Each worker's first task to start among ``receipts``."""
+    first: dict[tuple[str, int, str], TaskReceipt] = {}
     for r in receipts:
-        key = (r.worker, r.pid)
+        key = (r.worker, r.pid, r.worker_address)
         if key not in first or r.started < first[key].started:
             first[key] = r
     return list(first.values())
+
+
+def _handover(receipts: list[TaskReceipt]) -> float:
+    """The median of a worker's idle seconds between one of ``receipts`` and its
+    next, over the workers that ran several (a round submitted at once, so each
+    worker's next task was waiting for it); 0.0 where none did."""
+    runs: dict[tuple[str, int, str], list[TaskReceipt]] = collections.defaultdict(list)
+    for r in receipts:
+        if r.started and r.worker_address:
+            runs[(r.worker, r.pid, r.worker_address)].append(r)
+    gaps = []
+    for ran in runs.values():
+        ran.sort(key=lambda r: r.started)
+        gaps += [max(0.0, b.started - a.started - a.seconds) for a, b in itertools.pairwise(ran)]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _noop(_i: int) -> None:
     return None
 
 
+#: The most no-op tasks :func:`_task_overhead` runs.
+BURST_TASKS = 1000
+
+
 def _task_overhead(client, n_workers: int) -> float:
     """The scheduler's seconds of CPU per task on this cluster: a burst of no-op tasks,
-    4 per worker (8 at least), submitted at once and waited for (nothing fetched); the
+    4 per worker (8 at least, :data:`BURST_TASKS` at most: the heartbeats during the
+    burst, about a tenth of a core, then weigh 0.1 ms a task at most, and a fleet's
+    run does not wait seconds for it), submitted at once and waited for (nothing fetched); the
     scheduler's CPU time over the burst per task (where the scheduler runs functions
     for its clients), else the burst's wall time per task, which holds the round trips
     too. (On a few workers the figure cannot bind: 8 no-ops cost 15 ms where 20 cost
     37, before every probed run.)"""
     from distributed import wait
 
-    count = max(8, 4 * n_workers)
+    count = min(BURST_TASKS, max(8, 4 * n_workers))
     try:
         cpu0 = _scheduler_cpu(client)
         t0 = time.perf_counter()
@@ -294,5 +324,6 @@ def _describe_model(model: CostModel | None, unit: str) -> str:
     return (
         f"a task takes {model.fixed:.3g} s + {model.per_unit:.3g} s per {unit}"
         + (f" + {model.per_byte * 1e9:.3g} s per GB read" if model.per_byte else "")
+        + f", {model.handover:.3g} s between tasks"
         + f", and {model.overhead * 1e3:.3g} ms of scheduling"
     )

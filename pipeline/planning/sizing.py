@@ -3,20 +3,24 @@
 A task's time is ``fixed + per_unit * units + per_byte * bytes_read``. The fixed
 part is what every task pays whatever its size (starting, opening its inputs,
 writing its tables); the byte part is what it reads, which for a task smaller
-than a row group is the whole row group. The probe tasks measure all three
-(:func:`fit_costs`), and the scheduler's own cost per task (``overhead``).
+than a row group is the whole row group. Between one task and its next a worker
+also waits a ``handover`` (the finished task's report, the next one's hand-over).
+The probe tasks measure all four (:func:`fit_costs`), and the scheduler's own cost
+per task (``overhead``).
 
 :func:`cut_tasks` then aims every task at a duration of
 
-    target = max(task_seconds, overhead * workers / SCHEDULER_SHARE, 2 * fixed)
+    target = max(task_seconds, overhead * workers / SCHEDULER_SHARE,
+                 (fixed + handover) / PER_TASK_SHARE)
 
 so that (a) tasks last about ``task_seconds``; (b) at the task rate this gives,
 ``workers / target`` tasks a second, the scheduler spends at most
 ``SCHEDULER_SHARE`` (25 %) of one core on them: at 1 ms a task, 2 workers need
-tasks of 8 ms, 1,000 workers tasks of 4 s; (c) the fixed part is at most half
-a task. A job too small to give each worker :data:`MIN_TASKS_PER_WORKER` such
-tasks is cut into up to that many rounds of shorter tasks (at least
-:data:`SHORT_TASK_SECONDS` and 4x the fixed part; one round when a worker's share
+tasks of 8 ms, 1,000 workers tasks of 4 s; (c) what every task costs whatever its
+size is at most ``PER_TASK_SHARE`` (a fifth) of a worker's time. A job too small
+to give each worker :data:`MIN_TASKS_PER_WORKER` such tasks is cut into up to that
+many rounds of shorter tasks (at least :data:`SHORT_TASK_SECONDS` and 4x the
+per-task costs; one round when a worker's share
 is under that), rounds of exactly ``workers`` tasks.
 
 The cuts fall on the workload's *natural boundaries* (row groups and files for
@@ -37,6 +41,9 @@ import numpy as np
 
 #: The most of one scheduler core the job's tasks may take, at the planned task rate.
 SCHEDULER_SHARE = 0.25
+#: The most of a worker's time its tasks' own costs (fixed part, hand-over) may take:
+#: 0.8 of it at least goes to the units.
+PER_TASK_SHARE = 0.2
 #: Enough tasks per worker that uneven tasks do not leave workers idle at the end.
 MIN_TASKS_PER_WORKER = 4
 #: A small job's tasks last at least this (and 4x their fixed cost): shorter ones cost
@@ -61,10 +68,13 @@ class CostModel:
     fixed: float
     per_unit: float
     per_byte: float = 0.0
-    #: Scheduler and round-trip seconds per task, beyond the task's own run time.
+    #: The scheduler's seconds (of its CPU) per task.
     overhead: float = 0.0
     #: Of ``fixed``, what a task's reads pay whatever their size (a request's latency).
     read_fixed: float = 0.0
+    #: A worker's idle seconds between one task and its next: the finished task's
+    #: report, the next one's hand-over (a round trip, the worker's own event loop).
+    handover: float = 0.0
 
     def seconds(self, units: float, bytes_read: float = 0.0) -> float:
         return self.fixed + self.per_unit * units + self.per_byte * bytes_read
@@ -78,7 +88,9 @@ class ProbeSample:
     bytes_read: int = 0
 
 
-def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
+def fit_costs(
+    samples: list[ProbeSample], overhead: float = 0.0, handover: float = 0.0
+) -> CostModel:
     """Least squares of (seconds - read_seconds) on units, and of read_seconds on
     bytes read: a read's own fixed part (a request's latency; on S3 a task makes one
     or more) joins the task's fixed part.
@@ -89,7 +101,9 @@ def fit_costs(samples: list[ProbeSample], overhead: float = 0.0) -> CostModel:
     per_byte, read_fixed = _fit_reads(samples)
 
     def model(fixed_beyond_reads: float, per_unit: float) -> CostModel:
-        return CostModel(fixed_beyond_reads + read_fixed, per_unit, per_byte, overhead, read_fixed)
+        return CostModel(
+            fixed_beyond_reads + read_fixed, per_unit, per_byte, overhead, read_fixed, handover
+        )
 
     x = np.array([s.units for s in samples], dtype=float)
     y = np.array([s.seconds - s.read_seconds for s in samples], dtype=float)
@@ -216,7 +230,7 @@ def overhead_can_bind(n_workers: int, task_seconds: float) -> bool:
 def target_seconds(model: CostModel, n_workers: int, task_seconds: float) -> float:
     """How long a task should last (see the module's docstring for the rule)."""
     scheduler_floor = model.overhead * n_workers / SCHEDULER_SHARE
-    return max(task_seconds, scheduler_floor, 2 * model.fixed)
+    return max(task_seconds, scheduler_floor, (model.fixed + model.handover) / PER_TASK_SHARE)
 
 
 def task_rounds(
@@ -233,7 +247,8 @@ def task_rounds(
         return round(rounds), False
     # A small job: as many rounds (up to 4) as tasks of at least `short` allow; one
     # round when a worker's share is under that.
-    short = min(target / 2, max(SHORT_TASK_SECONDS, 4 * (model.fixed + model.overhead)))
+    per_task = model.fixed + model.overhead + model.handover
+    short = min(target / 2, max(SHORT_TASK_SECONDS, 4 * per_task))
     share = total * per_unit / n_workers
     return min(MIN_TASKS_PER_WORKER, max(1, math.floor(share / short))), True
 
@@ -333,6 +348,6 @@ def makespan(
         for a, b in zip(bounds, stops, strict=False)
     ]
     for cost in sorted(costs, reverse=True):
-        heapq.heappush(free, heapq.heappop(free) + cost + model.overhead)
+        heapq.heappush(free, heapq.heappop(free) + cost + model.overhead + model.handover)
     # The scheduler handles tasks one after another: a floor of its own.
     return max(max(free), len(stops) * model.overhead)
