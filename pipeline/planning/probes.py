@@ -93,6 +93,7 @@ def probe(
             time.perf_counter() - t0,
         )
     model, rounds, first_round, cut, handover = None, 0, True, False, 0.0
+    streamed = False  # the first round read as it comes (see _streamed_first_round)
     while True:
         left = n - sum(plan.head)
         resumed = bool(round_)
@@ -118,10 +119,19 @@ def probe(
                 larges = probe_round(None, large, n_workers, rest)
                 smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
                 sizes = warm_ups + larges + smalls
+                # Read as it comes where half of each size may be stuck behind slow
+                # probes and the other half still measures the model.
+                streamed = large > g and min(len(larges), len(smalls)) >= 2 * MANY_SAMPLES
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         ranges = {t.index: (t.start, t.stop) for t in round_}
-        if first_round or resumed:
+        if first_round and streamed:
+            got, started = _streamed_first_round(
+                run, plan, round_, layout, overhead, n_workers, options, start_rest
+            )
+            if started is not False:
+                return receipts + got, started
+        elif first_round or resumed:
             # Waited for whole: each worker's first task is told apart by its start.
             got = run(round_)
         else:
@@ -175,6 +185,42 @@ def probe(
         large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
     _cut(run, plan, model, layout, n_workers, options)
     return receipts, _start(run, plan, layout) if start_rest else None
+
+
+def _streamed_first_round(
+    run: TaskRunner,
+    plan: Plan,
+    round_: list,
+    layout: UnitLayout,
+    overhead: float,
+    n_workers: int,
+    options: RunOptions,
+    start_rest: bool,
+):
+    """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each size
+    at least), read as it comes: each worker's first task to report is cold, left out;
+    once the others hold MANY_SAMPLES of each size, the rest is cut and started, to
+    run behind the round's last probes rather than after the slowest of them.
+    Returns the round's receipts and the rest's (None without ``start_rest``), or
+    False where the round ended before it was measured (the caller reads it whole)."""
+    ranges = {t.index: (t.start, t.stop) for t in round_}
+    got: list[TaskReceipt] = []
+    samples: list[ProbeSample] = []
+    warm: set[tuple[str, int, str]] = set()
+    rest = False
+    for r in run.launch(round_):
+        got.append(r)
+        worker = (r.worker, r.pid, r.worker_address)
+        cold = worker not in warm
+        warm.add(worker)
+        if rest is not False or cold or not (r.complete and r.units):
+            continue
+        samples.append(_sample(layout, ranges, r))
+        if _many(samples):
+            model = fit_costs(samples, overhead, _handover(got))
+            _cut(run, plan, model, layout, n_workers, options)
+            rest = _start(run, plan, layout) if start_rest else None
+    return got, rest
 
 
 def _sample(layout: UnitLayout, ranges: dict, r: TaskReceipt) -> ProbeSample:
