@@ -173,7 +173,6 @@ def _run_job(
 
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.units_skipped = complete
-    summary.wall_seconds = time.perf_counter() - t_start
     if options.profile_tasks:
         from .dispatch.profiling import merge_profiles
 
@@ -199,10 +198,6 @@ def _run_job(
     summary.bytes_written, summary.busy_seconds = spent.bytes_written, spent.seconds
     summary.cpu_seconds, summary.phases = spent.cpu, spent.phases
     summary.runq_seconds, summary.remote = spent.runq, bool(options.scheduler)
-    if summary.wall_seconds and receipts:
-        summary.parallel_efficiency = summary.busy_seconds / (
-            summary.wall_seconds * summary.workers
-        )
     _reads(summary, receipts)
     fingerprints = [r.fingerprint for r in sorted(receipts, key=lambda r: r.index) if r.fingerprint]
     if fingerprints:
@@ -236,6 +231,14 @@ def _run_job(
         # completed tasks are failures too (they went unsaid beside a KilledWorker)
         _add_recorded(
             summary, [f for r in receipts for f in r.recorded or ()], workload, in_run=True
+        )
+    # The job is complete once its tasks' outputs are finalized (the manifest
+    # consolidated, partial writes removed): the run's time holds that, as the
+    # workers' cost does (they are held meanwhile).
+    summary.wall_seconds = time.perf_counter() - t_start
+    if summary.wall_seconds and receipts:
+        summary.parallel_efficiency = summary.busy_seconds / (
+            summary.wall_seconds * summary.workers
         )
     summary.units_per_second = (
         summary.units_ok / summary.wall_seconds if summary.wall_seconds else 0.0

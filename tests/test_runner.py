@@ -359,34 +359,27 @@ def test_on_many_workers_the_rest_starts_without_waiting_for_the_first_rounds_sl
     tmp_path, monkeypatch
 ):
     # A first round with twice MANY_SAMPLES probes of each size is read as it comes
-    # (hundreds of workers; here 32 workers, threads of one process, and 8 samples
-    # a size): a warm-up each, a 15-unit probe each and a 1-unit probe for every
-    # other; once 8 of each size reported, the rest is cut and started. The probe
-    # holding unit 70 is 3 s slower (and a 1-unit probe may wait behind it): the
-    # rest's tasks run meanwhile instead of after it.
-    from distributed import Client, LocalCluster
-
+    # (hundreds of workers; here 8 worker processes, and 2 samples a size): a
+    # warm-up each, a 15-unit probe each and a 1-unit probe for every other; once 2
+    # of each size reported, the rest is cut and started. The probe holding unit 30
+    # is 3 s slower (and a 1-unit probe may wait behind it): the rest's tasks run
+    # meanwhile instead of after it.
     import pipeline.planning.probes
 
-    monkeypatch.setattr(pipeline.planning.probes, "MANY_SAMPLES", 8)
-    with (
-        LocalCluster(
-            n_workers=32, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        w = SquaresWorkload("sq", 32 * 60, unit_seconds=0.002, slow=(70, 3.0))
+    monkeypatch.setattr(pipeline.planning.probes, "MANY_SAMPLES", 2)
+    with connect(RunOptions(workers=8)) as client:
+        w = SquaresWorkload("sq", 8 * 60, unit_seconds=0.002, slow=(30, 3.0))
         s = run_job(w, options(tmp_path), client, echo=lambda m: None)
-    assert s.complete and s.units_run == 32 * 60
+    assert s.complete and s.units_run == 8 * 60
     head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]
-    assert head == [1] * 32 + [15] * 32 + [1] * 16
+    assert head == [1] * 8 + [15] * 8 + [1] * 4
     timings = {t["index"]: t for t in s.task_timings}
-    slow = timings[32 + (70 - 32) // 15]
+    slow = timings[8 + (30 - 8) // 15]
     slow_end = slow["start"] + slow["seconds"]
     assert slow["seconds"] >= 3.0
     rest = [t for i, t in timings.items() if i >= len(head)]
     assert sum(t["units"] for t in rest if t["start"] < slow_end - 1.0) > 0
-    assert len(_values(tmp_path)) == 32 * 60
+    assert len(_values(tmp_path)) == 8 * 60
 
 
 def test_each_job_is_validated_once_a_command(tmp_path, client):
