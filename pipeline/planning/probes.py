@@ -199,24 +199,30 @@ def _streamed_first_round(
 ):
     """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each size
     at least), read as it comes: each worker's first task to report is cold, left out;
-    once the others hold MANY_SAMPLES of each size, the rest is cut and started, to
-    run behind the round's last probes rather than after the slowest of them.
+    once the others hold MANY_SAMPLES of each size and half the large probes have
+    reported, the rest is cut and started, to run behind the round's last probes
+    rather than after the slowest of them.
     Returns the round's receipts and the rest's (None without ``start_rest``), or
     False where the round ended before it was measured (the caller reads it whole)."""
     ranges = {t.index: (t.start, t.stop) for t in round_}
+    smallest = min(t.stop - t.start for t in round_)
+    larges = {t.index for t in round_ if t.stop - t.start > smallest}
     got: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     warm: set[tuple[str, int, str]] = set()
-    rest = False
+    larges_done, rest = 0, False
     for r in run.launch(round_):
         got.append(r)
+        larges_done += r.index in larges
         worker = (r.worker, r.pid, r.worker_address)
         cold = worker not in warm
         warm.add(worker)
         if rest is not False or cold or not (r.complete and r.units):
             continue
         samples.append(_sample(layout, ranges, r))
-        if _many(samples):
+        # Half the large probes in: the hand-over is then that of the round's typical
+        # worker (the first to report are those that waited least between tasks).
+        if _many(samples) and 2 * larges_done >= len(larges):
             model = fit_costs(samples, overhead, _handover(got))
             _cut(run, plan, model, layout, n_workers, options)
             rest = _start(run, plan, layout) if start_rest else None
