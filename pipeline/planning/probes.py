@@ -209,12 +209,12 @@ def _streamed_first_round(
     larges = {t.index for t in round_ if t.stop - t.start > smallest}
     got: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
-    warm: set[tuple[str, int, str]] = set()
+    warm: set[tuple[str, int, str]] = set()  # workers (_worker) heard from
     larges_done, rest = 0, False
     for r in run.launch(round_):
         got.append(r)
         larges_done += r.index in larges
-        worker = (r.worker, r.pid, r.worker_address)
+        worker = _worker(r)
         cold = worker not in warm
         warm.add(worker)
         if rest is not False or cold or not (r.complete and r.units):
@@ -302,11 +302,17 @@ def _start(run: TaskRunner, plan: Plan, layout: UnitLayout):
     return run.launch(longest_first(layout, rest))
 
 
+def _worker(r: TaskReceipt) -> tuple[str, int, str]:
+    """The Dask worker that ran ``r``: host, process and address (workers can share a
+    process)."""
+    return (r.worker, r.pid, r.worker_address)
+
+
 def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
     """Each worker's first task to start among ``receipts``."""
     first: dict[tuple[str, int, str], TaskReceipt] = {}
     for r in receipts:
-        key = (r.worker, r.pid, r.worker_address)
+        key = _worker(r)
         if key not in first or r.started < first[key].started:
             first[key] = r
     return list(first.values())
@@ -319,7 +325,7 @@ def _handover(receipts: list[TaskReceipt]) -> float:
     runs: dict[tuple[str, int, str], list[TaskReceipt]] = collections.defaultdict(list)
     for r in receipts:
         if r.started and r.worker_address:
-            runs[(r.worker, r.pid, r.worker_address)].append(r)
+            runs[_worker(r)].append(r)
     gaps = []
     for ran in runs.values():
         ran.sort(key=lambda r: r.started)
