@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ class SquaresWorkload(Workload):
     (when given); units in ``fail`` raise, a task containing ``crash_task``'s
     first unit raises as a whole, unit ``exit_unit`` kills its worker process, and
     each unit takes at least ``unit_seconds`` (unit ``slow[0]``, ``slow[1]`` more; a
-    worker thread's first unit ``cold_seconds`` more)."""
+    Dask worker's first unit ``cold_seconds`` more)."""
 
     kind = "squares"
     unit_name = "square"
@@ -74,7 +73,7 @@ class SquaresWorkload(Workload):
         return self.unit_seconds + (self.slow[1] if self.slow and unit == self.slow[0] else 0)
 
     def _cold(self) -> float:
-        return self.cold_seconds if self.cold_seconds and _first_call_on_this_thread() else 0.0
+        return self.cold_seconds if self.cold_seconds and _first_call_on_this_worker() else 0.0
 
     def run_task(self, task, store):
         if task.index == self.crash_task:
@@ -97,12 +96,17 @@ class SquaresWorkload(Workload):
         return out
 
 
-_THREAD = threading.local()
+#: Dask workers (their addresses) that have run a unit; a worker's executor thread
+#: may end when idle and another take its place, so the worker, not the thread.
+_WARM_WORKERS: set[str] = set()
 
 
-def _first_call_on_this_thread() -> bool:
-    first = not getattr(_THREAD, "warm", False)
-    _THREAD.warm = True
+def _first_call_on_this_worker() -> bool:
+    from distributed import get_worker
+
+    address = get_worker().address
+    first = address not in _WARM_WORKERS
+    _WARM_WORKERS.add(address)
     return first
 
 
