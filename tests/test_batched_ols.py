@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 import statsmodels.api as sm
-from exact_ols import ExactFit, correct_digits
 from statsmodels.tools.sm_exceptions import MissingDataError, ValueWarning
 
+from harness.exact_ols import ExactFit, correct_digits
 from pipeline.workloads.regressions.batched import (
     COV_TYPES,
     BatchedOLSResult,
