@@ -45,8 +45,8 @@ def test_the_workload_resolves_as_settings_do(tmp_path):
     (tmp_path / "c.toml").write_text('workload = "cubes"\ncubes = 3\n')  # the file's own
     (job,) = load_jobs([str(tmp_path / "c.toml")], {}, environ=env)
     assert job.workload == "cubes" and job.settings.cubes == 3
-    with pytest.raises(ConfigError, match=r"^environment PIPELINE_WORKLOAD: 'regression' is "
-                       r"not a workload, expected one of cubes, "):  # fmt: skip
+    refused = r"^environment PIPELINE_WORKLOAD: 'regression' is not a workload \(did you mean "
+    with pytest.raises(ConfigError, match=refused + r"'regressions'\?\), expected one of cubes, "):
         load_jobs([], {}, environ={"PIPELINE_WORKLOAD": "regression"})
 
 
