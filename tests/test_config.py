@@ -525,6 +525,9 @@ def test_run_help_for_one_workload_lists_its_settings(tmp_path):
     from_file = "\n".join(_help("run", job, "--help"))
     assert "Options of the 'regressions' workload:" in from_file and "--formula" in from_file
     assert "--function" not in from_file
+    # a .toml file given as an option's value is not a job file
+    grid = "\n".join(_help("run", "--workload", "map", "--grid", job, "--help"))
+    assert "Options of the 'map' workload:" in grid
 
 
 def test_an_unknown_workload_name_gets_did_you_mean(tmp_path):

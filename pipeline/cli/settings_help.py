@@ -3,7 +3,8 @@
 Every job's options fit one screen, and the help says where each workload's own are:
 ``--workload NAME --help`` or ``JOB.toml --help`` shows that workload's options in
 full (every registered workload's at once made 207 lines). Each row leaves out the
-job-file key and variable, which a section heading gives once: they follow one rule.
+job-file key and variable: they follow from the flag's name by one rule, which the
+command's description gives once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class SettingsCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if any(arg in ctx.help_option_names for arg in args):
-            ctx.meta["help_workloads"] = _workloads_named(ctx, args)
+            ctx.meta["help_workloads"] = _workloads_named(ctx, _job_files(self, args), args)
         return super().parse_args(ctx, args)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -100,20 +101,29 @@ def _where_workloads_are(ctx: click.Context, formatter: click.HelpFormatter) -> 
         )
 
 
-def _workloads_named(ctx: click.Context, args: list[str]) -> list[str]:
+def _job_files(command: click.Command, args: list[str]) -> list[str]:
+    """The job files among a command line's arguments: existing .toml files that are
+    not an option's value (``--grid points.toml``)."""
+    valued = {name for p in command.params if isinstance(p, click.Option)
+              and not p.is_flag and not p.count for name in p.opts}  # fmt: skip
+    return [arg for before, arg in zip(["", *args], args, strict=False)
+            if before not in valued and arg.lower().endswith(".toml")
+            and Path(arg).is_file()]  # fmt: skip
+
+
+def _workloads_named(ctx: click.Context, job_files: list[str], args: list[str]) -> list[str]:
     """The workloads whose options a ``--help`` shows: the job files' (a file that
     names none runs PIPELINE_WORKLOAD's or the default), else ``--workload``'s; none
     (every job's options) for neither, or a job file that does not read (its run
     says why)."""
     default = os.environ.get(WORKLOAD_VARIABLE, "").strip() or registry.default_workload()
     found: list[str] = []
-    for arg in args:
-        if arg.lower().endswith(".toml") and Path(arg).is_file():
-            try:
-                name = load_job_file(arg, default).workload
-            except PipelineError:
-                continue
-            found += [name] if name not in found else []
+    for path in job_files:
+        try:
+            name = load_job_file(path, default).workload
+        except PipelineError:
+            continue
+        found += [name] if name not in found else []
     given = _flag_value(args, "--workload")
     if not found and given is not None:
         if given not in registry.names():
