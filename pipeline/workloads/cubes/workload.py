@@ -38,7 +38,14 @@ from .frames import (
 )
 from .shards import ShardSpec, read_shard, write_shards
 
-__all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
+__all__ = [
+    "CubeJob",
+    "CubeWorkload",
+    "build_cube",
+    "build_cube_frames_first",
+    "cube_columns",
+    "read_shard",
+]
 
 #: Frames made for a cube job that names none.
 AUTO_FRAME_ROWS = 1000
@@ -128,16 +135,41 @@ def build_cube(
     np.copyto(target, layers.transpose(1, 2, 0))  # one pass of transposition
 
 
+def build_cube_frames_first(
+    layout: np.ndarray, cols: np.ndarray, out: np.ndarray, frames: slice = slice(None)
+) -> None:
+    """Fill ``out`` (C-ordered, axes frame, row, column: the training layout, where
+    ``out.reshape(-1)`` needs no copy) from the layout by frame ``F[f, c - 1, r]``
+    (``load_layout(..., by_frame=True)``); with ``frames``, only those of its frames
+    (``out[frames]``, a contiguous slab), so that threads can share one cube.
+
+    Each frame's d columns are d contiguous runs of the layout, gathered into a
+    scratch (frame, column, row) block and transposed into place one frame (d x d,
+    80 kB at d = 100 float64) at a time, which stays in the core's cache: about twice
+    the time of :func:`build_cube`'s block copies, where transposing a whole cube
+    built that way took four to five times as long."""
+    first, stop, _ = frames.indices(out.shape[0])
+    target = out[first:stop]
+    taken = _scratch((stop - first, out.shape[2], out.shape[1]), out.dtype)
+    if cols.ndim == 1:
+        np.take(layout[first:stop], cols - 1, axis=1, out=taken, mode="clip")
+    else:
+        for i, f in enumerate(range(first, stop)):
+            np.take(layout[f], cols[f] - 1, axis=0, out=taken[i], mode="clip")
+    np.copyto(target, taken.transpose(0, 2, 1))
+
+
 _scratches = threading.local()
 
 
 def _scratch(shape: tuple, dtype) -> np.ndarray:
     """A buffer per thread, reused from cube to cube (a new 8 MB array each time
-    costs its page faults)."""
+    costs its page faults); it only grows, so parts of unequal sizes share it."""
+    size = int(np.prod(shape))
     buf = getattr(_scratches, "buf", None)
-    if buf is None or buf.shape != shape or buf.dtype != dtype:
-        buf = _scratches.buf = np.empty(shape, dtype=dtype)
-    return buf
+    if buf is None or buf.size < size or buf.dtype != dtype:
+        buf = _scratches.buf = np.empty(size, dtype=dtype)
+    return buf[:size].reshape(shape)
 
 
 class CubeWorkload(Workload):
@@ -212,10 +244,13 @@ class CubeWorkload(Workload):
         build_cube(self._layout(), self.columns(cube_id), out)
         return out.T
 
-    def _layout(self, cached_only: bool = False) -> np.ndarray | None:
-        """The frames' layout for this job's cubes; with ``cached_only``, None unless a
-        process of this host has already built it (:func:`.frames.cached_layout`)."""
-        args = (self.frames, self.job.dim, self.job.dtype, self.job.per_layer_columns)
+    def _layout(self, cached_only: bool = False, by_frame: bool | None = None) -> np.ndarray | None:
+        """The frames' layout for this job's cubes (by frame with ``by_frame``, the
+        layout :func:`build_cube_frames_first` takes; by default as :func:`build_cube`
+        takes it for this job); with ``cached_only``, None unless a process of this
+        host has already built it (:func:`.frames.cached_layout`)."""
+        by_frame = self.job.per_layer_columns if by_frame is None else by_frame
+        args = (self.frames, self.job.dim, self.job.dtype, by_frame)
         return cached_layout(*args) if cached_only else load_layout(*args)
 
     @property
