@@ -204,11 +204,10 @@ class CubeStream(IterableDataset):
             ids = share.every(*worker) if worker else share
             plan = (ids[i : i + DEVICE_CHUNK] for i in range(0, len(ids), DEVICE_CHUNK))
         else:
-            batches = share.in_batches(b)
+            in_batches = share.in_batches(b)
             first, step = worker or (0, 1)
-            plan = (batches[j] for j in range(first, len(batches), step))
-        batches = device_batches(self.workload, self.device, plan, b or DEVICE_CHUNK)
-        for ids, batch in batches:
+            plan = (in_batches[j] for j in range(first, len(in_batches), step))
+        for ids, batch in device_batches(self.workload, self.device, plan, b or DEVICE_CHUNK):
             if b is not None:
                 yield (torch.tensor(list(ids)), batch) if self.with_ids else batch
                 continue
