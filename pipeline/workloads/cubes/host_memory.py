@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
+from .gather import _size
 
 __all__ = ["PINNED_ENV", "HostMemory", "pinned_limit"]
 
@@ -42,10 +43,6 @@ PINNED_ENV = "PIPELINE_PINNED_GIB"
 PINNED_SHARE_OF_RAM = 0.25
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
-
-
 def pinned_limit(gib: float | None = None) -> tuple[int, str]:
     """The cap in bytes, and where it comes from: ``gib``, else ``PIPELINE_PINNED_GIB``,
     else a quarter of this host's RAM."""
@@ -56,7 +53,7 @@ def pinned_limit(gib: float | None = None) -> tuple[int, str]:
         import psutil
 
         ram = psutil.virtual_memory().total
-        return int(ram * PINNED_SHARE_OF_RAM), f"a quarter of this host's {_gib(ram)} of RAM"
+        return int(ram * PINNED_SHARE_OF_RAM), f"a quarter of this host's {_size(ram)} of RAM"
     try:
         value = float(gib)
     except (TypeError, ValueError):
@@ -89,11 +86,11 @@ class HostMemory:
         buffers of ``nbytes`` beyond the cap."""
         if not self.page_locked or self.pinned + count * nbytes <= self.limit:
             return
-        held = f", beside {_gib(self.pinned)} page-locked already" if self.pinned else ""
+        held = f", beside {_size(self.pinned)} page-locked already" if self.pinned else ""
         raise ConfigError(
-            f"{count} page-locked {what} of {_gib(nbytes)} each would take "
-            f"{_gib(count * nbytes)}{held}, beyond the page-locked memory limit of "
-            f"{_gib(self.limit)} ({self.limit_source}): use a smaller batch_size, "
+            f"{count} page-locked {what} of {_size(nbytes)} each would take "
+            f"{_size(count * nbytes)}{held}, beyond the page-locked memory limit of "
+            f"{_size(self.limit)} ({self.limit_source}): use a smaller batch_size, "
             f"dtype='float32' or fewer builders, or raise the limit (pinned_gib=, or "
             f"{PINNED_ENV})"
         )
@@ -111,7 +108,7 @@ class HostMemory:
             log.warning(
                 "page-locked memory limit of %s (%s) reached: further batch buffers "
                 "are ordinary memory, copied to %s at the pageable rate",
-                _gib(self.limit),
+                _size(self.limit),
                 self.limit_source,
                 self.device,
             )

@@ -121,8 +121,9 @@ class CubeShards(Dataset):
         dev = None if device is None else resolve_device(device, "CubeShards.batches")
         memory = HostMemory(dev, pinned_gib) if dev is not None else None
         if memory is not None:  # the first buffer must fit; refused before it is made
-            size = min(batch_size, max(1, len(ids))) * self.dim**3 * self.dtype.itemsize
-            memory.reserve(1, size, "batch buffer")
+            n = min(batch_size, max(1, len(ids)))
+            what = f"batch buffer ({n} cubes of {self.dim}³ {self.dtype})"
+            memory.reserve(1, n * self.dim**3 * self.dtype.itemsize, what)
         as_stored = dev is not None and dev.type == "cuda"  # the GPU transposes
         source = self._read_batches(ids, batch_size, memory, threads, not as_stored)
         return source if dev is None else to_device(source, dev, memory=memory)

@@ -159,7 +159,11 @@ class LocalDelivery:
         workers = list(self.client.ncores())  # (once: every worker's address)
         workers = workers[: max(1, (os.cpu_count() or 2) - 1)]
         if self.memory is not None:  # refused here, before any buffer is made
-            self.memory.reserve(len(workers) * SLOTS, self.buffer_bytes, "shared-memory buffers")
+            what = (
+                f"shared-memory buffers ({self.batch_cubes} cubes of {self.d}³ {self.dtype}; "
+                f"{SLOTS} for each of {len(workers)} producers)"
+            )
+            self.memory.reserve(len(workers) * SLOTS, self.buffer_bytes, what)
         self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")

@@ -88,7 +88,8 @@ class _Builders:
         self.layout = part_layout(workload, contiguous)
         buffers = min(rotation_buffers(threads, batch_cubes), max(1, self.n_batches))
         if memory is not None:  # refused here, before any is made, if too large
-            memory.reserve(buffers, batch_cubes * d**3 * dtype.itemsize, "batch buffers")
+            what = f"batch buffers ({batch_cubes} cubes of {d}³ {dtype}, {threads} builders)"
+            memory.reserve(buffers, batch_cubes * d**3 * dtype.itemsize, what)
         # A Condition's default lock is re-entrant: a buffer may come back (its last view
         # dropped) in a thread that already holds it.
         self.cond = threading.Condition()
