@@ -1,11 +1,11 @@
 """PyTorch datasets of cubes (the ``pipeline[torch]`` extra).
 
 - :class:`CubeStream`: an ``IterableDataset`` of freshly built cubes. Under
-  ``DataLoader(num_workers=N)`` loader worker ``w`` builds cubes ``w, w + N, ...``,
-  so the workers share the ids without overlap, and a cube depends only on
-  (seed, cube id), never on N. Each worker process builds from the frames'
-  layout, memory-mapped from the per-host cache, one cube at a time; or, with
-  ``batch_size``, whole batches in place in shared memory (use it with
+  ``DataLoader(num_workers=N)`` loader worker ``w`` builds cubes (or batches) ``w,
+  w + N, ...`` of its process's share, so the workers share the ids without
+  overlap, and a cube depends only on (seed, cube id), never on N. Each worker
+  process builds from the frames' layout, memory-mapped from the per-host cache,
+  one cube at a time; or, with ``batch_size``, whole batches in place in shared memory (use it with
   ``DataLoader(batch_size=None)``: the default collate copies every cube again).
   With ``cluster=True`` (the embedded cluster) or ``cluster=client``, the
   cluster's workers build the cubes instead and hand them over through shared
@@ -24,8 +24,8 @@ Under ``torch.distributed`` each rank takes its share by cube on every path,
 padded (or with ``drop_last`` cut) to the same count on every rank, and its loader
 workers split that share (:mod:`.sharding`).
 
-Cubes and batches come in the training layout, C-contiguous with axes (cube,)
-frame, row, column, on the CPU as on a device: the CPU builders write them so
+Cubes and batches come in the training layout, C-contiguous with axes ((cube,)
+frame, row, column), on the CPU as on a device: the CPU builders write them so
 (:func:`.workload.build_cube_frames_first`), sharing memory with the buffers they
 were built in (no copy). ``contiguous=False`` keeps the layout cubes are built and
 stored in (Fortran order over (frame, row, column)), which costs the builders no
