@@ -17,8 +17,7 @@ from ...layout import consolidated_manifest_key, job_folder, job_record_key, rea
 from ...manifest import checksum
 from ...results import find_job
 from ...storage import open_store, read_parquet
-from .delivery.local import _BatchMemory
-from .delivery.parts import batch_shape, batch_view
+from .delivery.parts import BatchMemory, batch_shape, batch_view
 from .feed import to_device
 from .gather import resolve_device
 from .host_memory import HostMemory
@@ -148,7 +147,7 @@ class CubeShards(Dataset):
                 cubes = [array[i] if contiguous else array[..., i] for i in range(len(chosen))]
                 list(pool.map(self._read_into, chosen, cubes))
                 shape = batch_shape(d, len(chosen), contiguous)
-                owner = _BatchMemory(flat, shape, dtype, contiguous)
+                owner = BatchMemory(flat, shape, dtype, contiguous)
                 weakref.finalize(owner, free.append, flat)  # reused once dropped
                 batch = torch.from_numpy(np.asarray(owner))
                 if not contiguous:

@@ -46,7 +46,7 @@ import numpy as np
 from ....errors import ClusterError, PipelineError
 from ..workload import CubeWorkload
 from . import channel
-from .parts import batch_shape, build_part, part_bounds, part_layout
+from .parts import BatchMemory, batch_shape, build_part, part_bounds, part_layout
 from .producer import BACK, FRONT, TRAILER_BYTES, buffer_views, produce
 
 __all__ = ["LocalDelivery"]
@@ -72,28 +72,6 @@ class _Producer:
         self.free = list(range(SLOTS))
         self.next_slot = SLOTS
         self.requested: dict[int, int] = {}  # batch -> buffer slot
-
-
-class _BatchMemory:
-    """Owns one delivered batch's memory for numpy: every cube view's ``base``."""
-
-    def __init__(self, mapping: np.ndarray, shape: tuple, dtype: np.dtype, c_order=False):
-        itemsize = dtype.itemsize
-        strides, step = [], itemsize
-        # Fortran order: the first axis varies fastest; C order: the last
-        for n in reversed(shape) if c_order else shape:
-            strides.append(step)
-            step *= n
-        if c_order:
-            strides.reverse()
-        self._mapping = mapping  # keeps the mapping open while views exist
-        self.__array_interface__ = {
-            "shape": shape,
-            "typestr": dtype.str,
-            "strides": tuple(strides),
-            "data": (mapping.ctypes.data, False),
-            "version": 3,
-        }
 
 
 def _listed(ids: list[int]) -> str:
@@ -193,7 +171,7 @@ class LocalDelivery:
     def _batch_view(self, producer: _Producer, batch: int, slot: int) -> np.ndarray:
         shape = batch_shape(self.d, len(self._batch_range(batch)), self.contiguous)
         raw = producer.mappings[slot][1]
-        memory = _BatchMemory(raw, shape, self.dtype, self.contiguous)
+        memory = BatchMemory(raw, shape, self.dtype, self.contiguous)
         key = (producer.id, slot)
         weakref.finalize(memory, _release, self.released, self.wake_w, key)
         # The views hold ``memory`` now; when the last is gone the buffer is free.

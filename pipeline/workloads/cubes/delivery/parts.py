@@ -6,11 +6,11 @@ A batch buffer holds its cubes in one of two layouts:
 
 - as stored (``contiguous=False``): a (d, d, d, n) Fortran-ordered array, axes
   (frame, row, column, cube), the bytes of a shard; a part is a range of a cube's
-  columns (:func:`.workload.build_cube`);
+  columns (:func:`..kernels.build_cube`);
 - the training layout (``contiguous=True``): a C-ordered (n, d, d, d) array, axes
   (cube, frame, row, column), what a training loop reshapes or feeds to a
   convolution as it is; a part is a range of a cube's frames
-  (:func:`.workload.build_cube_frames_first`, from the layout by frame).
+  (:func:`..kernels.build_cube_frames_first`, from the layout by frame).
 
 Parts are numbered cube by cube across a batch: part ``k`` of a batch of cubes is
 range ``k % per_cube`` of its cube ``k // per_cube``.
@@ -20,9 +20,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..workload import CubeJob, CubeWorkload, build_cube, build_cube_frames_first
+from ..kernels import build_cube, build_cube_frames_first
+from ..workload import CubeJob, CubeWorkload
 
-__all__ = ["PART_BYTES", "batch_shape", "batch_view", "build_part", "part_bounds", "part_layout"]
+__all__ = [
+    "PART_BYTES",
+    "BatchMemory",
+    "batch_shape",
+    "batch_view",
+    "build_part",
+    "part_bounds",
+    "part_layout",
+]
 
 #: Bytes of a cube built at a time: small enough that two cores finish a cube
 #: together, large enough that taking a part (a lock or a shared counter, some
@@ -74,3 +83,27 @@ def build_part(
     else:
         # batch[..., cube].T is the C-ordered (column, row, frame) block build_cube fills
         build_cube(layout, columns, batch[..., cube].T, piece)
+
+
+class BatchMemory:
+    """Owns one delivered batch's memory for numpy (``np.asarray(owner)`` is the batch,
+    of ``shape`` in Fortran or C order): every cube view's ``base``, so a
+    ``weakref.finalize`` on it runs once the last view of the batch is gone."""
+
+    def __init__(self, mapping: np.ndarray, shape: tuple, dtype: np.dtype, c_order=False):
+        itemsize = dtype.itemsize
+        strides, step = [], itemsize
+        # Fortran order: the first axis varies fastest; C order: the last
+        for n in reversed(shape) if c_order else shape:
+            strides.append(step)
+            step *= n
+        if c_order:
+            strides.reverse()
+        self._mapping = mapping  # keeps the mapping open while views exist
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "strides": tuple(strides),
+            "data": (mapping.ctypes.data, False),
+            "version": 3,
+        }

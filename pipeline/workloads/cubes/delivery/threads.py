@@ -28,8 +28,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ..workload import CubeWorkload
-from .local import _BatchMemory
-from .parts import batch_shape, batch_view, build_part, part_bounds, part_layout
+from .parts import BatchMemory, batch_shape, batch_view, build_part, part_bounds, part_layout
 
 __all__ = ["builder_threads", "thread_batches"]
 
@@ -234,7 +233,7 @@ def thread_batches(
             flat = builders.take(batch)
             ids = builders.ids(batch)
             shape = batch_shape(d, len(ids), contiguous)
-            owner = _BatchMemory(flat, shape, dtype, contiguous)
+            owner = BatchMemory(flat, shape, dtype, contiguous)
             # Back to the builders when the consumer drops the last view of it: a
             # builder waiting for a buffer starts at once, while the consumer reads.
             weakref.finalize(owner, builders.release, flat)
