@@ -204,12 +204,13 @@ def test_cpu_built_batches_reach_the_gpu_with_the_builders_bytes(frames_dir, cli
 @needs_cuda
 def test_threads_build_into_page_locked_buffers_for_a_gpu(frames_dir):
     from pipeline.workloads.cubes.delivery.threads import thread_batches
+    from pipeline.workloads.cubes.sharding import Share
 
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=10, seed=8)
     workload = CubeWorkload(job, "cubes", job.frames)
     workload.preflight()
     memory = host_memory.HostMemory(torch.device("cuda"))
-    for _ids, batch in thread_batches(workload, 2, memory=memory):
+    for _ids, batch in thread_batches(workload, Share(6).in_batches(2), memory=memory):
         assert torch.from_numpy(batch).is_pinned()
     region = np.frombuffer(mmap.mmap(-1, 1 << 20), dtype=np.uint8)  # as shared memory is
     memory.register(region)

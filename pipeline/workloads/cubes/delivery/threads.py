@@ -54,7 +54,7 @@ def rotation_buffers(threads: int, batch_cubes: int) -> int:
 
 
 class _Batch:
-    """One batch being built: its parts are numbered cube by cube, column range by range."""
+    """One batch being built: its parts are numbered cube by cube, part by part."""
 
     def __init__(self, ids: Sequence[int], flat: np.ndarray, array: np.ndarray, per_cube: int):
         self.ids, self.flat, self.array = ids, flat, array
