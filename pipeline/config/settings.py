@@ -78,7 +78,8 @@ def check_settings(obj) -> None:
     """Check a settings object built in Python (``CubeJob(cubes=0)``) as flags, job
     files and variables are checked: each value given (not None) of its kind, within
     its minimum and choices. A path given for text and a numpy number are stored as
-    ``str`` and ``int``/``float`` (what job records hold); other values as given."""
+    ``str`` and ``int``/``float`` (what job records hold), a table given as JSON or a
+    file as the table (:func:`coerce`'s); other values as given."""
     for f in settings_of(type(obj)):
         value, kind = getattr(obj, f.name), f.metadata["kind"]
         if value is None or value == f.default:
@@ -92,7 +93,9 @@ def check_settings(obj) -> None:
             and kind(value) == value
         ):
             value = kind(value)  # numpy's integers and floats, 5.0 for an integer
-        coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
+        checked = coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
+        if kind is dict:  # a table given as JSON or a file (of rows: a RowsFile), read
+            value = checked
         object.__setattr__(obj, f.name, value)  # frozen dataclasses: in __post_init__
 
 

@@ -20,7 +20,7 @@ from ...config.settings import RowsFile
 from ...errors import ConfigError, PipelineError
 from ...storage import open_store
 from .inputs import Call, units_of
-from .points_scan import ROWS_PER_GROUP, scan_points
+from .points_scan import scan_points
 
 __all__ = ["PointsFileInput"]
 
@@ -37,6 +37,7 @@ class PointsFileInput:
         self.keys = self.key_names = scanned.keys
         self.key_types = scanned.key_types
         self.copy_folder, self.copy_key = scanned.copy_folder, scanned.copy_key
+        self.rows_per_group = scanned.rows_per_group
         self._recorded = scanned.recorded
         self._local = threading.local()  # a thread's last rows read, by its task
 
@@ -78,17 +79,19 @@ class PointsFileInput:
         held = getattr(self._local, "rows", None)
         if held is not None and units.size and held[0] <= units.min() and units.max() < held[1]:
             return held[2].take(pa.array(units - held[0]))
-        groups = np.unique(units // ROWS_PER_GROUP)
+        size = self.rows_per_group
+        groups = np.unique(units // size)
         table = self._groups(groups.tolist())
         # (every group but the file's last, which sorts last, is whole)
-        at = np.searchsorted(groups, units // ROWS_PER_GROUP) * ROWS_PER_GROUP
-        return table.take(pa.array(at + units % ROWS_PER_GROUP))
+        at = np.searchsorted(groups, units // size) * size
+        return table.take(pa.array(at + units % size))
 
     def _read(self, start: int, stop: int) -> pa.Table:
         """Rows ``start..stop-1``: those of the row groups they are in."""
-        first = start // ROWS_PER_GROUP
-        table = self._groups(list(range(first, (stop - 1) // ROWS_PER_GROUP + 1)))
-        return table.slice(start - first * ROWS_PER_GROUP, stop - start)
+        size = self.rows_per_group
+        first = start // size
+        table = self._groups(list(range(first, (stop - 1) // size + 1)))
+        return table.slice(start - first * size, stop - start)
 
     def _groups(self, groups: list[int]) -> pa.Table:
         store = open_store(self.copy_folder)

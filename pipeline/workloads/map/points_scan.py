@@ -57,9 +57,11 @@ class ScannedPoints:
     key_types: dict[str, pa.DataType | None]
     #: The job's record of the points (:func:`.grid._recorded_points`'s).
     recorded: list | dict
-    #: The folder (a store's URL) and key of the copy.
+    #: The folder (a store's URL) and key of the copy, and the rows of its row groups
+    #: (each but the last).
     copy_folder: str
     copy_key: str
+    rows_per_group: int
 
 
 def scan_points(source: RowsFile, output: str | None) -> ScannedPoints:
@@ -161,7 +163,7 @@ def _scan(source: RowsFile, where: str, output: str | None, fixed: dict | None =
         if not store.exists(key):
             store.write(key, _chunks(Path(tmp) / "points.parquet"))
     types = {k: _one_type(kinds[k]) for k in keys}
-    return ScannedPoints(n, keys, types, recorded, folder, key)
+    return ScannedPoints(n, keys, types, recorded, folder, key, ROWS_PER_GROUP)
 
 
 def _retype(exc: pa.ArrowInvalid, names: list[str] | None, fixed: dict | None,
