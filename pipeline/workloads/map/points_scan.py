@@ -12,14 +12,13 @@ values: a CSV's columns typed as ``pyarrow.csv.read_csv`` types them from the wh
 file, an empty cell missing in a text column as in a number column; the record (a
 list of up to :data:`.inputs.LISTED_RECORDED` points, else their number and the
 digest of their JSON text) and the key columns' types are those of the same points
-given as a list (:class:`.grid.GridInput`).
+given as a list (:class:`.grid.GridInput`; made by :mod:`.points_record`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -31,17 +30,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...config.settings import RowsFile
-from ...contract import as_recorded, json_value
 from ...errors import ConfigError, InputError
 from ...storage import open_store
-from .inputs import LISTED_RECORDED, key_type
+from .points_record import PointsRecord
 
 __all__ = ["ROWS_PER_GROUP", "ScannedPoints", "scan_points"]
 
 #: Rows of a row group of the copy: a task reads the groups its units are in.
 ROWS_PER_GROUP = 65_536
-#: Points converted to Python values (for their digest and types) at a time.
-DIGEST_BATCH = 10_000
 #: Where the copy goes when the job's output is not known (a workload built from
 #: Python without one): this machine's temporary folder, for its own workers only.
 LOCAL_COPIES = "pipeline-points"
@@ -118,52 +114,35 @@ def _open(source: RowsFile, where: str, fixed: dict) -> tuple[pa.Schema, Iterato
 def _scan(source: RowsFile, where: str, output: str | None, fixed: dict | None = None,
           names: list[str] | None = None) -> ScannedPoints:  # fmt: skip
     schema = None
-    digest = hashlib.sha256(b"[")
-    first: list[dict] = []  # the first points, for a record that lists them
-    n = 0
     with tempfile.TemporaryDirectory(prefix="pipeline-points-") as tmp:
         try:
             schema, batches = _open(source, where, fixed or {})
-            keys = _check_names(schema.names, where)
-            kinds: dict[str, set] = {k: set() for k in keys}
-            with pq.ParquetWriter(Path(tmp) / "points.parquet", schema) as copy:
+            points = PointsRecord(_check_names(schema.names, where))
+            # (a dictionary of values, most of them distinct, is the most of the time
+            # writing it takes: none)
+            with pq.ParquetWriter(Path(tmp) / "points.parquet", schema, use_dictionary=False,
+                                  write_statistics=False) as copy:  # fmt: skip
                 for batch in _regrouped(batches):
                     if source.suffix == ".csv":
                         batch = _empty_text_as_null(batch)
                     copy.write_batch(batch, row_group_size=ROWS_PER_GROUP)
-                    for start in range(0, batch.num_rows, DIGEST_BATCH):
-                        part = batch.slice(start, DIGEST_BATCH)
-                        columns = [part.column(i).to_pylist() for i in range(len(keys))]
-                        for key, values in zip(keys, columns, strict=True):
-                            kinds[key].add(_typed(values))
-                        points = [dict(zip(keys, v, strict=True))
-                                  for v in zip(*columns, strict=True)]  # fmt: skip
-                        if len(first) <= LISTED_RECORDED:
-                            first += points[: LISTED_RECORDED + 1 - len(first)]
-                        # (the JSON text of the list of all, a part at a time)
-                        text = json.dumps(points, sort_keys=True, default=json_value)[1:-1]
-                        digest.update(((", " if n else "") + text).encode())
-                        n += part.num_rows
+                    points.add(batch)
         except pa.ArrowInvalid as exc:
             _retype(exc, names, fixed, schema)
             raise InputError(f"{where}: {exc}") from None
         except pa.ArrowException as exc:
             raise InputError(f"{where}: cannot be read: {exc}") from None
-        if n == 0:
+        if points.n == 0:
             raise InputError(f"{where}: no rows; expected a row per call")
-        digest.update(b"]")
-        recorded = (as_recorded(first) if n <= LISTED_RECORDED
-                    else {"points": n, "sha256": digest.hexdigest()})  # fmt: skip
         # Named by the points and their columns' types: the same rows, the same copy
-        name = hashlib.sha256(f"{digest.hexdigest()} {schema} {ROWS_PER_GROUP}".encode())
-        folder = f"{output.rstrip('/')}/inputs" if output else _local_copies()
+        name = hashlib.sha256(f"{points.hexdigest()} {schema} {ROWS_PER_GROUP}".encode())
+        store = open_store(f"{output.rstrip('/')}/inputs" if output else _local_copies())
         key = f"points-{name.hexdigest()[:32]}.parquet"
-        store = open_store(folder)
-        folder = store.url  # (a local folder as an absolute path, for the workers)
         if not store.exists(key):
             store.write(key, _chunks(Path(tmp) / "points.parquet"))
-    types = {k: _one_type(kinds[k]) for k in keys}
-    return ScannedPoints(n, keys, types, recorded, folder, key, ROWS_PER_GROUP)
+    # (a local folder as an absolute path, for the workers)
+    return ScannedPoints(points.n, points.keys, points.key_types(), points.recorded(),
+                         store.url, key, ROWS_PER_GROUP)  # fmt: skip
 
 
 def _retype(exc: pa.ArrowInvalid, names: list[str] | None, fixed: dict | None,
@@ -210,33 +189,6 @@ def _check_names(names: list[str], where: str) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"{where}: no columns; each column is a parameter of the function")
     return tuple(names)
-
-
-def _typed(values: list) -> pa.DataType | str | None:
-    """The column type :func:`.inputs.key_type` gives ``values``; "null" for none but
-    missing values (which take the others' type)."""
-    if all(v is None for v in values):
-        return "null"
-    return key_type(values)
-
-
-def _one_type(types: set) -> pa.DataType | None:
-    """A key's type from its batches' (:func:`_typed`): theirs when they agree; else
-    the type that holds each (an integer column of some parts beyond int64), or None
-    (its values' repr text) as for values of mixed kinds."""
-    types = types - {"null"}
-    if not types:
-        return pa.null()
-    if None in types:
-        return None
-    if len(types) == 1:
-        return next(iter(types))
-    try:
-        unified = pa.unify_schemas([pa.schema([("k", t)]) for t in sorted(types, key=str)],
-                                   promote_options="permissive")  # fmt: skip
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
-    return unified.field("k").type
 
 
 def _empty_text_as_null(batch: pa.RecordBatch) -> pa.RecordBatch:
