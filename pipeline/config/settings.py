@@ -78,13 +78,13 @@ def check_settings(obj) -> None:
     """Check a settings object built in Python (``CubeJob(cubes=0)``) as flags, job
     files and variables are checked: each value given (not None) of its kind, within
     its minimum and choices. A path given for text and a numpy number are stored as
-    ``str`` and ``int``/``float`` (what job records hold), a table given as JSON or a
-    file as the table (:func:`coerce`'s); other values as given."""
+    ``str`` and ``int``/``float`` (what job records hold), a table given as text (JSON
+    or a file's path) as what :func:`coerce` reads; other values as given."""
     for f in settings_of(type(obj)):
         value, kind = getattr(obj, f.name), f.metadata["kind"]
         if value is None or value == f.default:
             continue
-        if kind is str and isinstance(value, os.PathLike):
+        if kind in (str, dict) and isinstance(value, os.PathLike):
             value = os.fspath(value)
         elif (
             kind in (int, float)
@@ -94,7 +94,7 @@ def check_settings(obj) -> None:
         ):
             value = kind(value)  # numpy's integers and floats, 5.0 for an integer
         checked = coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
-        if kind is dict:  # a table given as JSON or a file (of rows: a RowsFile), read
+        if kind is dict and isinstance(value, str):  # JSON, or a file (of rows: RowsFile)
             value = checked
         object.__setattr__(obj, f.name, value)  # frozen dataclasses: in __post_init__
 

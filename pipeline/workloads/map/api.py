@@ -19,7 +19,7 @@ def map_job(
     fn: Callable,
     *,
     data: str | None = None,
-    grid: Mapping[str, list] | Sequence[Mapping] | None = None,
+    grid: Mapping[str, list] | Sequence[Mapping] | str | os.PathLike | None = None,
     files: str | None = None,
     output: str | None = None,
     name: str | None = None,
