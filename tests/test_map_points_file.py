@@ -156,6 +156,15 @@ def test_a_bad_points_file_is_refused_naming_it_before_any_task(
     assert not (tmp_path / "m").exists()
 
 
+def test_a_points_file_whose_every_point_returns_nothing_has_its_key_columns(tmp_path, client):
+    (tmp_path / "points.csv").write_text("x\n1\n2\n3\n")
+    s = run(client, tmp_path, function="mapfns.userfns:nothing", grid=str(tmp_path / "points.csv"))
+    assert s.complete and s.units == 3
+    table = results_table(str(tmp_path))
+    assert table.num_rows == 0 and table.schema.names == ["unit", "x"]
+    assert table.schema.field("x").type == pa.int64()
+
+
 def test_workers_that_cannot_read_the_copy_are_refused_before_any_task(tmp_path, client):
     (tmp_path / "points.csv").write_text("i,x\n1,2\n3,4\n")
     w = MapWorkload(MapJob(function=f"{BULK}:typed", grid=str(tmp_path / "points.csv")), "m")

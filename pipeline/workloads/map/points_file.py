@@ -70,6 +70,8 @@ class PointsFileInput:
 
     def key_columns(self, units) -> dict[str, pa.Array]:
         units = np.asarray(units, dtype=np.int64)
+        if not units.size:  # (a task whose every unit returned None: its empty part)
+            return {k: pa.array([], t or pa.string()) for k, t in self.key_types.items()}
         rows = self._rows_of(units)
         return {k: _key_column(rows.column(k), t) for k, t in self.key_types.items()}
 
@@ -77,7 +79,7 @@ class PointsFileInput:
         """The rows of ``units``, in their order: from the rows this thread read for
         its task when they are there, else from their row groups."""
         held = getattr(self._local, "rows", None)
-        if held is not None and units.size and held[0] <= units.min() and units.max() < held[1]:
+        if held is not None and held[0] <= units.min() and units.max() < held[1]:
             return held[2].take(pa.array(units - held[0]))
         size = self.rows_per_group
         groups = np.unique(units // size)
