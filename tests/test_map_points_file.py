@@ -18,7 +18,6 @@ from mapfns import bulk
 import pipeline
 from pipeline import ConfigError, InputError, MapJob, MapWorkload, RunOptions, load_jobs, run_job
 from pipeline.results import results_table, write_results
-from pipeline.workloads.map import points_scan
 
 BULK = "mapfns.bulk"
 
@@ -107,6 +106,8 @@ def test_a_points_file_resumes_to_the_same_bytes_and_a_changed_point_is_another_
     """Units that failed run again alone, a lost task again whole, each reading its
     rows from the copy (row groups of 512 here): the bytes of a clean run. A point
     changed in the file is another job, refused unless --overwrite."""
+    from pipeline.workloads.map import points_scan
+
     monkeypatch.setattr(points_scan, "ROWS_PER_GROUP", 512)
     n = 5_000
     flag = tmp_path / "flag"
