@@ -118,8 +118,8 @@ def _scan(source: RowsFile, where: str, output: str | None, fixed: dict | None =
         try:
             schema, batches = _open(source, where, fixed or {})
             points = PointsRecord(_check_names(schema.names, where))
-            # (a dictionary of values, most of them distinct, is the most of the time
-            # writing it takes: none)
+            # (without dictionaries: of points mostly distinct, building them took most
+            # of the writing's time)
             with pq.ParquetWriter(Path(tmp) / "points.parquet", schema, use_dictionary=False,
                                   write_statistics=False) as copy:  # fmt: skip
                 for batch in _regrouped(batches):
