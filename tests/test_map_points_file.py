@@ -176,3 +176,49 @@ def test_workers_that_cannot_read_the_copy_are_refused_before_any_task(tmp_path,
     with pytest.raises(ConfigError, match=r"2 of 2 workers cannot read the copy of grid file "):
         run_job(w, options, client, echo=lambda m: None)
     assert not (tmp_path / "out" / "m" / "results").exists()
+
+
+def test_a_files_record_and_key_types_are_those_of_its_points_listed():
+    """The record's digest is that of the points' JSON text, however it is made (by
+    Arrow for integers, booleans and plain text; through Python values for floats,
+    dates, escaped text), and each key's type the one its values listed get."""
+    import datetime
+    import hashlib
+
+    import numpy as np
+
+    from pipeline.contract import json_value
+    from pipeline.workloads.map.inputs import key_type
+    from pipeline.workloads.map.points_record import PointsRecord
+
+    rng = np.random.default_rng(1)
+    n = 25_000
+
+    def some_missing(values):
+        return [None if rng.random() < 0.1 else v for v in values]
+
+    texts = ["x", "", 'q"uote', "back\\slash", "é", "tab\t", "plain text"]
+    table = pa.table({
+        "b_int": pa.array(some_missing(rng.integers(-10**12, 10**12, n).tolist()), pa.int64()),
+        "a_small": pa.array(rng.integers(-100, 100, n), pa.int8()),
+        "flag": pa.array(some_missing((rng.random(n) < 0.5).tolist())),
+        "text": pa.array(some_missing([texts[k] for k in rng.integers(0, len(texts), n)])),
+        "plain": pa.array([f"name-{i}" for i in range(n)]),
+        "f": pa.array(some_missing((rng.standard_normal(n) * 1e-6).tolist())),
+        "d": pa.array([datetime.date(2020, 1, 1) + datetime.timedelta(days=i) for i in range(n)]),
+        "u": pa.array(rng.integers(0, 2**63, n, dtype=np.uint64), pa.uint64()),
+        "\u03b1": pa.array(np.arange(n)),  # (a name JSON escapes)
+        "none": pa.nulls(n),
+    })  # fmt: skip
+    for columns in (table.column_names, ["b_int", "a_small", "flag", "plain", "\u03b1"]):
+        part = table.select(columns)
+        record = PointsRecord(tuple(columns))
+        for batch in part.to_batches(max_chunksize=7_000):
+            record.add(batch)
+        text = json.dumps(part.to_pylist(), sort_keys=True, default=json_value)
+        assert record.recorded() == {
+            "points": n,
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
+        listed = {k: key_type(part.column(k).to_pylist()) for k in columns}
+        assert record.key_types() == listed
