@@ -10,15 +10,18 @@ unit minus the loop's seconds per unit), and (c)/(b).
     python -m benchmarks.bench_map [--workers 2] [--scale 1.0]
 
 With ``--units``, jobs of many units instead: ``pipeline run`` of a job file whose
-grid is a range (``i = {start = 0, stop = N}``) of a function returning
-``{"y": 2 * i}`` (or busy for ``--unit-ms`` per unit), in a process of its own
-whose resident memory is sampled every 20 ms. Prints the command's wall time
-(process start to exit) and units/s over it, the driver's peak RSS and its excess
-over the same job of 1,000 units per unit, the inputs' check (validation, the
-job's record) and the probes' time, and the workers' busy share of the run and of
-the whole command:
+grid is a range (``i = {start = 0, stop = N}``), or with ``--grid csv`` or
+``parquet`` a file of the points ``i = 0..N-1`` (one column ``i``; ``grid =
+"points.csv"``), of a function returning ``{"y": 2 * i}`` (or busy for
+``--unit-ms`` per unit), in a process of its own whose resident memory is sampled
+every 20 ms. Prints the command's wall time (process start to exit) and units/s
+over it, the driver's peak RSS and its excess over the same job of 1,000 units per
+unit, the inputs' check (validation, the job's record; for a file, reading it and
+writing its copy) and the probes' time, and the workers' busy share of the run and
+of the whole command:
 
     python -m benchmarks.bench_map --units 1000000,10000000 [--repeat 3]
+    python -m benchmarks.bench_map --units 10000000 --grid range,csv,parquet
     python -m benchmarks.bench_map --units 200000 --unit-ms 1
 """
 
@@ -63,6 +66,8 @@ def main() -> None:
     parser.add_argument("--units", help="Jobs of these many units (comma-separated) instead.")
     parser.add_argument("--unit-ms", type=float, default=0.0, help="With --units: busy ms/unit.")
     parser.add_argument("--repeat", type=int, default=1, help="With --units: runs of each.")
+    parser.add_argument("--grid", default="range",
+                        help="With --units: the grid's forms, of range, csv, parquet.")  # fmt: skip
     args = parser.parse_args()
     if args.units:
         bench_units(args)
@@ -114,13 +119,34 @@ def f(i):
 """
 
 
-def run_units(folder: Path, n: int, workers: int) -> dict:
+def points_file(folder: Path, n: int, form: str) -> Path:
+    """The points ``i = 0..n-1`` as a CSV or parquet file (made once)."""
+    path = folder / f"points{n}.{form}"
+    if not path.exists():
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if form == "csv":
+            with path.open("w") as f:
+                f.write("i\n")
+                for first in range(0, n, 1_000_000):
+                    f.writelines(f"{i}\n" for i in range(first, min(n, first + 1_000_000)))
+        else:
+            pq.write_table(pa.table({"i": np.arange(n, dtype=np.int64)}), path)
+    return path
+
+
+def run_units(folder: Path, n: int, workers: int, form: str = "range") -> dict:
     """``pipeline run`` of a job of ``n`` units in a process of its own; its figures."""
     import psutil
 
     job = folder / f"job{n}.toml"
-    job.write_text(f'workload = "map"\nfunction = "bench_units:f"\nworkers = {workers}\n'
-                   f"[grid]\ni = {{start = 0, stop = {n}}}\n")  # fmt: skip
+    if form == "range":
+        grid = f"[grid]\ni = {{start = 0, stop = {n}}}\n"
+    else:
+        grid = f'grid = "{points_file(folder, n, form)}"\n'
+    job.write_text(f'workload = "map"\nfunction = "bench_units:f"\nworkers = {workers}\n' + grid)
     report, out = folder / "report", Path(tempfile.mkdtemp(dir=folder))
     command = [sys.executable, "-m", "pipeline", "run", str(job), "--output", str(out),
                "--report", str(report), "--no-progress"]  # fmt: skip
@@ -153,19 +179,25 @@ def bench_units(args) -> None:
         (folder / "bench_units.py").write_text(
             f"SECONDS = {args.unit_ms / 1000!r}\n" + UNITS_MODULE
         )
-        base = run_units(folder, 1000, args.workers)["rss"]
-        print(f"driver peak RSS of a job of 1,000 units: {base / 1e6:,.0f} MB; "
+        forms = args.grid.split(",")
+        base = {form: run_units(folder, 1000, args.workers, form)["rss"] for form in forms}
+        print(f"driver peak RSS of a job of 1,000 units: "
+              f"{', '.join(f'{f} {b / 1e6:,.0f} MB' for f, b in base.items())}; "
               f"{args.unit_ms} ms of work per unit; {os.cpu_count()} cores, load "
               f"{os.getloadavg()[0]:.1f}")  # fmt: skip
-        print(f"{'units':>11} {'wall':>7} {'units/s':>10} {'RSS MB':>7} {'B/unit':>7} {'inputs':>7}"
-              f" {'probes':>7} {'tasks':>6} {'busy run':>9} {'busy wall':>9}")  # fmt: skip
+        print(f"{'grid':>7} {'units':>11} {'wall':>7} {'units/s':>10} {'RSS MB':>7} "
+              f"{'B/unit':>7} {'inputs':>7} {'probes':>7} {'tasks':>6} {'busy run':>9} "
+              f"{'busy wall':>9}")  # fmt: skip
         for n in (int(u) for u in args.units.split(",")):
-            for _ in range(args.repeat):
-                r = run_units(folder, n, args.workers)
-                print(f"{n:>11,} {r['wall']:>6.1f}s {n / r['wall']:>10,.0f} "
-                      f"{r['rss'] / 1e6:>7,.0f} {(r['rss'] - base) / n:>7.2f} "
-                      f"{r['inputs']:>6.2f}s {r['probing']:>6.2f}s {r['tasks']:>6} "
-                      f"{r['run_busy']:>9.2f} {r['wall_busy']:>9.2f}")  # fmt: skip
+            for form in forms:
+                if form != "range":
+                    points_file(folder, n, form)  # (made before, not timed)
+                for _ in range(args.repeat):
+                    r = run_units(folder, n, args.workers, form)
+                    print(f"{form:>7} {n:>11,} {r['wall']:>6.1f}s {n / r['wall']:>10,.0f} "
+                          f"{r['rss'] / 1e6:>7,.0f} {(r['rss'] - base[form]) / n:>7.2f} "
+                          f"{r['inputs']:>6.2f}s {r['probing']:>6.2f}s {r['tasks']:>6} "
+                          f"{r['run_busy']:>9.2f} {r['wall_busy']:>9.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -106,9 +106,8 @@ def test_an_empty_csv_cell_is_missing_whatever_its_columns_type(tmp_path, client
     (tmp_path / "pts.csv").write_text("a,b,c\n1,x,2.5\n2,,3\n3,z,\n")
     cli = {"function": f"{FN}:reprs", "grid": str(tmp_path / "pts.csv")}
     (job,) = load_jobs([], cli, workload="map", environ={})
-    assert job.settings.grid[1]["b"] is None and job.settings.grid[2]["c"] is None
-    w = MapWorkload(job.settings, "m")
     options = RunOptions(output=str(tmp_path / "out"), units_per_task=3, progress=False)
+    w = MapWorkload.from_settings(job.settings, "m", options)
     assert run_job(w, options, client, echo=lambda m: None).complete
     table = results_table(str(tmp_path / "out")).to_pydict()
     assert table["b_repr"] == ["'x'", "None", "'z'"] and table["c_repr"] == ["2.5", "3.0", "None"]

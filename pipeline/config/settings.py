@@ -16,12 +16,27 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "check_settings", "coerce", "env_name", "flag_name", "setting",
-           "settings_of"]  # fmt: skip
+__all__ = ["ENV_PREFIX", "RowsFile", "check_settings", "coerce", "env_name", "flag_name",
+           "setting", "settings_of"]  # fmt: skip
 
 ENV_PREFIX = "PIPELINE_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsFile:
+    """A ``rows`` setting given as a .csv or .parquet file: its absolute path, checked
+    here to be a table of at least one row. Its rows are read where they are used, a
+    part at a time: ten million rows held as Python values took 4.6 GB."""
+
+    path: str
+    #: Where it was given ("--grid: file points.csv"), to begin messages with.
+    origin: str = field(default="", compare=False)
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.path).suffix.lower()
 
 
 def setting(
@@ -41,7 +56,7 @@ def setting(
     the environment; a job file may give it as a TOML list (or, for ``k=v``
     options, a table), which becomes that same string. A table setting with
     ``rows`` may also be a list of tables (rows): TOML's ``[[name]]``, a JSON list,
-    or a .csv or .parquet file of them.
+    or a .csv or .parquet file of them (a :class:`RowsFile`).
     """
     meta = {
         "kind": kind,
@@ -63,12 +78,13 @@ def check_settings(obj) -> None:
     """Check a settings object built in Python (``CubeJob(cubes=0)``) as flags, job
     files and variables are checked: each value given (not None) of its kind, within
     its minimum and choices. A path given for text and a numpy number are stored as
-    ``str`` and ``int``/``float`` (what job records hold); other values as given."""
+    ``str`` and ``int``/``float`` (what job records hold), a table given as text (JSON
+    or a file's path) as what :func:`coerce` reads; other values as given."""
     for f in settings_of(type(obj)):
         value, kind = getattr(obj, f.name), f.metadata["kind"]
         if value is None or value == f.default:
             continue
-        if kind is str and isinstance(value, os.PathLike):
+        if kind in (str, dict) and isinstance(value, os.PathLike):
             value = os.fspath(value)
         elif (
             kind in (int, float)
@@ -77,7 +93,9 @@ def check_settings(obj) -> None:
             and kind(value) == value
         ):
             value = kind(value)  # numpy's integers and floats, 5.0 for an integer
-        coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
+        checked = coerce(f, value, f"{type(obj).__name__}({f.name}={value!r})")
+        if kind is dict and isinstance(value, str):  # JSON, or a file (of rows: RowsFile)
+            value = checked
         object.__setattr__(obj, f.name, value)  # frozen dataclasses: in __post_init__
 
 
@@ -134,6 +152,8 @@ def coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = F
             raise ConfigError(f"{origin}: {value!r} is not {expected}") from None
     if rows and isinstance(value, list | tuple):
         return _table_rows(value, origin)
+    if rows and isinstance(value, RowsFile):
+        return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -164,17 +184,17 @@ def read_text(path: Path) -> str:
 def _table_file(path: Path, name: str, origin: str, rows: bool = False) -> dict | list:
     """A table setting given as a file: JSON, or TOML whose table ``[name]`` (a job
     file's own) or else whole document is the value; with ``rows``, also a list of
-    tables (``[[name]]`` in TOML, a JSON list) or the rows of a .csv or .parquet file."""
+    tables (``[[name]]`` in TOML, a JSON list) or a .csv or .parquet file of rows (a
+    :class:`RowsFile`, its rows not read here)."""
     suffix = path.suffix.lower()
     try:
         if rows and suffix in (".csv", ".parquet"):
-            listed = _file_rows(path)
-            if not listed:
+            if not _has_rows(path):
                 raise ConfigError(
                     f"{origin}: file {path} has no rows; expected a row per call "
                     "(a header line and at least one row, for a CSV)"
                 )
-            return _table_rows(listed, f"{origin}: file {path}")
+            return RowsFile(str(path.resolve()), f"{origin}: file {path}")
         if suffix == ".json":
             value = json.loads(read_text(path))
         else:
@@ -192,37 +212,23 @@ def _table_file(path: Path, name: str, origin: str, rows: bool = False) -> dict 
     return value
 
 
-def _file_rows(path: Path) -> list[dict]:
+def _has_rows(path: Path) -> bool:
+    """Whether a .csv or .parquet file holds a row: from a parquet file's footer, a
+    CSV's first block (the whole file is read by the job that uses it)."""
     import pyarrow as pa
 
     try:
         if path.suffix.lower() == ".csv":
             from pyarrow import csv
 
-            return _empty_text_as_null(csv.read_csv(path)).to_pylist()
+            # (on the calling thread: a pyarrow pool thread alive at exit aborts the process)
+            reader = csv.open_csv(path, read_options=csv.ReadOptions(use_threads=False))
+            return any(batch.num_rows for batch in reader)
         import pyarrow.parquet as pq
 
-        # (on the calling thread: a pyarrow pool thread alive at exit aborts the process)
-        return pq.ParquetFile(path).read(use_threads=False).to_pylist()
+        return pq.ParquetFile(path).metadata.num_rows > 0
     except pa.ArrowException as exc:
         raise ValueError(str(exc)) from None
-
-
-def _empty_text_as_null(table):
-    """An empty CSV cell as missing (None) in a text column, as pyarrow reads it in a
-    number column: a point's ``b=''`` beside ``c=None`` for the same empty cell. (Not
-    through pyarrow's ``strings_can_be_null``: it would take text such as "NA" or
-    "null" for missing too.)"""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for i, column in enumerate(table.columns):
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            empty = pc.equal(column, "")
-            table = table.set_column(
-                i, table.field(i), pc.if_else(empty, pa.scalar(None, column.type), column)
-            )
-    return table
 
 
 def _table_rows(value: list | tuple, origin: str) -> list[dict]:

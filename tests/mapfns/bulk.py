@@ -45,3 +45,12 @@ def uneven(x):
     if x % 4 == 0:
         return {"a": x / 2, "c": [x, x]}
     return {"a": x, "b": str(x), "d": {"k": x}}
+
+
+def double_unless_flagged(i, flag):
+    """``double``, but every 997th ``i`` (from 3) raises while the file ``flag`` exists."""
+    from pathlib import Path
+
+    if i % 997 == 3 and Path(flag).exists():
+        raise ValueError(f"{i} is refused while the flag is set")
+    return {"y": 2 * i}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -18,7 +19,7 @@ def map_job(
     fn: Callable,
     *,
     data: str | None = None,
-    grid: Mapping[str, list] | Sequence[Mapping] | None = None,
+    grid: Mapping[str, list] | Sequence[Mapping] | str | os.PathLike | None = None,
     files: str | None = None,
     output: str | None = None,
     name: str | None = None,
@@ -30,7 +31,8 @@ def map_job(
     runs it, on the embedded cluster or ``client``'s).
 
     ``grid`` is a mapping of lists (each combination; a ``range`` is held as one, not
-    listed) or a sequence of mappings or a pandas DataFrame (each point, in order).
+    listed) or a sequence of mappings or a pandas DataFrame (each point, in order), or
+    the path of a .csv or .parquet file of points (each row, in order).
     ``fn`` may be defined in the calling script (it travels by value). ``settings``
     are the map job's (``chunk_by``, ``chunk_rows``, ``columns``, ``seed``,
     ``retries``) and the run's (``workers``, ``overwrite``, ``max_failures``, ...).
@@ -64,7 +66,8 @@ def map_job(
     job = resolve(MapJob, None, given)
     run_given = {k: v for k, v in settings.items() if k in run_keys}
     options = resolve(RunOptions, None, {"output": output, **run_given})
-    return MapWorkload(job, name or _default_name(fn), fn=fn), options
+    workload = MapWorkload(job, name or _default_name(fn), fn=fn, output=options.output)
+    return workload, options
 
 
 def _default_name(fn: Callable) -> str:
@@ -76,9 +79,11 @@ def _default_name(fn: Callable) -> str:
     return name or "map"
 
 
-def _grid_value(grid) -> dict | list | None:
+def _grid_value(grid) -> dict | list | str | None:
     if grid is None:
         return None
+    if isinstance(grid, str | os.PathLike):  # a file of points, or JSON
+        return os.fspath(grid)
     if isinstance(grid, Mapping):
         return dict(grid)
     if hasattr(grid, "to_dict") and hasattr(grid, "columns"):  # a DataFrame of points

@@ -171,8 +171,12 @@ class UnitRows:
 
     def key_label(self, unit: int) -> str:
         """``ticker='AAA'``: which unit ``unit`` is."""
-        keys = self.input.key_columns([unit])
-        return ", ".join(f"{k}={v[0].as_py()!r}" for k, v in keys.items())
+        return self.row_label({k: v[0].as_py() for k, v in self.input.key_columns([unit]).items()})
+
+    def row_label(self, row: Mapping) -> str:
+        """:meth:`key_label` of a row of the unit's results or failures (which begin
+        with its key columns): from the row, not the input's."""
+        return ", ".join(f"{k}={row[k]!r}" for k in self.input.key_names)
 
     def empty(self) -> pa.Table:
         """A task's results when every unit returned None: no rows, but its part, so

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...cluster.shipped_code import add_import_paths
+from ...config.settings import RowsFile
 from ...errors import ConfigError, InputError
 from ...layout import part_key
 from ...manifest import consolidate_manifest
@@ -29,6 +30,7 @@ from ...workload import Task, TaskOutput, UnitFailure, Workload
 from .grid import GridInput
 from .inputs import DataInput, FilesInput
 from .job import MapJob
+from .points_file import PointsFileInput
 from .rows import ONE_TYPE_A_COLUMN, UnitRows
 from .task import recorded_failure, run_map_task
 from .usercode import (
@@ -50,11 +52,16 @@ class MapWorkload(Workload):
     default_table = "results"
     optional_tables = ("failures",)
 
-    def __init__(self, job: MapJob, job_id: str, fn: Callable | None = None):
+    def __init__(
+        self, job: MapJob, job_id: str, fn: Callable | None = None, output: str | None = None
+    ):
         self.job = job
         self.job_id = job_id
         self.fn = fn
-        self.input: DataInput | GridInput | FilesInput | None = None
+        #: Where a grid file's copy goes (its inputs/ folder), which each task reads
+        #: its points from; not known: this machine's temporary folder.
+        self.output = output
+        self.input: DataInput | GridInput | PointsFileInput | FilesInput | None = None
         self.rows: UnitRows | None = None  # the calls' results as rows (of self.input)
         self.n_units = 0
         self.unit_name = "unit"
@@ -87,7 +94,7 @@ class MapWorkload(Workload):
 
     @classmethod
     def from_settings(cls, settings: MapJob, job_id: str, options=None) -> MapWorkload:
-        return cls(settings, job_id)
+        return cls(settings, job_id, output=options.output if options is not None else None)
 
     # -- driver ---------------------------------------------------------------------------
 
@@ -127,7 +134,10 @@ class MapWorkload(Workload):
             raise ConfigError(f"map: {self.fn!r} is not callable")
         from ..regressions.spec import split_list
 
-        grid = GridInput(job.grid) if job.grid is not None else None
+        if isinstance(job.grid, RowsFile):
+            grid = PointsFileInput(job.grid, self.output)
+        else:
+            grid = GridInput(job.grid) if job.grid is not None else None
         for what, keys in (("chunk_by column", split_list(job.chunk_by) if job.data else ()),
                            ("grid key", grid.keys if grid else ())):  # fmt: skip
             if "unit" in keys:
@@ -167,6 +177,8 @@ class MapWorkload(Workload):
         return {**job, **self.input.fingerprint()}
 
     def prepare_cluster(self, client) -> None:
+        if isinstance(self.input, PointsFileInput):
+            self.input.check_readable(client)
         if self.job.code:
             from ...cluster.shipped_code import ship_code
 
@@ -214,7 +226,7 @@ class MapWorkload(Workload):
             part_key(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
         ]
         for table in read_parquet_tables(store, keys):
-            failed += [recorded_failure(r, self.unit_key(r["unit"])) for r in table.to_pylist()]
+            failed += [recorded_failure(r, self.rows.row_label(r)) for r in table.to_pylist()]
         return failed
 
     def finalize(self, store: Store, tasks: list[Task]) -> dict:
