@@ -95,6 +95,10 @@ def weed_binary() -> str:
     )
 
 
+class _PortTaken(Exception):
+    """A port picked free was bound by another process before weed could bind it."""
+
+
 def _free_ports(count: int) -> list[int]:
     socks = []
     try:
@@ -180,9 +184,9 @@ class SeaweedS3:
         client = self.client(max_attempts=1)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
+            if "address already in use" in self.log_tail():
+                raise _PortTaken()  # weed may run on without that component: stopped
             if self._proc is not None and self._proc.poll() is not None:
-                if "address already in use" in self.log_tail():
-                    raise _PortTaken()
                 raise RuntimeError(f"weed exited with {self._proc.returncode}:\n{self.log_tail()}")
             try:
                 client.create_bucket(Bucket="pipeline-startup-probe")
