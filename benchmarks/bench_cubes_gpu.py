@@ -172,7 +172,7 @@ def paths(frames_dir: Path, device, d: int, dtype: str, args, shards: str | None
         ),
     }
     if full:
-        stream = CubeStream(job)
+        stream = CubeStream(job, contiguous=False)  # as before: cubes as built
         workload = stream.workload
 
         def rows():
@@ -189,8 +189,12 @@ def paths(frames_dir: Path, device, d: int, dtype: str, args, shards: str | None
             # gpu_feed.py's loader4 with 4 workers (batches of 32, 4 prefetched); with
             # more, batches of 8, 2 prefetched: each is a segment of /dev/shm
             b, ahead = (32, 4) if n <= 4 else (8, 2)
+            # (as built: the GPU transposes while the loader workers build the next)
             loader = DataLoader(
-                CubeStream(job, batch_size=b), batch_size=None, num_workers=n, prefetch_factor=ahead
+                CubeStream(job, batch_size=b, contiguous=False),
+                batch_size=None,
+                num_workers=n,
+                prefetch_factor=ahead,
             )
             cases[f"W{n}"] = lambda loader=loader: consume(
                 to_device(loader, device), device, secs, True

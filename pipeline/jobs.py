@@ -99,8 +99,8 @@ def _workload_from(environ: Mapping[str, str]) -> str:
         return default
     if name not in registry.names():
         raise ConfigError(
-            f"environment {WORKLOAD_VARIABLE}: {name!r} is not a workload, expected one of "
-            f"{', '.join(registry.names())}"
+            f"environment {WORKLOAD_VARIABLE}: {name!r} is not a workload"
+            f"{registry.did_you_mean(name)}, expected one of {', '.join(registry.names())}"
         )
     return name
 

@@ -19,7 +19,8 @@ from importlib.metadata import EntryPoint, entry_points
 
 from .errors import ConfigError
 
-__all__ = ["GROUP", "WorkloadEntry", "default_workload", "describe", "load", "names"]
+__all__ = ["GROUP", "WorkloadEntry", "closest", "default_workload", "describe", "did_you_mean",
+           "load", "names"]  # fmt: skip
 
 GROUP = "pipeline.workloads"
 #: The distribution of the built-in workloads.
@@ -72,13 +73,32 @@ def names() -> list[str]:
     return sorted(known, key=lambda n: n != default_workload())
 
 
+def closest(name: object) -> str | None:
+    """The registered workload a name that is none is close to (a typo, another case)."""
+    if not isinstance(name, str):
+        return None
+    import difflib
+
+    by_lower = {n.lower(): n for n in names()}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
+def did_you_mean(name: object) -> str:
+    """`` (did you mean 'map'?)`` for a name close to a workload's, else ``""``: what a
+    misspelled key gets too."""
+    close = closest(name)
+    return f" (did you mean {close!r}?)" if close and close != name else ""
+
+
 def entry(name: str) -> WorkloadEntry:
     try:
         return _entries()[name]
     except KeyError:
         raise ConfigError(
-            f"workload {name!r} is not known; registered workloads: {', '.join(names())} "
-            f"(a plug-in registers one under the entry-point group {GROUP!r})"
+            f"workload {name!r} is not known{did_you_mean(name)}; registered workloads: "
+            f"{', '.join(names())} (a plug-in registers one under the entry-point group "
+            f"{GROUP!r})"
         ) from None
 
 

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 import statsmodels.api as sm
-from exact_ols import ExactFit, correct_digits
 from statsmodels.tools.sm_exceptions import MissingDataError, ValueWarning
 
+from harness.exact_ols import ExactFit, correct_digits
 from pipeline.workloads.regressions.batched import (
     COV_TYPES,
     BatchedOLSResult,
@@ -202,6 +202,9 @@ BAD = {
         True,
         "rank-deficient",
     ),
+    "no rows": (lambda r: _good(r, n=0, k=4), True, "n = 0 <= k = 4"),
+    "one row": (lambda r: _good(r, n=1, k=4), True, "n = 1 <= k = 4"),
+    "one row, no constant": (lambda r: _good(r, n=1, k=1), False, "n = 1 <= k = 1"),
     "n < k": (lambda r: _good(r, n=3, k=4), True, "n = 3 <= k = 4"),
     "n == k": (lambda r: _good(r, n=4, k=4), True, "n = 4 <= k = 4"),
     "constant y": (lambda r: (_good(r)[0], np.full(60, 2.5)), True, "constant response"),

@@ -45,8 +45,8 @@ def test_the_workload_resolves_as_settings_do(tmp_path):
     (tmp_path / "c.toml").write_text('workload = "cubes"\ncubes = 3\n')  # the file's own
     (job,) = load_jobs([str(tmp_path / "c.toml")], {}, environ=env)
     assert job.workload == "cubes" and job.settings.cubes == 3
-    with pytest.raises(ConfigError, match=r"^environment PIPELINE_WORKLOAD: 'regression' is "
-                       r"not a workload, expected one of cubes, "):  # fmt: skip
+    refused = r"^environment PIPELINE_WORKLOAD: 'regression' is not a workload \(did you mean "
+    with pytest.raises(ConfigError, match=refused + r"'regressions'\?\), expected one of cubes, "):
         load_jobs([], {}, environ={"PIPELINE_WORKLOAD": "regression"})
 
 
@@ -461,8 +461,10 @@ def test_a_plugin_setting_named_like_a_builtins_is_parsed_by_each_ones_type(tmp_
     assert "--dim" not in regressions
     tagger_help = _pipeline(tmp_path, "run", "--workload", "tagger", "--help").stdout
     assert "--dim TEXT" in tagger_help and "The dim." in tagger_help
-    every = " ".join(_pipeline(tmp_path, "run", "--help").stdout.split())
-    assert "--dim VALUE cubes: " in every and "; tagger: The dim. (str)" in every
+    cubes_help = _pipeline(tmp_path, "run", "--workload", "cubes", "--help").stdout
+    assert "--dim INTEGER" in cubes_help and "The dim." not in cubes_help
+    every = _pipeline(tmp_path, "run", "--help").stdout
+    assert "--dim" not in every and "tagger" in every  # named where its options are
 
 
 def test_a_plugin_switch_named_like_a_builtins_value_flag_is_refused(install_plugin):
@@ -478,17 +480,124 @@ def test_a_plugin_switch_named_like_a_builtins_value_flag_is_refused(install_plu
         registry.load("clash")
 
 
-def test_run_help_for_one_workload_lists_its_settings_and_the_runs():
+def _help(*args: str) -> list[str]:
+    """The lines of a ``pipeline`` command's output on an 80-column terminal."""
     from click.testing import CliRunner
 
     from pipeline.cli import main
 
-    one = CliRunner().invoke(main, ["run", "--workload", "map", "--help"]).output
-    assert "--function" in one and "--grid" in one and "PIPELINE_RETRIES" in one
-    assert "--output" in one and "PIPELINE_OUTPUT" in one
+    shown = CliRunner().invoke(main, list(args), prog_name="pipeline", terminal_width=80)
+    assert shown.exit_code == 0, shown.output
+    return shown.output.splitlines()
+
+
+def test_run_help_fits_a_screen_and_says_where_each_workloads_options_are():
+    from pipeline import registry
+    from pipeline.cli.run import ESTIMATE_REFUSES
+    from pipeline.config import RunOptions, flag_name, settings_of
+
+    for command, refused in (("run", ()), ("estimate", ESTIMATE_REFUSES)):
+        lines = _help(command, "--help")
+        assert len(lines) <= 60 and max(map(len, lines)) <= 80, "\n".join(lines)
+        text = "\n".join(lines)
+        assert f"pipeline {command} --workload NAME --help" in text
+        assert f"pipeline {command} JOB.toml --help" in text
+        assert ", ".join(registry.names()) in text
+        assert "a job-file key a_flag and a variable PIPELINE_A_FLAG" in " ".join(text.split())
+
+        # the run's options (those the command takes) and no workload's
+        def shown(f) -> str:
+            return ("--[no-]" if f.metadata["kind"] is bool else "--") + flag_name(f)
+
+        flags = {line.split()[0] for line in lines if line.startswith("  --")}
+        own = {"--workload", "--fleet"} if command == "estimate" else {"--workload"}
+        assert flags == {shown(f) for f in settings_of(RunOptions) if f.name not in refused} | own
+
+
+def test_run_help_for_one_workload_lists_its_settings(tmp_path):
+    one = "\n".join(_help("run", "--workload", "map", "--help"))
+    assert "Options of the 'map' workload:" in one
+    assert "--function TEXT" in one and "--grid" in one and "--retries INTEGER" in one
     assert "--cubes-per-shard" not in one and "--formula" not in one
-    every = CliRunner().invoke(main, ["run", "--help"]).output
-    assert "--function" in every and "--cubes-per-shard" in every and "--formula" in every
+    assert "--units-per-task" not in one and "pipeline run --help" in one
+    # a job file's workload, named by the file or by PIPELINE_WORKLOAD
+    job = write(tmp_path, 'workload = "regressions"\ndata = "x"\n')
+    from_file = "\n".join(_help("run", job, "--help"))
+    assert "Options of the 'regressions' workload:" in from_file and "--formula" in from_file
+    assert "--function" not in from_file
+    # a .toml file given as an option's value is not a job file
+    grid = "\n".join(_help("run", "--workload", "map", "--grid", job, "--help"))
+    assert "Options of the 'map' workload:" in grid
+
+
+def test_an_unknown_workload_name_gets_did_you_mean(tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline import registry
+    from pipeline.cli import main
+
+    for args in (["run", "--workload", "mapp"], ["run", "--workload", "mapp", "--help"]):
+        shown = CliRunner().invoke(main, args)
+        assert shown.exit_code == 2 and "'mapp' is not" in shown.output, shown.output
+        assert "(did you mean 'map'?)" in shown.output, shown.output
+    job = write(tmp_path, 'workload = "regresions"\n')
+    with pytest.raises(ConfigError, match=r"workload = 'regresions' is not known \(did you "
+                       r"mean 'regressions'\?\), expected one of cubes"):  # fmt: skip
+        load_jobs([job], {})
+    with pytest.raises(ConfigError, match=r"PIPELINE_WORKLOAD: 'Cube' is not a workload \(did "
+                       r"you mean 'cubes'\?\)"):  # fmt: skip
+        load_jobs([], {}, environ={"PIPELINE_WORKLOAD": "Cube"})
+    with pytest.raises(ConfigError, match=r"workload 'mapp' is not known \(did you mean 'map'"):
+        registry.load("mapp")
+    with pytest.raises(ConfigError, match=r"job file mapp: no such file \(to run the map "
+                       r"workload from flags alone: --workload map\)"):  # fmt: skip
+        load_jobs(["mapp"], {})
+    with pytest.raises(ConfigError, match=r"workload 'fractals' is not known; registered"):
+        registry.load("fractals")  # nothing close: no guess
+
+
+def test_connect_takes_the_variables_or_keywords_as_pipeline_run_does(monkeypatch):
+    import pipeline
+
+    def workers(client) -> int:
+        return len(client.scheduler_info(n_workers=-1)["workers"])
+
+    monkeypatch.setenv("PIPELINE_WORKERS", "1")
+    with pipeline.connect() as client:  # the embedded cluster, PIPELINE_WORKERS's size
+        assert workers(client) == 1
+    with pipeline.connect(workers=2) as client:  # a keyword over the variable
+        assert workers(client) == 2
+    with pipeline.connect(pipeline.RunOptions(workers=2)) as client:
+        assert workers(client) == 2
+    unknown = r"connect\(\): worker is not a connection's setting \(did you mean 'workers'\?\)"
+    with pytest.raises(ConfigError, match=unknown + "; those are scheduler, workers"):
+        pipeline.connect(worker=2).__enter__()
+    with pytest.raises(ConfigError, match=r"pipeline.connect\(\): workers given beside a "
+                       "RunOptions"):  # fmt: skip
+        pipeline.connect(pipeline.RunOptions(), workers=2).__enter__()
+    monkeypatch.setenv("PIPELINE_WORKERS", "two")
+    with pytest.raises(ConfigError, match=r"pipeline.connect\(\): environment PIPELINE_WORKERS: "
+                       "'two' is not an integer"):  # fmt: skip
+        pipeline.connect().__enter__()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_connect_with_no_arguments_reaches_the_tls_scheduler_the_variables_name(
+    tmp_path, monkeypatch
+):
+    import pipeline
+    from harness.cluster_procs import tls_cluster
+
+    with tls_cluster(tmp_path, n_workers=1, nanny=False) as cluster:
+        monkeypatch.setenv("PIPELINE_SCHEDULER", cluster.address)
+        monkeypatch.setenv("PIPELINE_TLS_CA_FILE", str(cluster.certs["ca"]))
+        monkeypatch.setenv("PIPELINE_TLS_CERT", str(cluster.certs["client"]))
+        monkeypatch.setenv("PIPELINE_TLS_KEY", str(cluster.certs["client-key"]))
+        monkeypatch.setenv("PIPELINE_WORKERS", "4")  # the embedded cluster's: outranked
+        with pipeline.connect() as client:
+            assert client.scheduler.address == cluster.address
+            assert client.submit(lambda: 1 + 1, pure=False).result(timeout=30) == 2
 
 
 def test_settings_made_in_python_are_checked_as_flags_are(tmp_path):

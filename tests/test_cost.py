@@ -56,6 +56,34 @@ def test_a_worker_hour_is_the_instance_price_over_its_vcpus_unless_overridden(tm
     assert price.usd_per_hour == pytest.approx(0.2) and "2030-01-01" in price.source
 
 
+def test_a_cost_line_says_which_price_it_uses_and_the_default_how_to_change_it(tmp_path):
+    # Every run is priced, a laptop's too: the default instance type is named as the
+    # default, with the settings that change it; a price chosen is named as chosen.
+    from pipeline.costs.run_cost import add_run_cost
+    from pipeline.summary import RunSummary, cost_line
+
+    def line(opts: RunOptions) -> str:
+        s = RunSummary("j", "map", None, 10, 2, 5, 0, units_run=10, workers=2, wall_seconds=9.0)
+        s.busy_seconds = 18.0
+        add_run_cost(s, worker_price(opts), remote=False)
+        return cost_line(s)
+
+    default = line(RunOptions())
+    assert "at $0.0425/worker-hour (priced as c5.24xlarge (the default instance_type): " in default
+    assert "set instance_type or price_per_worker_hour to change it)" in default
+    chosen = line(RunOptions(instance_type="c5.4xlarge"))
+    assert "(priced as c5.4xlarge (instance_type): $0.68/h over 16 workers" in chosen
+    assert "default" not in chosen
+    assert "(price_per_worker_hour)" in line(RunOptions(price_per_worker_hour=0.5))
+    prices = tmp_path / "prices.toml"
+    prices.write_text(
+        'as_of = "2030-01-01"\n[instances."c5.24xlarge"]\n'
+        "vcpus = 10\nmemory_gib = 20\nnetwork_gbps = 5\nusd_per_hour = 2.0\n"
+    )
+    own_table = line(RunOptions(price_file=str(prices)))
+    assert f"prices of 2030-01-01 from {prices}; set instance_type" in own_table
+
+
 def test_bad_prices_are_refused_naming_the_setting(tmp_path):
     with pytest.raises(ConfigError, match=r"instance_type 'c5\.huge'.*c5\.24xlarge"):
         worker_price(RunOptions(instance_type="c5.huge"))
@@ -88,7 +116,7 @@ def test_a_run_says_what_it_cost_and_its_runs_per_day(tmp_path, client):
     assert s.command_seconds >= s.wall_seconds > 0
     assert s.runs_per_day == pytest.approx(86_400 / s.command_seconds)
     line = next(line for line, _ in summary_lines(s) if line.strip().startswith("cost:"))
-    assert usd(s.cost_usd) in line and "--price-per-worker-hour" in line
+    assert usd(s.cost_usd) in line and "(price_per_worker_hour)" in line
     report = json.loads(s.to_json())
     assert report["cost_usd"] == s.cost_usd and report["worker_seconds"] == s.worker_seconds
     # Every task this run ran is on the timeline, on one of the 2 worker processes.
@@ -379,7 +407,8 @@ def test_pipeline_estimate_on_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("estimate of map job 'grid': 300 points"), proc.stdout
-    assert any(line.startswith("  this cluster (2 workers") for line in lines), proc.stdout
+    here = "  this cluster (2 workers at $0.0425/worker-hour, priced as c5.24xlarge (the default "
+    assert any(line.startswith(here + "instance_type))") for line in lines), proc.stdout
     fleet = next(line for line in lines if "2 x c5.24xlarge (192 workers)" in line)
     assert "bound by" in fleet and "runs/day" in fleet
     assert not (tmp_path / "out").exists()

@@ -23,6 +23,7 @@ from pipeline import CubeJob, CubeWorkload, iter_cubes
 from pipeline.errors import ConfigError
 from pipeline.workloads.cubes.delivery import RelayedThroughSchedulerWarning, local
 from pipeline.workloads.cubes.delivery.channel import MEMFD_NAME
+from pipeline.workloads.cubes.sharding import Share
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,21 +115,36 @@ def small_parts_job(frames_dir, monkeypatch, cubes, seed, dtype, per_layer):
     return job, workload
 
 
+def cube_digests(ids, batch, contiguous: bool) -> dict[int, str]:
+    """{cube id: digest} of a batch in either layout (axes frame, row, column)."""
+    if contiguous:
+        assert batch.flags.c_contiguous and batch.shape[0] == len(ids)
+    return {k: digest(batch[i] if contiguous else batch[..., i]) for i, k in enumerate(ids)}
+
+
 @pytest.mark.parametrize(
-    "dtype, per_layer, batch_cubes, threads",
-    [("float64", False, 1, 1), ("float32", True, 1, 3), ("float64", False, 4, 2)],
+    "dtype, per_layer, batch_cubes, threads, contiguous",
+    [
+        ("float64", False, 1, 1, False),
+        ("float32", True, 1, 3, False),
+        ("float64", False, 4, 2, False),
+        ("float64", False, 1, 2, True),
+        ("float32", True, 3, 2, True),
+        ("float32", False, 4, 3, True),
+    ],
 )
 def test_threads_and_the_waiting_consumer_share_each_cube_part_by_part(
-    frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads
+    frames_dir, monkeypatch, dtype, per_layer, batch_cubes, threads, contiguous
 ):
     from pipeline.workloads.cubes.delivery import threads as builders
 
     # Every cube is built by whichever threads are free, the consumer among them, in
-    # parts that must land in the right columns.
+    # parts that must land in the right columns (or frames, in the training layout).
     job, workload = small_parts_job(frames_dir, monkeypatch, 45, 6, dtype, per_layer)
     got = {}
-    for ids, batch in builders.thread_batches(workload, batch_cubes, threads):
-        got.update({k: digest(batch[..., i]) for i, k in enumerate(ids)})
+    plan = Share(45).in_batches(batch_cubes)
+    for ids, batch in builders.thread_batches(workload, plan, threads, contiguous=contiguous):
+        got.update(cube_digests(ids, batch, contiguous))
     assert list(got) == list(range(45)) and got == expected_digests(job)
 
 
@@ -149,7 +165,7 @@ def test_a_cube_that_fails_to_build_raises_in_the_consumer_and_ends_the_threads(
     workload.preflight()
     delivered = []
     with pytest.raises(ValueError, match="cube 7"):
-        for ids, _batch in builders.thread_batches(workload, 1, 2):
+        for ids, _batch in builders.thread_batches(workload, Share(30).in_batches(1), 2):
             delivered.extend(ids)
     assert delivered == list(range(7))
     assert not [t for t in threading.enumerate() if t.name.startswith("pipeline-cubes")]
@@ -176,25 +192,36 @@ def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames
 
 
 @pytest.mark.parametrize(
-    "dtype, per_layer, batch_cubes",
-    [("float64", False, 1), ("float32", True, 3), ("float64", False, 4)],
+    "dtype, per_layer, batch_cubes, contiguous",
+    [
+        ("float64", False, 1, False),
+        ("float32", True, 3, False),
+        ("float64", False, 4, False),
+        ("float64", False, 3, True),
+        ("float32", True, 2, True),
+    ],
 )
 def test_the_waiting_consumer_builds_the_last_parts_of_the_workers_batches(
-    frames_dir, client, monkeypatch, dtype, per_layer, batch_cubes
+    frames_dir, client, monkeypatch, dtype, per_layer, batch_cubes, contiguous
 ):
-    from pipeline.workloads.cubes.delivery import channel
+    from pipeline.workloads.cubes.delivery import channel, parts
 
     # The workers get the consumer's part bounds with their task.
     job, workload = small_parts_job(frames_dir, monkeypatch, 120, 8, dtype, per_layer)
-    workload._layout()  # in this host's cache, as the first producer leaves it
+    parts.part_layout(workload, contiguous)  # in this host's cache, as a producer leaves it
     address = channel.new_address()
+    share = Share(120, (1, 7))  # cubes 1, 8, ..., 113, then cube 0 (padding)
     with channel.listen(address) as listener:
-        delivery = local.LocalDelivery(client, workload, batch_cubes, listener, address)
+        delivery = local.LocalDelivery(
+            client, workload, share.in_batches(batch_cubes), listener, address,
+            contiguous=contiguous,
+        )  # fmt: skip
         got = {}
         for ids, batch in delivery.batches():
-            got.update({k: digest(batch[..., i]) for i, k in enumerate(ids)})
+            got.update(cube_digests(ids, batch, contiguous))
             del batch
-    assert got == expected_digests(job)
+    want = expected_digests(job)
+    assert got == {k: want[k] for k in share} and list(share)[-1] == 0
     assert delivery.parts_built_here > 0
 
 

@@ -181,22 +181,35 @@ def test_frames_too_large_for_the_device_are_refused_naming_both_sizes():
     assert "build='cpu'" in message
 
 
-def test_shares_of_ranks_and_loader_workers_take_every_item_once(monkeypatch):
-    for world in (1, 2, 3):
-        for workers in (1, 2, 4):
-            taken = []
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_ranks_share_is_the_distributed_samplers_and_its_workers_split_it(drop_last):
+    from torch.utils.data import DistributedSampler
+
+    for n in (1, 2, 5, 17, 22, 50):
+        for world in (1, 2, 3, 4):
             for rank in range(world):
-                monkeypatch.setenv("RANK", str(rank))
-                monkeypatch.setenv("WORLD_SIZE", str(world))
-                rank_items = []
-                for w in range(workers):
-                    first, step = sharding.share((w, workers) if workers > 1 else None)
-                    rank_items += list(range(first, 50, step))
-                # a rank's share does not depend on its loader workers
-                assert sorted(rank_items) == list(range(rank, 50, world))
-                assert sharding.items_in(sharding.distributed_rank(), 50) == len(rank_items)
-                taken += rank_items
-            assert sorted(taken) == list(range(50))
+                sampler = DistributedSampler(
+                    range(n), num_replicas=world, rank=rank, shuffle=False, drop_last=drop_last
+                )
+                want = list(sampler)
+                share = sharding.Share(n, (rank, world), drop_last)
+                assert list(share) == want, (n, world, rank)
+                assert len(share) == (n // world if drop_last else -(-n // world))
+                for b in (1, 3, 8):
+                    batches = [list(ids) for ids in share.in_batches(b)]
+                    assert [k for ids in batches for k in ids] == want
+                    assert all(len(ids) == b for ids in batches[:-1])
+                for workers in (2, 3):  # loader workers: each cube of the share once
+                    split = [k for w in range(workers) for k in share.every(w, workers)]
+                    assert sorted(split) == sorted(want)
+
+
+def test_the_rank_comes_from_the_process_group_or_torchruns_variables(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert sharding.distributed_rank() == (1, 3)
+    assert list(sharding.Share.of_rank(8)) == [1, 4, 7]
+    assert list(sharding.Share.of_rank(8, drop_last=True)) == [1, 4]
     for rank, world in (("2", "2"), ("x", "2"), ("0", "0")):
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("WORLD_SIZE", world)
@@ -207,25 +220,60 @@ def test_shares_of_ranks_and_loader_workers_take_every_item_once(monkeypatch):
     assert sharding.distributed_rank() == (0, 1)
 
 
+#: 17 cubes: 17 % 2 == 1 and 17 % 3 == 2, so two and three ranks pad and drop.
+GLOO_JOB = {"cubes": 17, "dim": 8, "seed": 4}
+
+
+@pytest.fixture(scope="module")
+def stored_cubes(tmp_path_factory, frames_dir, client):
+    """A stored job of the gloo test's cubes (for CubeShards.batches)."""
+    from pipeline import load_jobs, run_job
+
+    output = tmp_path_factory.mktemp("ddp-stored")
+    cli = {"output": str(output), "frames": str(frames_dir), "progress": False,
+           "cubes_per_shard": 4, **GLOO_JOB}  # fmt: skip
+    (job,) = load_jobs([], cli, environ={})
+    assert run_job(job.build(), job.options, client, echo=lambda m: None).complete
+    return output
+
+
 @pytest.mark.slow
-def test_ranks_of_a_gloo_process_group_take_disjoint_shares_of_every_cube(frames_dir, tmp_path):
+@pytest.mark.timeout(600)  # 90-150 s on the shared 2-core VM: ranks start clusters
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_of_a_gloo_process_group_take_the_samplers_share_on_every_path(
+    frames_dir, stored_cubes, tmp_path, world
+):
+    import os
     import subprocess
 
-    job = dict(frames=str(frames_dir), cubes=17, dim=8, seed=4)
+    from torch.utils.data import DistributedSampler
+
+    job = dict(frames=str(frames_dir), **GLOO_JOB)
     script = ROOT / "tests" / "distributed_cubes.py"
-    args = [sys.executable, str(script), json.dumps(job), str(tmp_path)]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
+    args = [sys.executable, str(script), str(world), json.dumps(job), str(stored_cubes)]
+    env = {**os.environ, "PIPELINE_WORKERS": "1"}  # each rank's embedded cluster
+    done = subprocess.run(
+        [*args, str(tmp_path)], capture_output=True, text=True, timeout=560, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
     want = {k: xxhash.xxh3_64_hexdigest(c.numpy()) for k, c in cpu_cubes(CubeJob(**job)).items()}
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for case in ranks[0]:
-        union: dict[str, str] = {}
-        for got in ranks:
-            shared = set(union) & set(got[case]["cubes"])
-            assert not shared, f"{case}: cubes {shared} on both ranks"
-            union.update(got[case]["cubes"])
-            assert got[case]["len"] == got[case]["items"], case
-        assert {int(k): v for k, v in union.items()} == want, case
+        drop_last = case.endswith("drop_last")
+        for rank, report in enumerate(ranks):
+            got = report[case]
+            sampler = DistributedSampler(
+                range(17), num_replicas=world, rank=rank, shuffle=False, drop_last=drop_last
+            )
+            expected = list(sampler)  # ceil(17 / world) cubes, or floor with drop_last
+            ids = expected if got["ids"] is None else got["ids"]
+            order = (lambda x: x) if got["ordered"] else sorted
+            assert order(ids) == order(expected), (case, rank)
+            assert got["digests"] == [want[k] for k in ids], (case, rank)
+            assert got["contiguous"], (case, rank)
+            if got["len"] is not None:
+                assert got["len"] == got["items"], (case, rank)
+        assert len({r[case]["items"] for r in ranks}) == 1, case  # the same steps
 
 
 @needs_cuda

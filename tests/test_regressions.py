@@ -220,7 +220,7 @@ def test_zero_weights_fit_as_statsmodels_does_negative_ones_fail(tmp_path):
     assert models.error_type[1] == "TooFewRows"
     assert "0 rows of positive weight for 7 parameters" in models.error_message[1]
     assert (
-        models.error_type[2] == "BadWeights" and "1 weights are negative" in models.error_message[2]
+        models.error_type[2] == "BadWeights" and "1 weight is negative" in models.error_message[2]
     )
     assert pd.isna(models.error_type[3])
 

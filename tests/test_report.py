@@ -88,7 +88,9 @@ def test_the_report_page_is_self_contained_and_its_plots_render(tmp_path):
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr  # 2 failed units: not a success
-    assert "cost: $" in proc.stdout and "c5.4xlarge at $0.68/h" in proc.stdout, proc.stdout
+    assert "cost: $" in proc.stdout and "c5.4xlarge (instance_type): $0.68/h" in proc.stdout, (
+        proc.stdout
+    )
     summary = json.loads((report / "grid-summary.json").read_text())
     assert summary["cost_usd"] > 0 and summary["task_timings"]
     assert sum(t["failed"] for t in summary["task_timings"]) == 2

@@ -74,9 +74,9 @@ def test_200_simulated_workers_run_a_sleep_job_through_the_load_balancer(tmp_pat
 
 def test_100_simulated_workers_run_with_the_planners_task_sizes(tmp_path):
     # scale-sim --planned: no --units-per-task; the planner sizes the tasks for the
-    # cluster (the scheduler's measured CPU per task at most a quarter of its core) in
-    # whole rounds of one task per worker. Its efficiency is reported, not asserted:
-    # it is this machine's load's as much as the planner's.
+    # cluster (the scheduler's CPU for them at most a quarter of its core) in whole
+    # rounds of one task per worker. Its efficiency is reported, not asserted: it is
+    # this machine's load's as much as the planner's.
     out = tmp_path / "planned.json"
     argv = [
         sys.executable, "-m", "benchmarks.fleet.scale_sim",
@@ -95,15 +95,10 @@ def test_100_simulated_workers_run_with_the_planners_task_sizes(tmp_path):
     assert figures["logs"]["errors"] == 0, json.dumps(figures["logs"], indent=1)
     assert figures["units"] == 100 * 60 and figures["tasks"] < figures["units"] / 2
     record = json.loads(next((tmp_path / "sim" / "out").glob("*/job.json")).read_text())
-    stops, model = record["stops"], record["cost_model"]
-    assert len(stops) % 100 == 0  # whole rounds: the last one balanced
-    # The plan's own account of the scheduler: its tasks a second at the model's task
-    # time, times its CPU per task, at most a quarter of a core.
-    starts = [sum(record["head"]), *stops[:-1]]
-    sizes = [b - a for a, b in zip(starts, stops, strict=True)]
-    seconds = [model["fixed"] + model["per_unit"] * n for n in sizes]
-    share = model["overhead"] * 100 / (sum(seconds) / len(seconds))
-    assert share <= 0.25 * 1.05, (share, model)
+    assert len(record["stops"]) % 100 == 0  # whole rounds: the last one balanced
+    # The scheduler's CPU over the command, measured (its process's, heartbeats
+    # included): at most the quarter of a core the planner sizes tasks for.
+    assert 0 < figures["scheduler_busy"] <= 0.25, figures
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -172,26 +167,57 @@ def _checksums(output: Path) -> dict:
     }
 
 
-def _write_job(folder: Path, units: int, seconds: float) -> Path:
-    (folder / "naps.py").write_text(
-        "import time\n\n\ndef nap(x, seconds):\n    time.sleep(seconds)\n"
-        "    return {'twice': 2 * x}\n"
-    )
+#: The job's function: each call takes a ticket (a file created once); the first 20
+#: calls run at once and the others wait for the test's gate (at most 5 minutes), so
+#: that the scheduler is lost at a known point whatever order the tasks run in.
+GATED_NAP = """
+import os, time
+
+
+def _ticket(log):
+    n = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(log, f"ticket-{n}"), os.O_CREAT | os.O_EXCL))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def nap(x, gate, log):
+    with open(os.path.join(log, f"called-{x}"), "a") as f:
+        f.write("1\\n")
+    if _ticket(log) >= 20:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return {"twice": 2 * x}
+"""
+
+
+def _write_gated_job(folder: Path, units: int) -> tuple[Path, Path, Path]:
+    """The job file, its gate and the folder of its calls' log."""
+    gate, log = folder / "gate", folder / "calls"
+    log.mkdir()
+    (folder / "naps.py").write_text(GATED_NAP)
     job = folder / "naps.toml"
     job.write_text(
         f'workload = "map"\nfunction = "naps:nap"\ncode = "{folder / "naps.py"}"\n'
-        f"[grid]\nx = {list(range(units))}\nseconds = [{seconds}]\n"
+        f'[grid]\nx = {list(range(units))}\ngate = ["{gate}"]\nlog = ["{log}"]\n'
     )
-    return job
+    return job, gate, log
 
 
-def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun_completes(
+def test_scheduler_killed_mid_run_is_replaced_behind_the_same_address_and_the_run_completes(
     tmp_path,
 ):
+    # The run waits out the lost connection (up to Dask's connect timeout), reaches the
+    # new scheduler, holds its tasks there again and submits those not heard from:
+    # the run completes, with nothing lost or run twice, and needs no rerun.
     from pipeline.cluster.tls import make_certificates
 
     certs = make_certificates(tmp_path / "certs")
-    job = _write_job(tmp_path, units=60, seconds=0.4)
+    job, gate, log = _write_gated_job(tmp_path, units=60)
     with ProcessManager(tmp_path / "logs") as pm:
         port = free_port()
         scheduler = start_scheduler(pm, certs, port=port)
@@ -212,46 +238,52 @@ def test_scheduler_killed_mid_run_restarts_behind_the_same_address_and_the_rerun
             "--no-progress", "--units-per-task", 1,
         ]  # fmt: skip
 
+        gate.touch()
         clean = _pipeline(["run", job, "--output", tmp_path / "clean", *flags], timeout=240)
         assert clean.returncode == 0, clean.stdout + clean.stderr
+        gate.unlink()
+        for f in log.iterdir():
+            f.unlink()
 
         lost = tmp_path / "lost"
-        command = ["run", job, "--output", lost, *flags]
         driver = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", *map(str, command)],
+            [sys.executable, "-m", "pipeline", *map(str, ["run", job, "--output", lost, *flags])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         )
-        wait_for("a third of the tasks", lambda: len(list(lost.glob("*/manifest/*"))) >= 20)
+
+        def stored() -> int:
+            return len(list(lost.glob("*/manifest/*")))
+
+        def tickets() -> int:
+            return len(list(log.glob("ticket-*")))
+
+        # 20 units stored and every worker in a call that waits on the gate: no task can
+        # end before the gate opens.
+        wait_for("20 units stored, 6 waiting", lambda: stored() == 20 and tickets() == 26)
         scheduler.kill()  # SIGKILL, as a crashed or replaced instance
-        assert len(list(lost.glob("*/manifest/*"))) < 60, "the run ended before the kill"
+        gate.touch()  # the 6 calls running end, on workers that lost their scheduler
+        wait_for("the 6 tasks running at the loss to store their output", lambda: stored() == 26)
         # The auto-scaling group of one starts a new scheduler behind the same address.
         start_scheduler(pm, certs, port=port)
         stdout, stderr = driver.communicate(timeout=240)
-        print(f"driver after the scheduler's loss: exit {driver.returncode}\n{stdout}\n{stderr}")
-        if driver.returncode == 0:  # it waited for the new scheduler and carried on
-            assert "60 of 60 points" in stdout, stdout + stderr
-        else:
-            # It ends with a clear error: the lost scheduler's address, and that the same
-            # command resumes. (Dask's client may log tracebacks before it, for results
-            # that were being fetched when the connection broke.)
-            last = stderr.strip().splitlines()[-1]
-            assert last.startswith("Error: lost the connection to the Dask scheduler"), stderr
-            assert lb.address in last and "same command" in last, stderr
-        wait_for("the workers to rejoin", lambda: _workers(lb.address, certs) >= 6)
-
-        rerun = _pipeline(command, timeout=240)
-        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-        ok = _pipeline(["verify", lost])
-        assert ok.returncode == 0, ok.stdout + ok.stderr
-        assert _checksums(lost) == _checksums(tmp_path / "clean")
-        table = tmp_path / "lost.parquet"
-        shown = _pipeline(["results", lost, "--out", table])
-        assert shown.returncode == 0, shown.stderr
-        units = pq.read_table(table).column("unit").to_pylist()
-        assert sorted(units) == list(range(60))
+    print(f"driver after the scheduler's loss: exit {driver.returncode}\n{stdout}\n{stderr}")
+    assert driver.returncode == 0, stdout + stderr
+    assert "60 of 60 points" in stdout, stdout + stderr
+    assert "reconnected to the scheduler" in stderr, stderr
+    # Each unit called once: the tasks submitted again whose calls ended at the loss
+    # found their stored output.
+    calls = {int(f.name.split("-")[1]): f.read_text().count("1") for f in log.glob("called-*")}
+    assert calls == dict.fromkeys(range(60), 1), calls
+    ok = _pipeline(["verify", lost])
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert _checksums(lost) == _checksums(tmp_path / "clean")
+    table = tmp_path / "lost.parquet"
+    shown = _pipeline(["results", lost, "--out", table])
+    assert shown.returncode == 0, shown.stderr
+    assert sorted(pq.read_table(table).column("unit").to_pylist()) == list(range(60))
 
 
 def test_the_log_scan_counts_the_task_stream_plugins_killed_task_record_apart(tmp_path):

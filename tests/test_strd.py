@@ -5,71 +5,49 @@ correct digits (-log10 of the relative error; the absolute one for a certified 0
 Every estimate and standard error has at least 6 correct digits, through every engine,
 OLS and WLS, in-process and through the runner; and at least as many as statsmodels'
 own fit of the same design wherever statsmodels has 6 or more (counted up to 10: past
-that both are at rounding level, and which is ahead is luck)."""
+that both are at rounding level, and which is ahead is luck), except where the
+certified value is 0 (there both are rounding noise)."""
 
 from __future__ import annotations
 
-import json
-import warnings
 from decimal import Decimal
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import statsmodels.api as sm
-from exact_ols import ExactFit, correct_digits
 
+from harness.exact_ols import ExactFit
+from harness.strd import (
+    SETS,
+    certified,
+    digits,
+    fitted,
+    frame,
+    settings,
+    statsmodels_digits,
+    write,
+)
 from pipeline import RunOptions, run_job
 from pipeline.results import results_table
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
 
-SETS = json.loads((Path(__file__).parent / "data/strd/strd.json").read_text())["sets"]
 MIN_DIGITS = 6.0
 COUNTED = 10.0
-
-
-def design(name: str, x=None) -> np.ndarray:
-    """The set's design matrix, as the certified model has it (intercept first)."""
-    s = SETS[name]
-    x = np.asarray(s["x"] if x is None else x, dtype=float)
-    k = len(s["certified_estimates"])
-    if name == "Longley":
-        return np.column_stack([np.ones(len(x)), x])
-    if name.startswith("NoInt"):
-        return x[:, None]
-    return np.vander(x, k, increasing=True)
-
-
-def certified(name: str) -> tuple[np.ndarray, np.ndarray]:
-    s = SETS[name]
-    return (np.array([float(v) for v in s["certified_estimates"]]),
-            np.array([float(v) for v in s["certified_std_errors"]]))  # fmt: skip
-
-
-def digits(name: str, params, bse) -> tuple[np.ndarray, np.ndarray]:
-    beta, se = certified(name)
-    return correct_digits(params, beta), correct_digits(bse, se)
-
-
-def statsmodels_digits(name: str) -> tuple[np.ndarray, np.ndarray]:
-    y = np.asarray(SETS[name]["y"], dtype=float)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = sm.OLS(y, design(name)).fit()
-    return digits(name, res.params, res.bse)
 
 
 def assert_accurate(name: str, params, bse, what: str) -> None:
     got_b, got_s = digits(name, params, bse)
     sm_b, sm_s = statsmodels_digits(name)
-    for label, got, theirs in (("estimates", got_b, sm_b), ("std errors", got_s, sm_s)):
+    beta, se = certified(name)
+    for label, got, theirs, exact in (("estimates", got_b, sm_b, beta),
+                                      ("std errors", got_s, sm_s, se)):  # fmt: skip
         assert got.min() >= MIN_DIGITS, (name, what, label, got)
         wanted = np.minimum(theirs, COUNTED) - 0.5  # half a digit of rounding luck
-        worse = (theirs >= MIN_DIGITS) & (got < wanted)
+        # A certified 0 (the standard errors of a perfect fit, Wampler 1 and 2) is
+        # scored by the size of each fit's rounding noise, which moves with the
+        # machine's BLAS kernels (statsmodels' Wampler 1: 7.5 digits on one host, 8.4
+        # on another): at least MIN_DIGITS there, not statsmodels' noise.
+        worse = (theirs >= MIN_DIGITS) & (got < wanted) & (exact != 0)
         assert not worse.any(), (name, what, label, got, theirs)
 
 
@@ -102,51 +80,6 @@ def test_statsmodels_alone_loses_digits_here():
     and 5.9 of Wampler 5's estimates (so the tests above are not vacuous)."""
     assert statsmodels_digits("Filip")[0].min() < 1
     assert statsmodels_digits("Wampler5")[0].min() < MIN_DIGITS
-
-
-def frame(name: str, weights: bool = False) -> pd.DataFrame:
-    """The set as a table: y and x (x1..x6 for Longley); with ``weights``, the design's
-    columns c0.. and y with each row divided by 2**m and a weight 4**m (m = 0..3 by
-    row): WLS on it is exactly OLS on the set, so its certified values hold."""
-    s = SETS[name]
-    y = np.asarray(s["y"], dtype=float)
-    if weights:
-        X = design(name)
-        m = np.arange(len(y)) % 4
-        cols = {f"c{j}": X[:, j] / 2.0**m for j in range(X.shape[1])}
-        return pd.DataFrame({"set": name, "y": y / 2.0**m, **cols, "w": 4.0**m})
-    if name == "Longley":
-        xs = np.asarray(s["x"], dtype=float)
-        return pd.DataFrame({"set": name, "y": y, **{f"x{j + 1}": xs[:, j] for j in range(6)}})
-    return pd.DataFrame({"set": name, "y": y, "x": np.asarray(s["x"], dtype=float)})
-
-
-def settings(name: str, weights: bool = False) -> dict:
-    k = len(SETS[name]["certified_estimates"])
-    if weights:
-        return dict(model="wls", weights="w", endog="y", exog=[f"c{j}" for j in range(k)],
-                    add_constant=False)  # fmt: skip
-    if name == "Longley":
-        return dict(formula="y ~ " + " + ".join(f"x{j}" for j in range(1, 7)))
-    if name.startswith("NoInt"):
-        return dict(formula="y ~ x - 1")
-    powers = ["x", *[f"I(x**{j})" for j in range(2, k)]]
-    return dict(formula="y ~ " + " + ".join(powers))
-
-
-def write(df: pd.DataFrame, folder: Path) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / "data.parquet")
-    return str(folder)
-
-
-def fitted(data: str, name: str, engine: str, weights: bool = False):
-    w = RegressionWorkload(
-        RegressionJob(data=data, chunk_by="set", engine=engine, **settings(name, weights)), "s"
-    )
-    w.preflight()
-    coefs, models, _ = w.tables(0, w.fit_range(0, w.n_units))
-    return coefs.to_pandas(), models.to_pandas()
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["ols", "wls"])

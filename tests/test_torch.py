@@ -217,3 +217,41 @@ def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(
     loader = DataLoader(ds, batch_size=4, num_workers=2)
     got = [digest(c) for batch in loader for c in batch]
     assert got == want
+
+
+@pytest.mark.parametrize("dtype, per_layer", [("float64", False), ("float32", True)])
+def test_every_cpu_path_yields_the_training_layout_with_the_builders_bytes(
+    frames_dir, client, dtype, per_layer
+):
+    from torch_cubes import collect, cpu_cubes, same_bytes
+
+    job = CubeJob(
+        frames=str(frames_dir), cubes=13, dim=10, seed=3, dtype=dtype, per_layer_columns=per_layer
+    )
+    want = cpu_cubes(job)
+    for batch_size in (None, 4):
+        paths = {  # name: (stream, loader workers)
+            "threads": (CubeStream(job, with_ids=True, batch_size=batch_size), 0),
+            "loader workers": (CubeStream(job, with_ids=True, batch_size=batch_size), 2),
+            "cluster": (
+                CubeStream(job, with_ids=True, batch_size=batch_size, cluster=client),
+                0,
+            ),
+        }
+        for name, (stream, workers) in paths.items():
+            loader = DataLoader(stream, batch_size=None, num_workers=workers)
+            items = list(loader)
+            # collect checks every item is C-contiguous, (d, d, d) or (n, d, d, d)
+            assert same_bytes(collect(items, batch_size is not None), want), (name, batch_size)
+            x = items[0][1]
+            assert x.dtype == getattr(torch, dtype) and x.shape[-3:] == (10, 10, 10)
+            if batch_size is not None:  # what a training loop does with a batch
+                assert x.view(len(x), -1).shape == (len(x), 1000), name
+            del items, x, loader
+    # As built (contiguous=False): Fortran-ordered views, the same cubes
+    stream = CubeStream(job, with_ids=True, batch_size=4, contiguous=False)
+    ids, batch = next(iter(stream))
+    assert not batch.is_contiguous() and batch.stride() == (1000, 1, 10, 100)
+    assert all(torch.equal(c, want[k]) for k, c in zip(ids.tolist(), batch, strict=True))
+    with pytest.raises(ValueError, match="contiguous='yes'; expected True or False"):
+        CubeStream(job, contiguous="yes")

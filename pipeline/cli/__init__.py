@@ -160,7 +160,7 @@ def _add_verbose_option(command: click.Command) -> None:
             count=True,
             expose_value=False,
             callback=_command_verbosity,
-            help="More log output (-vv for debug), as before the command.",
+            help="More log output (-vv: debug).",
         )
     )
     for sub in getattr(command, "commands", {}).values():

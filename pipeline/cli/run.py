@@ -15,7 +15,8 @@ from ..driver import run_jobs
 from ..errors import Interrupted, PipelineError
 from ..jobs import load_jobs
 from ..summary import summary_lines
-from .flags import SettingsCommand, setting_options
+from .flags import setting_options
+from .settings_help import SettingsCommand, WorkloadChoice
 
 __all__ = ["estimate_command", "run_command"]
 
@@ -24,10 +25,11 @@ def _workload_option(func):
     default = registry.default_workload()
     return click.option(
         "--workload",
-        type=click.Choice(registry.names()),
+        type=WorkloadChoice(registry.names()),
+        metavar="NAME",
         default=None,
-        help="Workload of a job given by flags alone (no job file). [env: PIPELINE_WORKLOAD, "
-        f"also for a job file that names none; default: {default}]",
+        help="Workload of a job given by flags alone (as PIPELINE_WORKLOAD, also of job "
+        f"files naming none). [default: {default}]",
     )(func)
 
 
@@ -38,8 +40,9 @@ def _workload_option(func):
 def run_command(job_files, workload, **values) -> None:
     """Run JOB_FILES (TOML) in sequence on one cluster connection.
 
-    Flags override every job file's keys. A job whose output already holds
-    complete tasks resumes: only missing tasks run (--overwrite starts over).
+    Each --a-flag is also a job-file key a_flag and a variable PIPELINE_A_FLAG (a flag
+    wins over a key, a key over a variable). A job resumes: only the tasks missing
+    from its output run (--overwrite starts over).
     """
     from ..dispatch.session import INTERRUPTED
 
@@ -68,7 +71,17 @@ def run_command(job_files, workload, **values) -> None:
         sys.exit(1)
 
 
-@click.command("estimate", cls=SettingsCommand, context_settings={"show_default": False})
+#: Settings of a run that an estimate, which writes none of the job's output, refuses
+#: (a job file's keys serve both)
+ESTIMATE_REFUSES = ("report", "profile", "profile_tasks", "overwrite", "max_failures", "progress")
+
+
+@click.command(
+    "estimate",
+    cls=SettingsCommand,
+    refused=ESTIMATE_REFUSES,
+    context_settings={"show_default": False},
+)
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @_workload_option
 @click.option(
@@ -80,22 +93,19 @@ def run_command(job_files, workload, **values) -> None:
 )
 @setting_options
 def estimate_command(job_file, workload, fleets, **values) -> None:
-    """Project JOB_FILE's (or the job the flags give) wall time, cost and runs per day
-    on a fleet.
+    """Project JOB_FILE's (or the flags' job) wall time, cost and runs per day on a fleet.
 
-    Runs the job's probe tasks (a small sample of its units) on the embedded or
-    the connected cluster into a scratch output, deleted afterwards (none of the
-    job's output is written), and names the limit that binds: CPU, the network,
-    S3 request rates, or the scheduler's task rate.
+    Runs the job's probe tasks (a sample of its units) on this cluster into a scratch
+    output, deleted afterwards, and names the limit that binds: CPU, the network, S3
+    request rates or the scheduler. Each --a-flag is also a job-file key a_flag and a
+    variable PIPELINE_A_FLAG (a flag wins over a key, a key over a variable).
     """
     from ..cluster.connect import connect
     from ..costs.estimate import estimate, estimate_lines, scratch_output
     from ..costs.prices import DEFAULT_WORKER_INSTANCE, DEFAULT_WORKER_INSTANCES, load_prices
     from ..costs.run_cost import parse_fleet
 
-    # Flags of a run that an estimate would ignore (a job file's keys serve both)
-    ignored = [n for n in ("report", "profile", "profile_tasks", "overwrite", "max_failures",
-                           "progress") if values.get(n) is not None]  # fmt: skip
+    ignored = [n for n in ESTIMATE_REFUSES if values.get(n) is not None]
     if ignored:
         flag = "--" + ignored[0].replace("_", "-")
         raise click.UsageError(

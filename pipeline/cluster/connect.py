@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import dask
 
-from ..config import RunOptions
+from ..config import RunOptions, connection_options
 from ..errors import ClusterError
 from .embedded import check_embedded_workers, embedded_cluster, spawn_without_rerunning_main
 
@@ -27,9 +27,15 @@ CLOSE_AFTER_ERROR_SECONDS = 5
 
 
 @contextlib.contextmanager
-def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
-    """Yield a ``distributed.Client``: to ``options.scheduler`` if set, else to a new
+def connect(options: RunOptions | None = None, *, quiet: bool = True, **settings) -> Iterator:
+    """Yield a ``distributed.Client``: to the scheduler if one is set, else to a new
     embedded cluster of single-threaded worker processes that is closed on exit.
+
+    The settings are ``options`` (a :class:`RunOptions`), or else the connection's
+    settings given as keywords (``workers=2``, ``scheduler=``, ``dashboard=``, the
+    ``tls_*`` files, ``direct_to_workers=``) over the ``PIPELINE_*`` variables, as
+    ``pipeline run`` resolves them: ``connect()`` alone starts the embedded cluster,
+    or reaches ``PIPELINE_SCHEDULER`` with ``PIPELINE_TLS_*`` where they are set.
 
     A remote scheduler is usually behind a load balancer that forwards only the
     scheduler's port, so the client gets results through the scheduler
@@ -38,6 +44,7 @@ def connect(options: RunOptions, *, quiet: bool = True) -> Iterator:
     """
     from distributed import Client
 
+    options = connection_options(options, settings)
     if options.scheduler:
         address = options.scheduler
         _require_tls_beyond_loopback(address)

@@ -6,7 +6,13 @@ environment variable (``PIPELINE_CUBES_PER_SHARD``); the first of those that is
 set wins, in that order, then the field's default.
 """
 
-from .options import CONNECTION_SETTINGS, ProcessSettings, RunOptions, process_settings
+from .options import (
+    CONNECTION_SETTINGS,
+    ProcessSettings,
+    RunOptions,
+    connection_options,
+    process_settings,
+)
 from .resolve import check_flags_apply, check_unknown_keys, resolve
 from .settings import ENV_PREFIX, check_settings, env_name, flag_name, setting, settings_of
 
@@ -18,6 +24,7 @@ __all__ = [
     "check_flags_apply",
     "check_settings",
     "check_unknown_keys",
+    "connection_options",
     "env_name",
     "flag_name",
     "process_settings",

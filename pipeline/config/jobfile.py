@@ -37,8 +37,9 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         data = tomllib.loads(read_text(p))
     except FileNotFoundError:
         hint = ""
-        if str(path) in registry.names():
-            hint = f" (to run the {path} workload from flags alone: --workload {path})"
+        named = registry.closest(str(path)) if not p.suffix and len(p.parts) == 1 else None
+        if named:  # `pipeline run map` (or `mapp`): a workload's name, not a file
+            hint = f" (to run the {named} workload from flags alone: --workload {named})"
         elif str(path).lower() in ("true", "false", "yes", "no", "on", "off"):
             # `--progress false`: an on/off flag takes no value, so the word became a file
             hint = " (an on/off flag such as --overwrite takes no value; --no-overwrite is off)"
@@ -61,7 +62,7 @@ def load_job_file(path: str | os.PathLike, default_workload: str) -> JobFile:
         raise ConfigError(f"job file {p}: workload = {workload!r} is not a workload name")
     if workload not in registry.names():
         raise ConfigError(
-            f"job file {p}: workload = {workload!r} is not known, "
-            f"expected one of {', '.join(registry.names())}"
+            f"job file {p}: workload = {workload!r} is not known"
+            f"{registry.did_you_mean(workload)}, expected one of {', '.join(registry.names())}"
         )
     return JobFile(p, workload, data)

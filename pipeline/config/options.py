@@ -11,7 +11,8 @@ from ..errors import ConfigError
 from .resolve import resolve
 from .settings import check_settings, setting
 
-__all__ = ["CONNECTION_SETTINGS", "ProcessSettings", "RunOptions", "process_settings"]
+__all__ = ["CONNECTION_SETTINGS", "ProcessSettings", "RunOptions", "connection_options",
+           "process_settings"]  # fmt: skip
 
 
 #: Run settings naming files the driver writes or reads on its own disk.
@@ -63,8 +64,8 @@ class RunOptions:
     units_per_task: int | None = setting(
         None,
         int,
-        "Units (cubes, chunks) per Dask task, rounded up to whole shards for cubes. "
-        "Default: measured on the job's first tasks, so each task lasts about --task-seconds.",
+        "Units (cubes, chunks) per Dask task, in whole shards for cubes. Default: sized "
+        "on the job's first tasks to last --task-seconds.",
         minimum=1,
     )
     task_seconds: float = setting(
@@ -76,27 +77,26 @@ class RunOptions:
     report: str | None = setting(
         None,
         str,
-        "Directory for Dask's performance report (HTML), a JSON summary and a report page "
-        "(HTML: cost, throughput, task durations, workers' timeline, failures, plan) of each job.",
+        "Directory for each job's report page (HTML: cost, throughput, tasks, timeline, "
+        "failures, plan), JSON summary and Dask's own report.",
     )
     profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
     instance_type: str = setting(
         "c5.24xlarge",
         str,
-        "Instance type whose price (over its vCPUs, one worker each) costs a run's "
-        "worker-seconds; see pipeline/prices.toml.",
+        "The instance whose $/h over its vCPUs prices any run's worker-seconds.",
     )
     price_per_worker_hour: float | None = setting(
         None, float, "Dollars per worker-hour, instead of the instance type's price.", minimum=0
     )
     price_file: str | None = setting(
-        None, str, "A TOML price table (the format of pipeline/prices.toml) to use instead."
+        None, str, "A TOML price table (the format of pipeline/costs/prices.toml) to use instead."
     )
     profile_tasks: str | None = setting(
         None,
         str,
-        "Profile every task on the workers and write the merged cProfile statistics to this "
-        "file ({job} is replaced by the job id). View: python -m pstats FILE.",
+        "Profile every task on the workers; their merged cProfile statistics go to this "
+        "file ({job}: the job id). View: python -m pstats FILE.",
     )
     progress: bool | None = setting(
         None, bool, "Show a progress bar (default: when stderr is a terminal)."
@@ -104,8 +104,7 @@ class RunOptions:
     dashboard: bool = setting(
         False,
         bool,
-        "Serve Dask's dashboard from the embedded cluster (its link is printed; starting "
-        "it costs about 0.7 s). A remote scheduler serves its own.",
+        "Serve the embedded cluster's Dask dashboard and print its link (0.7 s more start-up).",
     )
     tls_ca_file: str | None = setting(None, str, "CA certificate for TLS to the scheduler.")
     tls_cert: str | None = setting(None, str, "Client certificate for TLS.")
@@ -113,8 +112,7 @@ class RunOptions:
     direct_to_workers: bool = setting(
         False,
         bool,
-        "Fetch results straight from workers instead of through the scheduler "
-        "(only when the driver can reach every worker's address).",
+        "Fetch results from workers, not via the scheduler (the driver must reach every worker).",
     )
 
 
@@ -152,3 +150,34 @@ def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSetting
 #: The run settings that say which cluster a job runs on (one cluster for a batch).
 CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
                        "direct_to_workers")  # fmt: skip
+
+
+def connection_options(options: RunOptions | None, settings: dict) -> RunOptions:
+    """:func:`pipeline.connect`'s settings: ``options``, or the keyword ``settings``
+    (of :data:`CONNECTION_SETTINGS`) over the ``PIPELINE_*`` variables."""
+    if options is not None:
+        if not isinstance(options, RunOptions):
+            raise ConfigError(
+                f"pipeline.connect(): options is {type(options).__name__}, expected a "
+                "RunOptions (or settings as keywords: pipeline.connect(workers=2))"
+            )
+        if settings:
+            raise ConfigError(
+                f"pipeline.connect(): {', '.join(sorted(settings))} given beside a RunOptions; "
+                "give the settings one way"
+            )
+        return options
+    unknown = sorted(set(settings) - set(CONNECTION_SETTINGS))
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], CONNECTION_SETTINGS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"pipeline.connect(): {', '.join(unknown)} is not a connection's setting{hint}; "
+            f"those are {', '.join(CONNECTION_SETTINGS)} (the others are a job's)"
+        )
+    try:
+        return resolve(RunOptions, None, settings)
+    except ConfigError as exc:
+        raise ConfigError(f"pipeline.connect(): {exc}") from None

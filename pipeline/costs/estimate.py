@@ -177,7 +177,8 @@ def estimate(
             1,
             workers,
             workers * price.usd_per_hour,
-            f"this cluster ({workers} workers at ${price.usd_per_hour:.4f}/worker-hour)",
+            f"this cluster ({workers} workers at ${price.usd_per_hour:.4f}/worker-hour, "
+            f"{price.basis})",
             s3=s3,
         )
         projections = [

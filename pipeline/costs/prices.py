@@ -57,10 +57,12 @@ class PriceTable:
 
 @dataclass(frozen=True)
 class WorkerPrice:
-    """Dollars per worker-hour, and where that figure came from (for the reader)."""
+    """Dollars per worker-hour, and where that figure came from (for the reader): in
+    full (``source``, a run's cost line) and in a few words (``basis``)."""
 
     usd_per_hour: float
     source: str
+    basis: str = ""
 
 
 def load_prices(price_file: str | None = None) -> PriceTable:
@@ -126,13 +128,23 @@ def _instance(origin: str, name: str, row) -> Instance:
 
 def worker_price(options) -> WorkerPrice:
     """The price of one worker-hour under ``options`` (a ``RunOptions``): its
-    ``price_per_worker_hour``, else its ``instance_type``'s $/h over its vCPUs."""
+    ``price_per_worker_hour``, else its ``instance_type``'s $/h over its vCPUs.
+
+    Every run is priced, on a laptop's embedded cluster too, so a price nobody chose
+    says so: the default instance type is named as the default, with the settings
+    that change it."""
     if options.price_per_worker_hour is not None:
-        return WorkerPrice(options.price_per_worker_hour, "--price-per-worker-hour")
+        setting = "price_per_worker_hour"
+        return WorkerPrice(options.price_per_worker_hour, setting, setting)
     table = load_prices(options.price_file)
     inst = table.instance(options.instance_type)
+    default = options.instance_type == type(options).instance_type
+    basis = f"priced as {inst.name} ({'the default ' if default else ''}instance_type)"
+    origin = f" from {table.origin}" if options.price_file else ""
+    change = "; set instance_type or price_per_worker_hour to change it" if default else ""
     return WorkerPrice(
         inst.usd_per_hour / inst.vcpus,
-        f"{inst.name} at ${inst.usd_per_hour:g}/h over {inst.vcpus} workers, "
-        f"{table.region or 'region not given'} on-demand prices of {table.as_of}",
+        f"{basis}: ${inst.usd_per_hour:g}/h over {inst.vcpus} workers, "
+        f"{table.region or 'region not given'} on-demand prices of {table.as_of}{origin}{change}",
+        basis,
     )

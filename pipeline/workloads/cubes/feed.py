@@ -9,9 +9,10 @@ the consumer trains on the batch before:
   batches straight into page-locked buffers, and the cluster's shared-memory
   buffers are page-locked in place (``cudaHostRegister``) the first time they are
   used (:class:`HostMemory`). Any other batch is first copied into one of a few
-  page-locked staging buffers (torch's copy, on its CPU threads). Copies from
-  pageable memory go through the driver's own staging, at about a quarter of the
-  bus's speed (1,872 against 6,930 cubes/s on the GPU host).
+  page-locked staging buffers (torch's copy, on its CPU threads), made under the
+  page-locked memory cap (:mod:`.host_memory`); past the cap it is copied from
+  where it is. Copies from pageable memory go through the driver's own staging, at
+  about a quarter of the bus's speed (1,872 against 6,930 cubes/s on the GPU host).
 - The copy (``non_blocking=True``) keeps the batch's layout (its strides), so it is
   one DMA of its bytes; the transposition into (n, d, d, d) runs on the device,
   where it costs a fraction of the copy. Both run on a side stream; the consumer's
@@ -68,11 +69,13 @@ def to_device(
 
     An item is a CPU tensor (the batch) or a tuple whose last element is the batch
     (``(ids, batch)``: the other elements pass unchanged). ``memory``: the
-    :class:`HostMemory` the source's buffers were made or registered with, closed
-    when the feeding ends. See the module's description."""
+    :class:`HostMemory` the source's buffers were made or registered with (and the
+    staging buffers are made with), closed when the feeding ends; by default one
+    with the default cap. See the module's description."""
     if depth < 1:
         raise ValueError(f"to_device: depth={depth!r}; expected at least 1")
-    feeder = _Feeder(items, resolve_device(device, "to_device"), depth, memory)
+    device = resolve_device(device, "to_device")
+    feeder = _Feeder(items, device, depth, memory or HostMemory(device))
     return feeder.run()
 
 
@@ -165,8 +168,7 @@ class _Feeder:
             for event, _host, _staging in self.pending:
                 event.synchronize()
             self.pending.clear()
-            if self.memory is not None:
-                self.memory.close()
+            self.memory.close()
 
     def _put(self, item) -> bool:
         while not self.stopped.is_set():
@@ -197,11 +199,12 @@ class _Feeder:
             self._release(entry)
         host = batch if _dense(batch) else batch.contiguous()
         staging = None
-        if host.is_pinned():
+        nbytes = host.numel() * host.element_size()
+        if not host.is_pinned():
+            staging = self._staging_buffer(nbytes)
+        if staging is None:
             src = host  # kept until the copy out of it is done
         else:
-            nbytes = host.numel() * host.element_size()
-            staging = self._staging_buffer(nbytes)
             src = staging[:nbytes].view(host.dtype).as_strided(host.size(), host.stride())
             src.copy_(host)
             host = None
@@ -223,8 +226,9 @@ class _Feeder:
         if staging is not None:
             self.spare.append(staging)
 
-    def _staging_buffer(self, nbytes: int) -> torch.Tensor:
-        """A page-locked buffer of at least ``nbytes`` no pending copy reads."""
+    def _staging_buffer(self, nbytes: int) -> torch.Tensor | None:
+        """A page-locked buffer of at least ``nbytes`` no pending copy reads; None when
+        there is none and the page-locked memory cap allows no other."""
         while True:
             if self.spare:
                 buffer = self.spare.pop()
@@ -233,8 +237,14 @@ class _Feeder:
                 self.staging -= 1  # too small for this batch: let it go
                 continue
             if self.staging < STAGING_BUFFERS:
-                self.staging += 1
-                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                buffer = self.memory.pinned_bytes(nbytes)
+                if buffer is not None:
+                    self.staging += 1
+                    return buffer
+            if not self.staging:
+                return None
+            if not self.pending:  # (every buffer is spare or being copied from)
+                return None
             entry = self.pending.popleft()  # every buffer is being copied from
             entry[0].synchronize()
             self._release(entry)

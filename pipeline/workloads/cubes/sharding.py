@@ -1,12 +1,21 @@
 """Which cubes a training process (and each of its loader workers) takes.
 
 Under ``torch.distributed`` (one process per GPU) every rank iterates the same
-dataset, so each must take a disjoint share of the cube ids or every rank would
-train on every cube. A rank's share is items ``rank, rank + world, ...`` (items are
-cubes, or batches of cubes); its loader workers split that share again, worker
-``w`` of ``N`` taking every N-th of it. Over all ranks and workers each item is
-taken exactly once, and a rank's share does not depend on its number of workers
-(so ``len()`` in the main process is right whatever the DataLoader starts).
+dataset, so each must take its own share of the cubes or every rank would train on
+every cube. Shares are by cube on every path, with the semantics of PyTorch's
+``DistributedSampler(shuffle=False)``: the job's n cubes are lined up as positions
+``0, 1, ...``, padded to a multiple of the world size W by repeating from the start
+(position p is cube ``p % n``) or, with ``drop_last``, cut to one (the last
+``n % W`` cubes left out), and rank r takes positions ``r, r + W, ...``. Every rank
+then has the same number of cubes, ``ceil(n / W)`` (``floor`` with ``drop_last``),
+and so the same number of batches: DDP's collectives need each rank to run as many
+steps as the others, or the ranks that have more wait for ever at the epoch's end.
+
+With ``batch_size=b`` a rank's cubes are cut into batches of b in order (all full
+but the last), and loader workers take those batches in turn (worker w of N:
+batches w, w + N, ...); without, they take the rank's cubes in turn. A rank's share
+therefore does not depend on its number of loader workers, and ``len()`` in the
+main process is what the rank yields whatever the DataLoader starts.
 
 Loader workers started by spawn or forkserver have no process group, and one
 initialized with an explicit rank sets no ``RANK`` variable: a dataset sent to them
@@ -16,10 +25,11 @@ carries the rank its training process had (``CubeStream.__getstate__``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 
 from ...errors import ConfigError
 
-__all__ = ["distributed_rank", "share"]
+__all__ = ["Batches", "Share", "distributed_rank"]
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -48,17 +58,89 @@ def distributed_rank() -> tuple[int, int]:
     return rank_n, world_n
 
 
-def share(
-    worker: tuple[int, int] | None = None, rank: tuple[int, int] | None = None
-) -> tuple[int, int]:
-    """(i, k): this process takes items ``i, i + k, ...``. ``worker`` is (id, number of
-    loader workers) inside a DataLoader worker, else None; ``rank``: (rank, world size)
-    as the training process saw it, else :func:`distributed_rank` now."""
-    rank, world = rank or distributed_rank()
-    w, workers = worker or (0, 1)
-    return rank + w * world, world * workers
+class Share(Sequence):
+    """The cube ids one consumer of ``k`` takes (consumer ``i``) of a job of ``n``
+    cubes, in order, padded or cut as the module says: ``share[j]`` is a cube id,
+    ``share.batches(b)`` the same cubes b at a time. Nothing is listed in memory: a
+    rank's share of ten million cubes is a range and a rule."""
+
+    def __init__(self, n: int, shard: tuple[int, int] = (0, 1), drop_last: bool = False):
+        i, k = shard
+        self.n, self.shard, self.drop_last = n, (i, k), drop_last
+        total = (n // k) * k if drop_last else -(-n // k) * k
+        self.positions = range(i, total, k)
+
+    @classmethod
+    def of_rank(cls, n: int, rank: tuple[int, int] | None = None, drop_last: bool = False):
+        """This process's share: ``rank`` (rank, world size) as the training process
+        saw it, else :func:`distributed_rank` now."""
+        return cls(n, rank or distributed_rank(), drop_last)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return self.ids(self.positions[j])
+        return self.positions[j] % self.n
+
+    def ids(self, positions: range) -> Sequence[int]:
+        """Cube ids at ``positions``: the range itself unless it reaches the padding."""
+        if not positions or positions[-1] < self.n:
+            return positions
+        return _Wrapped(positions, self.n)
+
+    def every(self, first: int, step: int) -> Sequence[int]:
+        """Cubes ``first, first + step, ...`` of the share (a loader worker's)."""
+        return self.ids(self.positions[first::step])
+
+    def padded(self) -> int:
+        """How many of this share's cubes are repeats (padding): 0 or 1."""
+        return sum(1 for p in self.positions[-1:] if p >= self.n)
+
+    def n_batches(self, batch: int) -> int:
+        return -(-len(self) // batch)
+
+    def batch(self, batch: int, j: int) -> Sequence[int]:
+        """Batch ``j`` of ``batch`` cubes: cubes ``share[j * batch : (j + 1) * batch]``."""
+        return self.ids(self.positions[j * batch : (j + 1) * batch])
+
+    def in_batches(self, batch: int) -> Batches:
+        """The share ``batch`` cubes at a time: ``plan[j]`` is batch ``j``'s cube ids."""
+        return Batches(self, batch)
 
 
-def items_in(share_: tuple[int, int], total: int) -> int:
-    """How many of ``total`` items share ``share_`` takes."""
-    return len(range(share_[0], total, share_[1]))
+class Batches(Sequence):
+    """A share's cubes ``batch`` at a time, in order: all batches full but the last."""
+
+    def __init__(self, share: Share, batch: int):
+        self.share, self.batch_cubes = share, batch
+
+    def __len__(self) -> int:
+        return self.share.n_batches(self.batch_cubes)
+
+    def __getitem__(self, j: int) -> Sequence[int]:
+        if not -len(self) <= j < len(self):
+            raise IndexError(f"batch {j} of {len(self)}")
+        return self.share.batch(self.batch_cubes, j % len(self))
+
+
+class _Wrapped(Sequence):
+    """Positions as cube ids, ``p % n``, computed as they are read."""
+
+    def __init__(self, positions: range, n: int):
+        self.positions, self.n = positions, n
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return _Wrapped(self.positions[j], self.n)
+        return self.positions[j] % self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return (p % self.n for p in self.positions)
+
+    def __repr__(self) -> str:
+        return f"[{', '.join(map(str, self))}]" if len(self) <= 8 else f"<{len(self)} cube ids>"

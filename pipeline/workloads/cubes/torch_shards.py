@@ -17,11 +17,11 @@ from ...layout import consolidated_manifest_key, job_folder, job_record_key, rea
 from ...manifest import checksum
 from ...results import find_job
 from ...storage import open_store, read_parquet
-from .delivery.local import _BatchMemory
+from .delivery.parts import BatchMemory, batch_shape, batch_view
 from .feed import to_device
 from .gather import resolve_device
 from .host_memory import HostMemory
-from .sharding import share
+from .sharding import Share
 from .shards import npy_header
 
 __all__ = ["CubeShards"]
@@ -83,11 +83,10 @@ class CubeShards(Dataset):
             yield self[k]
 
     def __getitem__(self, k: int) -> torch.Tensor:
+        """Cube ``k``, a C-contiguous (d, d, d) tensor, axes (frame, row, column)."""
         k = self._index(k)
-        raw = np.empty(self.dim**3 * self.dtype.itemsize, dtype=np.uint8)
-        self._read_into(k, raw)
-        d = self.dim
-        cube = raw.view(self.dtype).reshape((d, d, d), order="F")
+        cube = np.empty((self.dim,) * 3, dtype=self.dtype)
+        self._read_into(k, cube)
         return torch.from_numpy(cube)
 
     def batches(
@@ -97,51 +96,63 @@ class CubeShards(Dataset):
         device=None,
         ids: Sequence[int] | None = None,
         threads: int = READ_THREADS,
+        drop_last: bool = False,
+        pinned_gib: float | None = None,
     ) -> Iterator[torch.Tensor]:
-        """Cubes ``ids`` in order, ``batch_size`` at a time, as (n, d, d, d) tensors,
-        axes (cube, frame, row, column). Default ids: this process's share under
-        ``torch.distributed`` (cubes ``rank, rank + world, ...``; every cube with one
-        process); shuffle by passing a permutation.
+        """Cubes ``ids`` in order, ``batch_size`` at a time, as C-contiguous (n, d, d, d)
+        tensors, axes (cube, frame, row, column). Default ids: this process's share
+        under ``torch.distributed``, as ``DistributedSampler(shuffle=False)`` shares:
+        cubes ``rank, rank + world, ...`` padded by repeating from cube 0 so every rank
+        has as many (``drop_last``: cut instead); every cube with one process. Shuffle
+        by passing a permutation (of this rank's share).
 
         Each batch is read (``threads`` cubes at a time) into a buffer of its own,
-        page-locked when ``device`` is a CUDA GPU, and copied from there to the
-        device while the next one is read (:func:`.feed.to_device`): on the device
-        it is contiguous. Without ``device`` the batches are CPU tensors sharing their
-        buffer's memory (Fortran order per cube, as ``ds[k]``); a buffer is reused
-        once the last of them is dropped."""
+        page-locked when ``device`` is a CUDA GPU (as stored, at most ``pinned_gib``:
+        :mod:`.host_memory`), and copied from there to the device while the next one
+        is read (:func:`.feed.to_device`), which puts it in the training layout.
+        Without ``device`` the batches are CPU tensors sharing their buffer's memory;
+        a buffer is reused once the last of them is dropped."""
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batches: batch_size={batch_size!r}; expected an integer >= 1")
         if ids is None:
-            index, count = share()
-            ids = range(index, len(self), count)
+            ids = Share.of_rank(len(self), None, drop_last)
         ids = [self._index(k) for k in ids]
         dev = None if device is None else resolve_device(device, "CubeShards.batches")
-        memory = HostMemory(dev) if dev is not None else None
-        source = self._read_batches(ids, batch_size, memory, threads)
+        memory = HostMemory(dev, pinned_gib) if dev is not None else None
+        if memory is not None:  # the first buffer must fit; refused before it is made
+            n = min(batch_size, max(1, len(ids)))
+            what = f"batch buffer ({n} cubes of {self.dim}³ {self.dtype})"
+            memory.reserve(1, n * self.dim**3 * self.dtype.itemsize, what)
+        as_stored = dev is not None and dev.type == "cuda"  # the GPU transposes
+        source = self._read_batches(ids, batch_size, memory, threads, not as_stored)
         return source if dev is None else to_device(source, dev, memory=memory)
 
-    def _read_batches(self, ids: list[int], batch_size: int, memory, threads: int):
+    def _read_batches(
+        self, ids: list[int], batch_size: int, memory, threads: int, contiguous: bool
+    ):
         d, dtype = self.dim, self.dtype
-        cube_bytes = d**3 * dtype.itemsize
         free: list[np.ndarray] = []
+        batch_size = min(batch_size, max(1, len(ids)))  # buffers no larger than the job
 
         def new_buffer() -> np.ndarray:
-            shape = (d, d, d, batch_size)
             if memory is not None:
-                return memory.empty(shape, dtype)
-            return np.empty(shape, dtype=dtype, order="F")
+                return memory.empty((batch_size * d**3,), dtype)
+            return np.empty(batch_size * d**3, dtype=dtype)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
             for start in range(0, len(ids), batch_size):
                 chosen = ids[start : start + batch_size]
-                buffer = free.pop() if free else new_buffer()
-                raw = buffer.reshape(-1, order="F").view(np.uint8)
-                slots = [raw[i * cube_bytes : (i + 1) * cube_bytes] for i in range(len(chosen))]
-                list(pool.map(self._read_into, chosen, slots))
-                owner = _BatchMemory(buffer, (d, d, d, len(chosen)), dtype)
-                weakref.finalize(owner, free.append, buffer)  # reused once dropped
-                batch = torch.from_numpy(np.asarray(owner)).permute(3, 0, 1, 2)
-                del owner, buffer, raw, slots
+                flat = free.pop() if free else new_buffer()
+                array = batch_view(flat, d, len(chosen), contiguous)
+                cubes = [array[i] if contiguous else array[..., i] for i in range(len(chosen))]
+                list(pool.map(self._read_into, chosen, cubes))
+                shape = batch_shape(d, len(chosen), contiguous)
+                owner = BatchMemory(flat, shape, dtype, contiguous)
+                weakref.finalize(owner, free.append, flat)  # reused once dropped
+                batch = torch.from_numpy(np.asarray(owner))
+                if not contiguous:
+                    batch = batch.permute(3, 0, 1, 2)  # (cube, frame, row, column)
+                del owner, flat, array, cubes
                 yield batch
                 del batch
 
@@ -160,19 +171,21 @@ class CubeShards(Dataset):
         return int(k) % len(self)
 
     def _read_into(self, k: int, out: np.ndarray) -> None:
-        """Cube ``k``'s stored bytes into ``out`` (uint8), checked if ``verify``."""
+        """Cube ``k`` into ``out``, a (d, d, d) array with axes (frame, row, column) in
+        any order in memory (copied, and transposed if not as stored), its stored bytes
+        checked if ``verify``."""
         shard, offset = self._shard[k], int(self._offset[k])
-        if self._local:
-            np.copyto(out, self._local_cube(shard, offset))
-        else:
-            out[:] = self._s3_cube(shard, offset)
+        read = self._local_cube if self._local else self._s3_cube
+        stored = read(shard, offset)
         if self.verify:
-            actual = checksum(out)
+            actual = checksum(stored)
             if actual != self._checksum[k]:
                 raise StorageError(
                     f"{self._open().describe(shard)}[{offset}] (cube {k}): checksum "
                     f"{actual} != manifest {self._checksum[k]}"
                 )
+        d = self.dim
+        np.copyto(out, stored.view(self.dtype).reshape((d, d, d), order="F"))
 
     def _open(self):
         if self._store is None:

@@ -36,9 +36,17 @@ from .frames import (
     load_layout,
     write_frames,
 )
+from .kernels import build_cube, build_cube_frames_first
 from .shards import ShardSpec, read_shard, write_shards
 
-__all__ = ["CubeJob", "CubeWorkload", "build_cube", "cube_columns", "read_shard"]
+__all__ = [
+    "CubeJob",
+    "CubeWorkload",
+    "build_cube",
+    "build_cube_frames_first",
+    "cube_columns",
+    "read_shard",
+]
 
 #: Frames made for a cube job that names none.
 AUTO_FRAME_ROWS = 1000
@@ -109,35 +117,6 @@ def _cube_rng(seed: int, cube_id: int) -> np.random.Generator:
         "uinteger": 0,
     }
     return rng
-
-
-def build_cube(
-    layout: np.ndarray, cols: np.ndarray, out: np.ndarray, part: slice = slice(None)
-) -> None:
-    """Fill ``out`` (C-ordered, axes column, row, frame) from the layout; with ``part``,
-    only those of its columns (``out[part]``), so that threads can share one cube.
-    Columns per layer (``cols`` (d, d)) take the layout by frame
-    (``load_layout(..., by_frame=True)``)."""
-    if cols.ndim == 1:
-        np.take(layout, cols[part] - 1, axis=0, out=out[part], mode="clip")
-        return
-    target = out[part]
-    layers = _scratch((cols.shape[0], target.shape[0], target.shape[1]), out.dtype)
-    for f in range(cols.shape[0]):  # a layer's columns: contiguous rows of its frame
-        np.take(layout[f], cols[f, part] - 1, axis=0, out=layers[f], mode="clip")
-    np.copyto(target, layers.transpose(1, 2, 0))  # one pass of transposition
-
-
-_scratches = threading.local()
-
-
-def _scratch(shape: tuple, dtype) -> np.ndarray:
-    """A buffer per thread, reused from cube to cube (a new 8 MB array each time
-    costs its page faults)."""
-    buf = getattr(_scratches, "buf", None)
-    if buf is None or buf.shape != shape or buf.dtype != dtype:
-        buf = _scratches.buf = np.empty(shape, dtype=dtype)
-    return buf
 
 
 class CubeWorkload(Workload):
@@ -212,10 +191,13 @@ class CubeWorkload(Workload):
         build_cube(self._layout(), self.columns(cube_id), out)
         return out.T
 
-    def _layout(self, cached_only: bool = False) -> np.ndarray | None:
-        """The frames' layout for this job's cubes; with ``cached_only``, None unless a
-        process of this host has already built it (:func:`.frames.cached_layout`)."""
-        args = (self.frames, self.job.dim, self.job.dtype, self.job.per_layer_columns)
+    def _layout(self, cached_only: bool = False, by_frame: bool | None = None) -> np.ndarray | None:
+        """The frames' layout for this job's cubes (by frame with ``by_frame``, the
+        layout :func:`build_cube_frames_first` takes; by default as :func:`build_cube`
+        takes it for this job); with ``cached_only``, None unless a process of this
+        host has already built it (:func:`.frames.cached_layout`)."""
+        by_frame = self.job.per_layer_columns if by_frame is None else by_frame
+        args = (self.frames, self.job.dim, self.job.dtype, by_frame)
         return cached_layout(*args) if cached_only else load_layout(*args)
 
     @property

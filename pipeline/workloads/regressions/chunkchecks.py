@@ -65,8 +65,7 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
     """Raise :class:`ChunkError` for a chunk that cannot be fitted; return X's singular values."""
     n, k = p.X.shape
     if n == 0:
-        extra = f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""
-        raise ChunkError("EmptyChunk", f"no rows to fit{extra}")
+        raise ChunkError("EmptyChunk", f"no rows to fit{p.dropped_note()}")
     problems = []
     for label, arr in () if p.finite else (("response", p.y), ("weights", p.weights)):
         if arr is not None and not np.isfinite(arr).all():
@@ -84,8 +83,8 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
     if n <= k:
         raise ChunkError(
             "TooFewRows",
-            f"{n} rows for {k} parameters: need at least {k + 1}"
-            + (f" ({p.dropped} rows dropped for missing values)" if p.dropped else ""),
+            f"{n} row{'s' if n != 1 else ''} for {k} parameters: need at least {k + 1}"
+            + p.dropped_note(),
         )
     if spec.model != "quantreg" and np.all(p.y == p.y[0]):
         raise ChunkError(
@@ -104,7 +103,8 @@ def check_chunk(p: Prepared, spec: ModelSpec, *, svd: bool = True) -> np.ndarray
     if p.weights is not None:
         negative = int((p.weights < 0).sum())
         if negative:
-            raise ChunkError("BadWeights", f"{negative} weights are negative")
+            are = "weight is" if negative == 1 else "weights are"
+            raise ChunkError("BadWeights", f"{negative} {are} negative")
         # Rows of weight 0 are kept, and counted in nobs, as statsmodels does; the
         # fit itself rests on the others.
         kept = p.weights > 0

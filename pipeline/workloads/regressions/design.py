@@ -7,11 +7,12 @@ the matrices statsmodels would build chunk by chunk, else per chunk.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .missing import chunks_with_missing_text, isnull, without_missing_text
+from .missing import chunks_with_missing_text, isnull, missing_by_column, without_missing_text
 from .patsy_fast import coded_columns, design_once, keep_all_na
 from .spec import ModelSpec
 
@@ -36,6 +37,17 @@ class Prepared:
     groups: np.ndarray | None = None
     dropped: int = 0
     finite: bool = False  # known to hold no NaN/inf (checks may skip scanning for them)
+    #: Where the dropped rows' missing values are ("40 in y"): asked only of a chunk
+    #: that fails, since it reads the chunk's columns again.
+    where_missing: Callable[[], str] | None = None
+
+    def dropped_note(self) -> str:
+        """ " (40 rows dropped for missing values: 40 in y)", or "" if none were."""
+        if not self.dropped:
+            return ""
+        where = self.where_missing() if self.where_missing is not None else ""
+        rows = "row" if self.dropped == 1 else "rows"
+        return f" ({self.dropped} {rows} dropped for missing values{': ' if where else ''}{where})"
 
 
 class _RecordingNA:
@@ -64,6 +76,7 @@ class TaskDesign:
 
     def __init__(self, spec: ModelSpec, table, offsets: np.ndarray, info=None):
         self.spec = spec
+        self._read = (table, offsets)  # as read: where a failed chunk's missing values are
         # A null in a column that is not a number (text, a boolean...) is a missing
         # value, as in statsmodels, where the task's design, told that no value is
         # missing, took it for a level of its own ("b[T.None]"). With missing = "drop"
@@ -212,12 +225,24 @@ class TaskDesign:
 
     def prepare(self, i: int) -> Prepared:
         """Chunk ``i``'s arrays; raises :class:`ChunkError` if they cannot be built."""
+        p = self._prepare(i)
+        if p.dropped:
+            p.where_missing = functools.partial(self._where_missing, i)
+        return p
+
+    def _where_missing(self, i: int) -> str:
+        table, offsets = self._read
+        return missing_by_column(table, int(offsets[i]), int(offsets[i + 1]))
+
+    def _prepare(self, i: int) -> Prepared:
         s, e = int(self.offsets[i]), int(self.offsets[i + 1])
         if i in self.missing_text:
             raise ChunkError(
                 "MissingValues", f"missing values (missing = fail): {self.missing_text[i]}"
             )
         dropped = int(self.text_dropped[i]) if self.text_dropped is not None else 0
+        if s == e:  # every row had a null text value: no design to build, nothing to fit
+            return Prepared(np.empty(0), np.empty((0, 0)), (), dropped=dropped, finite=True)
         if self.exact:
             return self._prepare_exact(s, e, dropped)
         names, X = self.names, self.Xg[s:e]

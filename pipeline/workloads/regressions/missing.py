@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["chunks_with_missing_text", "isnull", "without_missing_text"]
+__all__ = ["chunks_with_missing_text", "isnull", "missing_by_column", "without_missing_text"]
 
 
 def _text_nulls(table):
@@ -65,3 +65,21 @@ def isnull(a: np.ndarray) -> np.ndarray:
 
         return np.asarray(pd.isna(a))
     return np.zeros(a.shape, dtype=bool)
+
+
+def missing_by_column(table, start: int, stop: int) -> str:
+    """Which columns of ``table`` hold the missing values (nulls, NaN) of rows
+    ``start..stop-1``, and in how many rows: "40 in y" or "20 in x1, 20 in x2" (empty
+    where none does: values a formula made NaN, such as np.log(-1))."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = table.slice(start, stop - start)
+    said = []
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
+        missing = column.null_count
+        if pa.types.is_floating(column.type):
+            missing += pc.sum(pc.is_nan(column)).as_py() or 0
+        if missing:
+            said.append(f"{missing} in {name}")
+    return ", ".join(said)

@@ -18,10 +18,13 @@ _EPS = np.finfo(np.float64).eps
 
 
 def _constant_columns(X: np.ndarray) -> np.ndarray:
-    """(B, k) mask of columns with max == min, as statsmodels' constant detection."""
+    """(B, k) mask of columns with max == min, as statsmodels' constant detection, for
+    chunks of any number of rows n >= 1 (a column of one row is constant)."""
+    n = X.shape[1]
     const = X[:, 0, :] == X[:, -1, :]  # cheap prefilter: a few rows equal the first
-    for i in (1, X.shape[1] // 2, -2):
-        const &= X[:, i, :] == X[:, 0, :]
+    for i in (1, n // 2, n - 2):
+        if 0 < i < n - 1:  # rows of their own (none past the first two of 2 rows)
+            const &= X[:, i, :] == X[:, 0, :]
     b, j = np.nonzero(const)
     const[b, j] = (X[b, :, j] == X[b, :1, j]).all(axis=1)
     return const
@@ -64,7 +67,10 @@ def solve_stack(
     if w is not None:
         reject(~(w > 0).all(axis=1) | ~np.isfinite(w).all(axis=1), "weights not positive")
     if n <= k:
+        # Every chunk of the stack has too few rows; the checks below index rows (a
+        # stack of one-row or empty chunks has no second or last row to compare).
         reject(live, f"n = {n} <= k = {k}: no residual degrees of freedom")
+        return none_fitted()
     # statsmodels' constant detection (data._handle_constant with hasconst=None)
     const_col = _constant_columns(X)
     if has_constant:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ....errors import ClusterError, ConfigError
+from ..sharding import Share
 from ..workload import CubeJob, CubeWorkload, ensure_auto_frames
 from . import channel
 from .local import LocalDelivery
@@ -97,16 +98,23 @@ def iter_cube_batches(
     output: str = "results",
     delivery: str = "auto",
     shard: tuple[int, int] = (0, 1),
+    drop_last: bool = False,
+    contiguous: bool = False,
     memory=None,
-) -> Iterator[tuple[range, np.ndarray]]:
+) -> Iterator[tuple[Sequence[int], np.ndarray]]:
     """:func:`iter_cubes` a batch at a time: ``(cube ids, batch)``, where ``batch`` is a
-    (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``.
+    (d, d, d, n) Fortran-ordered array and ``batch[..., i]`` is cube ``ids[i]``; with
+    ``contiguous``, a C-ordered (n, d, d, d) array (axes cube, frame, row, column: the
+    training layout) and ``batch[i]`` cube ``ids[i]``.
 
-    ``shard=(i, k)``: only this consumer's share of k, batches ``i, i + k, ...`` (the
-    batches of ``cubes_per_task`` cubes, numbered from 0), e.g. one training process's
-    of k. ``memory``: where batch buffers live, for :mod:`pipeline.torch`'s copies to a
-    GPU (``memory.empty(shape, dtype)`` makes the threads' buffers, a Fortran-ordered
-    array; ``memory.register(array)`` is told of each shared-memory buffer)."""
+    ``shard=(i, k)``: only this consumer's share of k, by cube as PyTorch's
+    ``DistributedSampler`` shares them: cubes ``i, i + k, ...`` of the job padded by
+    repeating from cube 0 to a multiple of k (or with ``drop_last``, cut to one), so
+    every consumer gets as many cubes, in batches of ``cubes_per_task``
+    (:mod:`..sharding`). ``memory``: where batch buffers live, for
+    :mod:`pipeline.torch`'s copies to a GPU (``memory.empty(shape, dtype)`` makes the
+    threads' buffers; ``memory.register(array)`` is told of each shared-memory buffer,
+    after ``memory.reserve(count, nbytes, what)`` of those a path starts with)."""
     from ....cluster.connect import connect
     from ....config import RunOptions, env_name, resolve, settings_of
 
@@ -122,9 +130,13 @@ def iter_cube_batches(
     workload = CubeWorkload(job, job.name or "cubes", frames)
     workload.writes_output = False
     workload.preflight()
+    share = Share(workload.n_units, shard, drop_last)
+    if not len(share):  # drop_last, and fewer cubes than consumers
+        return
     if delivery == "threads" or (delivery == "auto" and client is None):
         # One cube a batch: it is read while still in the cache it was built in.
-        yield from thread_batches(workload, cubes_per_task or 1, shard=shard, memory=memory)
+        plan = share.in_batches(cubes_per_task or 1)
+        yield from thread_batches(workload, plan, memory=memory, contiguous=contiguous)
         return
     with contextlib.ExitStack() as stack:
         embedded = client is None
@@ -149,11 +161,15 @@ def iter_cube_batches(
             delivery = "shared-memory" if here and all(here.values()) else "dask"
         if delivery == "shared-memory":
             batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype, LOCAL_BATCH_BYTES)
+            plan = share.in_batches(min(batch, max(1, len(share))))
             local = LocalDelivery(
-                client, workload, batch, listener, address, shard=shard, memory=memory
+                client, workload, plan, listener, address, memory=memory, contiguous=contiguous
             )
             yield from local.batches()
         else:
             listener.close()
             batch = cubes_per_task or batch_cubes_for(job.dim, job.dtype)
-            yield from remote_batches(client, workload, batch, warn=not embedded, shard=shard)
+            plan = share.in_batches(min(batch, max(1, len(share))))
+            yield from remote_batches(
+                client, workload, plan, warn=not embedded, contiguous=contiguous
+            )

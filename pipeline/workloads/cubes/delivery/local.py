@@ -39,14 +39,14 @@ import selectors
 import socket
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ....errors import ClusterError, PipelineError
 from ..workload import CubeWorkload
 from . import channel
-from .parts import build_part, part_bounds
+from .parts import BatchMemory, batch_shape, build_part, part_bounds, part_layout
 from .producer import BACK, FRONT, TRAILER_BYTES, buffer_views, produce
 
 __all__ = ["LocalDelivery"]
@@ -74,23 +74,11 @@ class _Producer:
         self.requested: dict[int, int] = {}  # batch -> buffer slot
 
 
-class _BatchMemory:
-    """Owns one delivered batch's memory for numpy: every cube view's ``base``."""
-
-    def __init__(self, mapping: np.ndarray, shape: tuple, dtype: np.dtype):
-        itemsize = dtype.itemsize
-        strides, step = [], itemsize
-        for n in shape:  # Fortran order: the first axis varies fastest
-            strides.append(step)
-            step *= n
-        self._mapping = mapping  # keeps the mapping open while views exist
-        self.__array_interface__ = {
-            "shape": shape,
-            "typestr": dtype.str,
-            "strides": tuple(strides),
-            "data": (mapping.ctypes.data, False),
-            "version": 3,
-        }
+def _listed(ids: list[int]) -> str:
+    """Cube ids for a message: ``4..7``, or ``3, 5, 7``."""
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids[:8])) + (f", ... ({len(ids)} cubes)" if len(ids) > 8 else "")
 
 
 def _release(released: collections.deque, wake: socket.socket, key: tuple) -> None:
@@ -106,26 +94,26 @@ class LocalDelivery:
         self,
         client,
         workload: CubeWorkload,
-        batch_cubes: int,
+        plan: Sequence[Sequence[int]],
         listener,
         address: str,
         *,
-        shard: tuple[int, int] = (0, 1),
         memory=None,
+        contiguous: bool = False,
     ):
         self.client = client
         self.workload = workload
-        self.batch_cubes = batch_cubes
+        # The batches of cube ids this consumer takes, numbered 0.. in this list, all
+        # full but the last
+        self.plan, self.n_batches = plan, len(plan)
+        self.batch_cubes = len(plan[0]) if len(plan) else 1
         self.listener = listener
         self.address = address
         self.memory = memory  # ``memory.register(array)``: e.g. page-locks each buffer
-        d = workload.job.dim
+        self.contiguous = contiguous
+        self.d = d = workload.job.dim
         self.dtype = np.dtype(workload.job.dtype)
-        self.cube_shape = (d, d, d)
-        self.buffer_bytes = batch_cubes * d**3 * self.dtype.itemsize
-        # The job's batches this consumer takes, numbered 0.. in this list
-        self.numbers = range(shard[0], -(-workload.n_units // batch_cubes), shard[1])
-        self.n_batches = len(self.numbers)
+        self.buffer_bytes = self.batch_cubes * d**3 * self.dtype.itemsize
         self.next_batch = 0
         self.retry: collections.deque[int] = collections.deque()
         self.ready: collections.deque[tuple[_Producer, int, int]] = collections.deque()
@@ -148,6 +136,12 @@ class LocalDelivery:
         # producer more would take turns on a core with the consumer.
         workers = list(self.client.ncores())  # (once: every worker's address)
         workers = workers[: max(1, (os.cpu_count() or 2) - 1)]
+        if self.memory is not None:  # refused here, before any buffer is made
+            what = (
+                f"shared-memory buffers ({self.batch_cubes} cubes of {self.d}³ {self.dtype}; "
+                f"{SLOTS} for each of {len(workers)} producers)"
+            )
+            self.memory.reserve(len(workers) * SLOTS, self.buffer_bytes, what)
         self.restarts_left = MAX_RESTARTS_PER_WORKER * len(workers)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -171,13 +165,13 @@ class LocalDelivery:
         finally:
             self._close()
 
-    def _batch_range(self, batch: int) -> range:
-        start = self.numbers[batch] * self.batch_cubes
-        return range(start, min(self.workload.n_units, start + self.batch_cubes))
+    def _batch_range(self, batch: int) -> Sequence[int]:
+        return self.plan[batch]
 
     def _batch_view(self, producer: _Producer, batch: int, slot: int) -> np.ndarray:
-        n = len(self._batch_range(batch))
-        memory = _BatchMemory(producer.mappings[slot][1], (*self.cube_shape, n), self.dtype)
+        shape = batch_shape(self.d, len(self._batch_range(batch)), self.contiguous)
+        raw = producer.mappings[slot][1]
+        memory = BatchMemory(raw, shape, self.dtype, self.contiguous)
         key = (producer.id, slot)
         weakref.finalize(memory, _release, self.released, self.wake_w, key)
         # The views hold ``memory`` now; when the last is gone the buffer is free.
@@ -190,7 +184,7 @@ class LocalDelivery:
         self.futures.append(
             self.client.submit(
                 produce,
-                *(self.address, self.workload, self.batch_cubes, self.bounds),
+                *(self.address, self.workload, self.batch_cubes, self.bounds, self.contiguous),
                 pure=False,
                 **where,
             )
@@ -217,8 +211,7 @@ class LocalDelivery:
                     batch, self.next_batch = self.next_batch, self.next_batch + 1
                 slot = producer.free.pop()
                 ids = self._batch_range(batch)
-                message = {"op": "build", "batch": batch, "buffer": slot}
-                message.update(start=ids.start, stop=ids.stop)
+                message = {"op": "build", "batch": batch, "buffer": slot, "ids": list(ids)}
                 fd = None
                 if slot not in producer.mappings:
                     fd, region = channel.new_buffer(self.buffer_bytes + TRAILER_BYTES)
@@ -239,7 +232,8 @@ class LocalDelivery:
         raw = np.frombuffer(region, dtype=np.uint8, count=self.buffer_bytes)
         if self.memory is not None:
             self.memory.register(raw)
-        return (region, raw, *buffer_views(region, self.workload.job, self.batch_cubes))
+        views = buffer_views(region, self.workload.job, self.batch_cubes, self.contiguous)
+        return (region, raw, *views)
 
     def _help(self) -> bool:
         """While waiting: build the last part nobody has taken of the oldest batch
@@ -266,7 +260,7 @@ class LocalDelivery:
         if self.columns is None or self.columns[0] != (batch, cube):
             cube_id = self._batch_range(batch)[cube]
             self.columns = ((batch, cube), self.workload.columns(cube_id))
-        build_part(self.layout, self.columns[1], array, self.bounds, part)
+        build_part(self.layout, self.columns[1], array, self.bounds, part, self.contiguous)
         self.parts_built_here += 1
         return True
 
@@ -286,7 +280,7 @@ class LocalDelivery:
         if now - self.layout_looked_at < 0.1:
             return False
         self.layout_looked_at = now
-        self.layout = self.workload._layout(cached_only=True)
+        self.layout = part_layout(self.workload, self.contiguous, cached_only=True)
         return self.layout is not None
 
     def _wait(self, timeout: float = 1.0) -> None:
@@ -337,9 +331,9 @@ class LocalDelivery:
             batch = message["batch"]
             del producer.requested[batch]
             if op == "failed":
-                ids = self._batch_range(batch)
+                ids = list(self._batch_range(batch))
                 raise PipelineError(
-                    f"building cubes {ids.start}..{ids.stop - 1} failed on a worker: "
+                    f"building cubes {_listed(ids)} failed on a worker: "
                     f"{message['error']}\n{message['traceback']}"
                 )
             self.ready.append((producer, batch, slot))

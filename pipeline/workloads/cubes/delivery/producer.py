@@ -30,7 +30,7 @@ import numpy as np
 
 from ..workload import CubeJob, CubeWorkload
 from . import channel
-from .parts import build_part
+from .parts import batch_view, build_part, part_layout
 
 __all__ = ["produce", "reachable"]
 
@@ -53,19 +53,26 @@ FRONT, BACK = 0, 1
 
 
 def buffer_views(
-    region: mmap.mmap, job: CubeJob, batch_cubes: int
+    region: mmap.mmap, job: CubeJob, batch_cubes: int, contiguous: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A buffer's batch, (d, d, d, n) Fortran-ordered, and its ``front`` and ``back``
-    words, as both sides see them."""
+    """A buffer's batch, (d, d, d, n) Fortran-ordered (or with ``contiguous`` (n, d,
+    d, d) C-ordered), and its ``front`` and ``back`` words, as both sides see them."""
     d, dtype = job.dim, np.dtype(job.dtype)
-    batch = np.frombuffer(region, dtype=dtype, count=batch_cubes * d**3)
-    words = np.frombuffer(region, dtype=np.int64, count=2, offset=batch.nbytes)
-    return batch.reshape((d, d, d, batch_cubes), order="F"), words
+    flat = np.frombuffer(region, dtype=dtype, count=batch_cubes * d**3)
+    words = np.frombuffer(region, dtype=np.int64, count=2, offset=flat.nbytes)
+    return batch_view(flat, d, batch_cubes, contiguous), words
 
 
-def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list[int]) -> int:
+def produce(
+    address: str,
+    workload: CubeWorkload,
+    batch_cubes: int,
+    bounds: list[int],
+    contiguous: bool = False,
+) -> int:
     """Worker task: serve build requests until the consumer says stop or goes away.
-    ``bounds`` are the column bounds of a cube's parts (:func:`.parts.part_bounds`).
+    ``bounds`` are the bounds of a cube's parts (:func:`.parts.part_bounds`), and
+    ``contiguous`` the batches' layout (:mod:`.parts`).
 
     Returns the number of batches built (0 when the consumer was already gone).
     """
@@ -86,13 +93,14 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list
                 if fd is not None:
                     os.close(fd)
                 return built
-            slot, ids = message["buffer"], range(message["start"], message["stop"])
+            slot, ids = message["buffer"], message["ids"]
             if fd is not None:  # the first request for this buffer
                 region = channel.map_buffer(fd, batch_bytes + TRAILER_BYTES)
-                buffers[slot] = (region, *buffer_views(region, job, batch_cubes))
+                views = buffer_views(region, job, batch_cubes, contiguous)
+                buffers[slot] = (region, *views)
             _region, batch, words = buffers[slot]
             try:
-                _build_front_to_back(workload, ids, batch, words, bounds)
+                _build_front_to_back(workload, ids, batch, words, bounds, contiguous)
                 reply = {"op": "built", "batch": message["batch"], "buffer": slot}
             except Exception as exc:
                 reply = {"op": "failed", "batch": message["batch"], "buffer": slot}
@@ -113,10 +121,15 @@ def produce(address: str, workload: CubeWorkload, batch_cubes: int, bounds: list
 
 
 def _build_front_to_back(
-    workload: CubeWorkload, ids: range, batch: np.ndarray, words: np.ndarray, bounds: list[int]
+    workload: CubeWorkload,
+    ids: list[int],
+    batch: np.ndarray,
+    words: np.ndarray,
+    bounds: list[int],
+    contiguous: bool,
 ) -> None:
     """Build the batch's parts in order until the consumer's ``back``."""
-    layout = workload._layout()
+    layout = part_layout(workload, contiguous)
     per_cube = len(bounds) - 1
     columns, columns_of = None, -1
     for part in range(len(ids) * per_cube):
@@ -125,5 +138,5 @@ def _build_front_to_back(
         cube = part // per_cube
         if cube != columns_of:
             columns, columns_of = workload.columns(ids[cube]), cube
-        build_part(layout, columns, batch, bounds, part)
+        build_part(layout, columns, batch, bounds, part, contiguous)
         words[FRONT] = part + 1

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ....cluster.connect import count_workers
 from ....errors import ClusterError
 from ..workload import CubeWorkload
+from .parts import batch_shape, build_part, part_layout
 
 __all__ = ["RelayedThroughSchedulerWarning", "remote_batches"]
 
@@ -51,49 +52,60 @@ def _warn_relayed(cube_bytes: int) -> None:
     )
 
 
-def build_batch(workload: CubeWorkload, start: int, stop: int) -> tuple[range, np.ndarray]:
-    """Worker: cubes ``start..stop-1`` as one (d, d, d, n) Fortran-ordered array."""
-    d = workload.job.dim
-    ids = range(start, stop)
-    batch = np.empty((d, d, d, len(ids)), dtype=workload.job.dtype, order="F")
-    workload.build_batch(ids, batch)
+def build_batch(
+    workload: CubeWorkload, ids: Sequence[int], contiguous: bool = False
+) -> tuple[Sequence[int], np.ndarray]:
+    """Worker: cubes ``ids`` as one (d, d, d, n) Fortran-ordered array, or with
+    ``contiguous`` a C-ordered (n, d, d, d) one."""
+    shape = batch_shape(workload.job.dim, len(ids), contiguous)
+    batch = np.empty(shape, dtype=workload.job.dtype, order="C" if contiguous else "F")
+    if not contiguous:
+        workload.build_batch(ids, batch)
+        return ids, batch
+    layout, whole = part_layout(workload, True), [0, workload.job.dim]  # one part a cube
+    for i, cube_id in enumerate(ids):
+        build_part(layout, workload.columns(cube_id), batch, whole, i, True)
     return ids, batch
 
 
 def remote_batches(
-    client, workload: CubeWorkload, batch_cubes: int, *, warn=True, shard=(0, 1)
+    client,
+    workload: CubeWorkload,
+    plan: Sequence[Sequence[int]],
+    *,
+    warn=True,
+    contiguous: bool = False,
 ) -> Iterator:
-    """Yield ``(cube ids, batch)`` from batches built as Dask tasks, at most
-    ``IN_FLIGHT_PER_WORKER`` per worker in flight, in completion order. ``warn``: of
-    results relayed through the scheduler (not for an embedded cluster, on this host).
-    ``shard=(i, k)``: only batches ``i, i + k, ...`` of the job."""
+    """Yield ``(cube ids, batch)`` for each batch of cube ids in ``plan``, built as Dask
+    tasks, at most ``IN_FLIGHT_PER_WORKER`` per worker in flight, in completion order.
+    ``warn``: of results relayed through the scheduler (not for an embedded cluster,
+    on this host). ``contiguous``: the batches' layout (:mod:`.parts`)."""
     from distributed import as_completed
 
     d = workload.job.dim
     if warn and not client.direct_to_workers:
         _warn_relayed(d**3 * np.dtype(workload.job.dtype).itemsize)
-    n = workload.n_units
-    starts = iter(range(shard[0] * batch_cubes, n, shard[1] * batch_cubes))
+    batches = iter(plan)
     n_workers = count_workers(client)
 
-    def submit(start: int):
-        stop = min(n, start + batch_cubes)
-        return client.submit(build_batch, workload, start, stop, pure=False)
+    def submit(ids: Sequence[int]):
+        return client.submit(build_batch, workload, ids, contiguous, pure=False)
 
-    first = itertools.islice(starts, IN_FLIGHT_PER_WORKER * n_workers)
-    pending = as_completed([submit(start) for start in first])
+    first = itertools.islice(batches, IN_FLIGHT_PER_WORKER * n_workers)
+    pending = as_completed([submit(ids) for ids in first])
     delivered = 0
     try:
         for future in pending:
             try:
                 ids, batch = future.result()
                 future.release()
-                next_start = next(starts, None)
-                if next_start is not None:
-                    pending.add(submit(next_start))
+                next_ids = next(batches, None)
+                if next_ids is not None:
+                    pending.add(submit(next_ids))
             except Exception as exc:
                 if not _scheduler_lost(client, exc):
                     raise  # a cube that failed to build: the worker's own error
+                n = sum(len(ids) for ids in plan)
                 raise ClusterError(
                     f"iter_cubes: lost the connection to the Dask scheduler at "
                     f"{client.scheduler.address} after {delivered:,} of {n:,} cubes (the "

@@ -12,10 +12,10 @@ few enough for the CPU's shared cache, and the consumer's core builds in the tim
 it would otherwise wait. On two cores, one builder and a consumer that waited
 delivered 1,400-1,550 cubes/s, and 1,650-2,000 once the consumer built its share.
 
-Cubes come in id order whatever the threads' timing (each batch is waited for in
-the order it was asked for). A batch's buffer is reused once the consumer drops the
-last view of it, so memory stays bounded; a consumer that keeps every cube gets a new
-buffer each time rather than a deadlock, as it would with copies.
+Batches come in the order of the plan whatever the threads' timing (each batch is
+waited for in the order it was asked for). A batch's buffer is reused once the
+consumer drops the last view of it, so memory stays bounded; a consumer that keeps
+every cube gets a new buffer each time rather than a deadlock, as it would with copies.
 """
 
 from __future__ import annotations
@@ -23,19 +23,20 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ..workload import CubeWorkload
-from .local import _BatchMemory
-from .parts import build_part, part_bounds
+from .parts import BatchMemory, batch_shape, batch_view, build_part, part_bounds, part_layout
 
 __all__ = ["builder_threads", "thread_batches"]
 
-#: Buffers per builder thread: one being built, one being read. More would not fit
-#: beside each other in a 32 MB cache: on two cores, one builder delivered 1,400-1,800
-#: cubes/s with two buffers, 800-1,300 with three.
+#: Buffers of one cube per builder thread: one being built, one being read. More
+#: would not fit beside each other in a 32 MB cache: on two cores, one builder
+#: delivered 1,400-1,800 cubes/s with two buffers, 800-1,300 with three. Buffers of
+#: several cubes are fewer (as many cubes in all, two buffers at least): every thread
+#: builds parts of the oldest batch, so two batches in rotation keep them all busy.
 BUFFERS_PER_THREAD = 2
 #: Builder threads at most: each cube holds the GIL for its columns' draw (tens of
 #: microseconds), so beyond this the threads would queue for it, not build.
@@ -46,13 +47,19 @@ def builder_threads() -> int:
     return max(1, min(MAX_THREADS, (os.cpu_count() or 2) - 1))
 
 
-class _Batch:
-    """One batch being built: its parts are numbered cube by cube, column range by range."""
+def rotation_buffers(threads: int, batch_cubes: int) -> int:
+    """Batch buffers the builders start with (more only while the consumer holds
+    them all)."""
+    return max(2, -(-BUFFERS_PER_THREAD * threads // batch_cubes))
 
-    def __init__(self, ids: range, array: np.ndarray, parts_per_cube: int):
-        self.ids, self.array = ids, array
+
+class _Batch:
+    """One batch being built: its parts are numbered cube by cube, part by part."""
+
+    def __init__(self, ids: Sequence[int], flat: np.ndarray, array: np.ndarray, per_cube: int):
+        self.ids, self.flat, self.array = ids, flat, array
         self.columns: list[np.ndarray | None] = [None] * len(ids)
-        self.n_parts = len(ids) * parts_per_cube
+        self.n_parts = len(ids) * per_cube
         self.next_part = 0  # the next part nobody has taken
         self.building = 0  # parts taken and not yet finished
         self.error: BaseException | None = None
@@ -62,21 +69,30 @@ class _Builders:
     """Threads, and the consumer while it waits, build batches in order into free buffers."""
 
     def __init__(
-        self, workload: CubeWorkload, batch_cubes: int, threads: int, shard: tuple, memory
+        self,
+        workload: CubeWorkload,
+        plan: Sequence[Sequence[int]],
+        batch_cubes: int,
+        threads: int,
+        memory,
+        contiguous: bool,
     ):
         d, dtype = workload.job.dim, np.dtype(workload.job.dtype)
         self.workload, self.batch_cubes, self.memory = workload, batch_cubes, memory
-        self.shape, self.dtype = (d, d, d, batch_cubes), dtype
+        self.d, self.dtype, self.contiguous = d, dtype, contiguous
         self.bounds = part_bounds(workload.job)
-        # The job's batches this consumer takes (every one, or its shard's share);
-        # batches are numbered 0.. in that list.
-        self.numbers = range(shard[0], -(-workload.n_units // batch_cubes), shard[1])
-        self.n_batches = len(self.numbers)
-        self.layout = workload._layout()  # loaded (and cached) once, not by each thread
+        # The batches this consumer takes, numbered 0.. in that list.
+        self.plan, self.n_batches = plan, len(plan)
+        # loaded (and cached) once, not by each thread
+        self.layout = part_layout(workload, contiguous)
+        buffers = min(rotation_buffers(threads, batch_cubes), max(1, self.n_batches))
+        if memory is not None:  # refused here, before any is made, if too large
+            what = f"batch buffers ({batch_cubes} cubes of {d}³ {dtype}, {threads} builders)"
+            memory.reserve(buffers, batch_cubes * d**3 * dtype.itemsize, what)
         # A Condition's default lock is re-entrant: a buffer may come back (its last view
         # dropped) in a thread that already holds it.
         self.cond = threading.Condition()
-        self.free = [self.new_buffer() for _ in range(BUFFERS_PER_THREAD * threads)]
+        self.free = [self.new_buffer() for _ in range(buffers)]
         self.next_batch = 0
         self.active: dict[int, _Batch] = {}  # started, not finished; oldest first
         self.done: dict[int, np.ndarray | BaseException] = {}
@@ -89,24 +105,27 @@ class _Builders:
             thread.start()
 
     def new_buffer(self) -> np.ndarray:
+        """A buffer of ``batch_cubes`` cubes' values, 1-D."""
+        values = self.batch_cubes * self.d**3
         if self.memory is not None:  # e.g. page-locked, for copies to a GPU
-            return self.memory.empty(self.shape, self.dtype)
-        return np.empty(self.shape, dtype=self.dtype, order="F")
+            return self.memory.empty((values,), self.dtype)
+        return np.empty(values, dtype=self.dtype)
 
-    def release(self, array: np.ndarray) -> None:
+    def release(self, flat: np.ndarray) -> None:
         with self.cond:
-            self.free.append(array)
+            self.free.append(flat)
             self.cond.notify_all()
 
-    def ids(self, batch: int) -> range:
-        start = self.numbers[batch] * self.batch_cubes
-        return range(start, min(self.workload.n_units, start + self.batch_cubes))
+    def ids(self, batch: int) -> Sequence[int]:
+        return self.plan[batch]
 
-    def _start(self, array: np.ndarray) -> _Batch:
-        """Under the lock: the next batch, into ``array``."""
+    def _start(self, flat: np.ndarray) -> _Batch:
+        """Under the lock: the next batch, into ``flat``."""
         batch = self.next_batch
         self.next_batch += 1
-        work = self.active[batch] = _Batch(self.ids(batch), array, len(self.bounds) - 1)
+        ids = self.ids(batch)
+        array = batch_view(flat, self.d, len(ids), self.contiguous)
+        work = self.active[batch] = _Batch(ids, flat, array, len(self.bounds) - 1)
         self.cond.notify_all()  # parts for builders that found none
         return work
 
@@ -123,7 +142,7 @@ class _Builders:
             columns = work.columns[cube]
             if columns is None:  # two threads may both draw them: the same columns
                 columns = work.columns[cube] = self.workload.columns(work.ids[cube])
-            build_part(self.layout, columns, work.array, self.bounds, part)
+            build_part(self.layout, columns, work.array, self.bounds, part, self.contiguous)
         except BaseException as exc:
             error = exc
         else:
@@ -134,7 +153,7 @@ class _Builders:
                 work.error, work.next_part = error, work.n_parts  # the rest is not built
             if work.next_part == work.n_parts and not work.building:
                 del self.active[number]
-                self.done[number] = work.error or work.array
+                self.done[number] = work.error or work.flat
                 self.cond.notify_all()
 
     def _claim(self) -> tuple[int, _Batch, int] | None:
@@ -160,7 +179,8 @@ class _Builders:
             self._build(*claim)
 
     def take(self, batch: int) -> np.ndarray:
-        """Batch ``batch``'s buffer, once built; the caller builds parts of it meanwhile."""
+        """Batch ``batch``'s (1-D) buffer, once built; the caller builds parts of it
+        meanwhile."""
         while True:
             with self.cond:
                 while True:
@@ -190,31 +210,36 @@ class _Builders:
 
 def thread_batches(
     workload: CubeWorkload,
-    batch_cubes: int,
+    plan: Sequence[Sequence[int]],
     threads: int | None = None,
     *,
-    shard: tuple[int, int] = (0, 1),
     memory=None,
-) -> Iterator[tuple[range, np.ndarray]]:
-    """Yield ``(cube ids, batch)`` in id order; ``batch`` is (d, d, d, n) Fortran-ordered,
-    ``batch[..., i]`` cube ``ids[i]``, as the other deliveries give them.
+    contiguous: bool = False,
+) -> Iterator[tuple[Sequence[int], np.ndarray]]:
+    """Yield ``(cube ids, batch)`` for each batch of cube ids in ``plan`` (e.g. a
+    :class:`.sharding.Batches`), in order: ``batch`` is (d, d, d, n) Fortran-ordered,
+    ``batch[..., i]`` cube ``ids[i]``, as the other deliveries give them, or with
+    ``contiguous`` C-ordered (n, d, d, d), ``batch[i]`` cube ``ids[i]``.
 
-    ``shard=(i, k)``: only batches ``i, i + k, ...`` of the job (one consumer's share
-    of k). ``memory``: makes the batch buffers (``memory.empty(shape, dtype)``, a
-    Fortran-ordered array), e.g. in page-locked memory that a GPU copies from."""
-    batch_cubes = max(1, min(batch_cubes, workload.n_units))  # buffers no larger than the job
-    builders = _Builders(workload, batch_cubes, threads or builder_threads(), shard, memory)
+    ``memory``: makes the batch buffers (``memory.empty(shape, dtype)``), e.g. in
+    page-locked memory that a GPU copies from, after ``memory.reserve`` of those it
+    starts with."""
+    batch_cubes = len(plan[0]) if len(plan) else 1  # all full but the last
+    threads = threads or builder_threads()
+    builders = _Builders(workload, plan, batch_cubes, threads, memory, contiguous)
+    d, dtype = builders.d, builders.dtype
     try:
         for batch in range(builders.n_batches):
-            array = builders.take(batch)
-            owner = _BatchMemory(array, array.shape, array.dtype)
+            flat = builders.take(batch)
+            ids = builders.ids(batch)
+            shape = batch_shape(d, len(ids), contiguous)
+            owner = BatchMemory(flat, shape, dtype, contiguous)
             # Back to the builders when the consumer drops the last view of it: a
             # builder waiting for a buffer starts at once, while the consumer reads.
-            weakref.finalize(owner, builders.release, array)
+            weakref.finalize(owner, builders.release, flat)
             view = np.asarray(owner)
-            del owner, array
-            ids = builders.ids(batch)
-            yield ids, view[..., : len(ids)]
+            del owner, flat
+            yield ids, view
             del view
     finally:
         builders.stop()
