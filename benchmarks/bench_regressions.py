@@ -450,14 +450,14 @@ def startup_line(data: str, out: str, formula: str) -> str:
 
 
 def bench_layouts(args, client, root: Path) -> None:
-    from benchmarks.regression_layouts import LAYOUTS, MotoProcess, write_layout
+    from benchmarks.regression_layouts import LAYOUTS, S3Process, write_layout
     from pipeline.storage import LocalStore, open_store
     from pipeline.workloads.regressions.generate import regression_formula
 
     chunks, rows, features = args.layout_chunks, 250, 5
     formula = regression_formula(features)
     cov = {"cov_type": "HC1"}
-    moto = None
+    s3 = None
     rows_out = []
     n_workers = sum(client.ncores().values())
     try:
@@ -468,10 +468,10 @@ def bench_layouts(args, client, root: Path) -> None:
                                  features=features)  # fmt: skip
             data, out = str(where), str(root / "out")
             if layout == "iv":
-                if moto is None:
-                    moto = MotoProcess()
-                    client.run(_set_env, moto.env)  # the workers started before it
-                bucket = moto.make_bucket("bench-layouts")
+                if s3 is None:
+                    s3 = S3Process()
+                    client.run(_set_env, s3.env)  # the workers started before it
+                bucket = s3.make_bucket("bench-layouts")
                 data, out = f"{bucket}/data", f"{bucket}/out"
                 dst = open_store(data)
                 for p in sorted(where.iterdir()):
@@ -515,8 +515,8 @@ def bench_layouts(args, client, root: Path) -> None:
             print(startup_line(data, str(root / "startup"), formula))
             del df, Xs, ys
     finally:
-        if moto is not None:
-            moto.stop()
+        if s3 is not None:
+            s3.stop()
     print("\nlayout  engine       naive/s  default/s  best size  best/s  default/naive  "
           "default/best  default/limit  (limit with reads)  issue 12's target")  # fmt: skip
     for row in rows_out:

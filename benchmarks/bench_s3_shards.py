@@ -1,4 +1,4 @@
-"""S3 upload throughput of cube shards (store mode), on moto's server on loopback.
+"""S3 upload throughput of cube shards (store mode), on SeaweedFS on loopback.
 
 Shards are uploaded the way a worker uploads them (``S3Store.write`` of the shard's
 file image, one upload at a time), against:
@@ -9,8 +9,9 @@ file image, one upload at a time), against:
   (3) float32 against float64 at the same cubes_per_shard: cubes/s and MB/s.
 
 Each configuration uploads about --mb megabytes (at least 2 shards), in rounds
-(--rounds); the median round counts. moto runs in its own process (its own GIL)
-but on the same cores: the figures rank settings, they are not S3's rates.
+(--rounds); the median round counts. SeaweedFS runs in its own process but on the
+same cores: the figures rank settings, they are not S3's rates. (The figures in
+docs/benchmarks.md were measured on moto's server, the suite's S3 until SeaweedFS.)
 
   python -m benchmarks.bench_s3_shards
   python -m benchmarks.bench_s3_shards --mb 512 --rounds 3 --json s3.json
@@ -21,13 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from harness.seaweedfs import ADMIN, SeaweedS3
 from pipeline.storage import s3_client as s3mod
 from pipeline.workloads.cubes.shards import ShardBuffer
 
@@ -35,34 +33,7 @@ MiB = 1 << 20
 BUCKET = "bench-shards"
 
 
-def start_moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc, endpoint
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.2)
-
-
-def reset(endpoint: str) -> None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    opener.open(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST"))
-
-
-def upload_rate(endpoint, d, dtype, cubes_per_shard, total_mb, rounds) -> dict:
+def upload_rate(server, d, dtype, cubes_per_shard, total_mb, rounds) -> dict:
     """Median over rounds of MB/s and cubes/s uploading shards of this shape."""
     from pipeline.storage import open_store
 
@@ -72,7 +43,7 @@ def upload_rate(endpoint, d, dtype, cubes_per_shard, total_mb, rounds) -> dict:
     count = max(2, round(total_mb * MiB / nbytes))
     results = []
     for r in range(rounds):
-        reset(endpoint)
+        server.reset()
         store = open_store(f"s3://{BUCKET}/r{r}")
         store._client().create_bucket(Bucket=BUCKET)
         t0 = time.perf_counter()
@@ -107,11 +78,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    moto, endpoint = start_moto()
+    server = SeaweedS3().start()
+    endpoint = server.endpoint
     os.environ.update(
         {
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_ACCESS_KEY_ID": ADMIN.key_id,
+            "AWS_SECRET_ACCESS_KEY": ADMIN.secret,
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_EC2_METADATA_DISABLED": "true",
             "NO_PROXY": "127.0.0.1,localhost",
@@ -122,7 +94,7 @@ def main() -> None:
     d = args.dim
     out: dict = {"defaults": {"max_concurrency": defaults[0], "part_mib": defaults[1]}}
     print(
-        f"moto server at {endpoint}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; "
+        f"SeaweedFS at {endpoint}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; "
         f"d = {d}; store defaults: concurrency {defaults[0]}, parts of {defaults[1]} MiB",
         flush=True,
     )
@@ -130,7 +102,7 @@ def main() -> None:
         print("(1) shard size, float64, store defaults")
         out["sizes"] = {}
         for n in map(int, args.sizes.split(",")):
-            r = upload_rate(endpoint, d, "float64", n, args.mb, args.rounds)
+            r = upload_rate(server, d, "float64", n, args.mb, args.rounds)
             out["sizes"][n] = r
             print(
                 f"    {n:3d} cubes/shard ({r['shard_mb']:6.1f} MB): {r['mb_per_s']:7.0f} MB/s "
@@ -143,7 +115,7 @@ def main() -> None:
             row = []
             for part in map(int, args.parts.split(",")):
                 configure(c, part)
-                r = upload_rate(endpoint, d, "float64", args.shard, args.mb, args.rounds)
+                r = upload_rate(server, d, "float64", args.shard, args.mb, args.rounds)
                 out["multipart"][f"{c}x{part}"] = r
                 row.append(f"{part} MiB {r['mb_per_s']:5.0f}")
             print(f"    concurrency {c}: " + ", ".join(row) + " MB/s", flush=True)
@@ -151,7 +123,7 @@ def main() -> None:
         print(f"(3) dtype, {args.shard} cubes/shard, store defaults")
         out["dtype"] = {}
         for dtype in ("float64", "float32"):
-            r = upload_rate(endpoint, d, dtype, args.shard, args.mb, args.rounds)
+            r = upload_rate(server, d, dtype, args.shard, args.mb, args.rounds)
             out["dtype"][dtype] = r
             print(
                 f"    {dtype}: {r['mb_per_s']:7.0f} MB/s = {r['cubes_per_s']:6.0f} cubes/s",
@@ -161,8 +133,7 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(out, indent=2))
     finally:
-        moto.kill()
-        moto.wait()
+        server.stop()
 
 
 if __name__ == "__main__":

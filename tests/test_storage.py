@@ -1,4 +1,4 @@
-"""Store conformance (LocalStore and S3Store on moto) and S3Store's own behaviour."""
+"""Store conformance (LocalStore and S3Store on SeaweedFS) and S3Store's own behaviour."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 
 # Helper modules beside the tests (on sys.path by pyproject.toml's pytest `pythonpath`;
-# tests/conftest.py loads s3_server's fixtures: moto_server, s3, s3_bucket).
+# tests/conftest.py loads s3_server's fixtures: seaweedfs, s3, s3_bucket).
 from fault_proxy import FaultProxy
 from s3_server import (
     BUCKET,
     DUMMY_ACCESS_KEY_ID,
     DUMMY_SECRET,
+    NOBODY,
+    READER,
     clear_store_cache,
     isolate_aws_env,
-    set_moto_auth,
 )
 
 import pipeline
@@ -404,6 +405,32 @@ def test_s3_open_input_sequential_reads_use_read_ahead(s3, s3_bucket):
 
 
 @integration
+def test_s3_conditional_writes_refuse_a_second_create(s3, s3_bucket):
+    """A job's lock is created once (``If-None-Match: *``) and renewed only while it is
+    the object read (``If-Match``): the server must answer 412 otherwise, or two runs
+    would both hold it."""
+    from botocore.exceptions import ClientError
+
+    client = s3.client()
+    key = "root/_locks/once"
+    first = client.put_object(Bucket=BUCKET, Key=key, Body=b"first", IfNoneMatch="*")
+    for condition in ({"IfNoneMatch": "*"}, {"IfMatch": '"0123456789abcdef"'}):
+        with pytest.raises(ClientError) as info:
+            client.put_object(Bucket=BUCKET, Key=key, Body=b"second", **condition)
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+        assert info.value.response["Error"]["Code"] == "PreconditionFailed"
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"renewed", IfMatch=first["ETag"])
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"renewed"
+    # The store's lock: a second holder is refused while the first holds it.
+    store = S3Store(s3_bucket)
+    with store.hold("_locks/job", "run 1"):
+        with pytest.raises(BlockingIOError, match="run 1"), store.hold("_locks/job", "run 2"):
+            pass
+        assert "run 1" in store.read_bytes("_locks/job").decode()
+    assert store.list("_locks") == ["_locks/once"]
+
+
+@integration
 def test_s3_object_replaced_while_reading(s3, s3_bucket):
     store = S3Store(s3_bucket)
     store.write_bytes("v", b"a" * 300_000)
@@ -544,69 +571,57 @@ def test_no_credentials_in_the_chain(s3, s3_bucket, monkeypatch):
 
 
 @pytest.fixture
-def iam_user(s3, s3_bucket):
-    """A moto IAM user allowed only to list and read the bucket; IAM then enforced."""
-    iam = s3.iam()
-    iam.create_user(UserName="reader")
-    iam.put_user_policy(
-        UserName="reader",
-        PolicyName="read-only",
-        PolicyDocument="""{
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"],
-                       "Resource": ["arn:aws:s3:::*"]}]}""",
-    )
-    key = iam.create_access_key(UserName="reader")["AccessKey"]
+def readable(s3, s3_bucket):
+    """An object in the tests' bucket, which identity READER may list and read only."""
     S3Store(s3_bucket).write_bytes("readable", b"data")
-    set_moto_auth(s3.endpoint, 0)  # every request from now on is authenticated
-    return key["AccessKeyId"], key["SecretAccessKey"]
+    return s3_bucket
 
 
-# With IAM enforced, moto 5.2 computes SigV4 over list_objects_v2's prefix query
-# without its encoded "/" and answers SignatureDoesNotMatch, so these tests use a
-# store at the bucket root (whose listings send an empty prefix).
-ROOT = f"s3://{BUCKET}"
+def _assert_denied(action, *secrets: str) -> None:
+    with pytest.raises(PermissionError) as info:
+        action()
+    assert isinstance(info.value, StorageError) and isinstance(info.value, S3PermissionError)
+    assert info.value.errno == errno.EACCES
+    assert "access denied" in str(info.value) and BUCKET in str(info.value)
+    text = _all_messages(info.value)
+    assert not [s for s in secrets if s in text]
 
 
 @integration
-def test_access_denied_is_permission_error(s3, s3_bucket, iam_user, monkeypatch):
-    key_id, secret = iam_user
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    store = S3Store(ROOT)
-    assert store.read_bytes("root/readable") == b"data"
-    assert store.list() == ["root/readable"]
+def test_access_denied_is_permission_error(s3, readable):
+    s3.sign_as(READER)
+    store = S3Store(readable)
+    assert store.read_bytes("readable") == b"data"
+    assert store.list() == ["readable"]
     for action in (lambda: store.write_bytes("k", b"v"), store.preflight):
-        with pytest.raises(PermissionError) as info:
-            action()
-        assert isinstance(info.value, StorageError) and isinstance(info.value, S3PermissionError)
-        assert info.value.errno == errno.EACCES
-        assert "access denied" in str(info.value) and BUCKET in str(info.value)
-        text = _all_messages(info.value)
-        assert key_id not in text and secret not in text
+        _assert_denied(action, READER.key_id, READER.secret)
+    # An identity the server knows and allows nothing: refused reading and listing too.
+    s3.sign_as(NOBODY)
+    store = S3Store(readable)
+    for action in (lambda: store.read_bytes("readable"), store.list, store.preflight):
+        _assert_denied(action, NOBODY.key_id, NOBODY.secret)
 
 
 @integration
 @pytest.mark.parametrize("which", ["unknown key id", "wrong secret"])
-def test_rejected_credentials(s3, s3_bucket, iam_user, monkeypatch, which):
-    key_id, secret = iam_user
+def test_rejected_credentials(s3, readable, monkeypatch, which):
     if which == "wrong secret":
-        bad_id, bad_secret = key_id, "not-the-secret-0123456789"
+        bad_id, bad_secret = READER.key_id, "not-the-secret-0123456789"
     else:
-        bad_id, bad_secret = "AKIAUNKNOWNKEY000000", secret
+        bad_id, bad_secret = "AKIAUNKNOWNKEY000000", READER.secret
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", bad_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", bad_secret)
-    store = S3Store(ROOT)
+    store = S3Store(readable)
     for action in (
         store.preflight,
-        lambda: store.read_bytes("root/readable"),
+        lambda: store.read_bytes("readable"),
         lambda: store.list(),
     ):
         with pytest.raises(StorageError, match="credentials were rejected") as info:
             action()
         assert BUCKET in str(info.value) and s3.endpoint in str(info.value)
         text = _all_messages(info.value)
-        for value in (bad_id, bad_secret, key_id, secret):
+        for value in (bad_id, bad_secret, READER.key_id, READER.secret):
             assert value not in text
 
 

@@ -1,5 +1,5 @@
 """pipeline.torch in real DataLoader loops: CubeStream (cubes built in the loader
-workers) and CubeShards (a stored job, local or on moto's S3 server)."""
+workers) and CubeShards (a stored job, local or on S3 (SeaweedFS))."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ answer (a store that is still starting), then: the bucket answers HEAD ->
 nothing to do; 404 -> create it (in the client's region); anything else, e.g.
 403 for a bucket someone else owns -> exit 1 with the error.
 
-Used by docker-compose.seaweedfs.yml (SeaweedFS starts empty); the moto store
-of docker-compose.yml creates its buckets itself (deploy/compose/objectstore.py).
+The `bucket` one-shot of docker-compose.yml runs it for RESULTS_BUCKET, against the
+stack's SeaweedFS (which starts empty; a bucket persists on its volume) or AWS S3.
 """
 
 from __future__ import annotations
