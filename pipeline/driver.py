@@ -12,8 +12,8 @@ from pathlib import Path
 
 from .cluster.connect import ClusterStart, connect
 from .config import (
-    CONNECTION_SETTINGS,
     RunOptions,
+    names_in_scope,
 )
 from .contract import preflight
 from .costs.prices import worker_price
@@ -133,7 +133,7 @@ def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -
 
 
 #: Run settings of the cluster, not of a job: the jobs of one run share the first's.
-CLUSTER_SETTINGS = (*CONNECTION_SETTINGS, "profile")
+CLUSTER_SETTINGS = names_in_scope(RunOptions, "cluster")
 
 
 def _check_one_cluster(jobs: Sequence[Job]) -> None:

@@ -12,7 +12,7 @@ import click
 
 from .. import registry
 from ..driver import run_jobs
-from ..errors import Interrupted, PipelineError
+from ..errors import Interrupted
 from ..jobs import load_jobs
 from ..summary import summary_lines
 from .flags import setting_options
@@ -63,8 +63,6 @@ def run_command(job_files, workload, **values) -> None:
     try:
         jobs = load_jobs(job_files, values, workload=workload)
         run_jobs(jobs, echo=lambda m: click.echo(m, err=True), on_summary=told)
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt as exc:
         _exit_interrupted(exc)
     if failed:
@@ -126,8 +124,6 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
                 fleet_list,
                 scratch,
             )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo("interrupted: no estimate; its scratch output is deleted", err=True)
         sys.exit(130)

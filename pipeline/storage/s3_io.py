@@ -6,13 +6,19 @@ from __future__ import annotations
 import bisect
 import io
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import StorageError
 from .base import Buffer
 
-if TYPE_CHECKING:
-    from .s3 import S3Store
+
+class ObjectSource(Protocol):
+    """What a ranged reader needs of its store (``S3Store`` is one)."""
+
+    def describe(self, key: str) -> str: ...
+
+    def _get(self, key: str, **kwargs: Any) -> bytes: ...
+
 
 MiB = 1024 * 1024
 #: Smallest ranged GET of open_input(); sequential reading grows the read-ahead.
@@ -115,7 +121,7 @@ class _S3InputFile(_Seekable):
     open, so an object replaced meanwhile fails instead of mixing versions.
     """
 
-    def __init__(self, store: S3Store, key: str, size: int, etag: str | None):
+    def __init__(self, store: ObjectSource, key: str, size: int, etag: str | None):
         self._store = store
         self._key = key
         self._size = int(size)
