@@ -24,7 +24,7 @@ from .planning.plan import Plan, load_plan, unit_layout
 from .planning.probes import probe
 from .planning.sizing import longest_first
 from .report import task_timings
-from .storage import Store, open_store
+from .storage import Store, is_remote, open_store
 from .summary import RunSummary, TaskTime
 from .workload import Task, TaskReceipt, UnitFailure, Workload
 
@@ -194,7 +194,7 @@ def _run_job(
         max(0, r.units - kept.get(r.index, 0) - len(r.failures)) for r in receipts if r.failures
     )
     summary.failures = [asdict(f) for f in failures]
-    spent = TaskTime.of(receipts, s3=options.output.startswith("s3://"))
+    spent = TaskTime.of(receipts, s3=is_remote(options.output))
     summary.bytes_written, summary.busy_seconds = spent.bytes_written, spent.seconds
     summary.cpu_seconds, summary.phases = spent.cpu, spent.phases
     summary.runq_seconds, summary.remote = spent.runq, bool(options.scheduler)

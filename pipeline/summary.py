@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .figures import count, figure, rate, seconds, size, usd
+from .storage import is_remote
 from .workload import unit_label
 
 __all__ = [
@@ -203,7 +204,7 @@ class RunSummary:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     def task_time(self) -> TaskTime:
-        s3 = (self.output or "").startswith("s3://")
+        s3 = is_remote(self.output or "")
         return TaskTime(
             self.busy_seconds,
             self.phases,
