@@ -24,7 +24,7 @@ from .storage import Store, open_store
 from .summary import size
 from .workload import Task, Workload
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 
 def _completed(store: Store | None, job_id: str) -> set[int]:

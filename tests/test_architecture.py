@@ -220,3 +220,28 @@ def test_every_declared_marker_is_used():
     declared = {line.split(":")[0].strip() for line in config["markers"]}
     text = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
     assert {m for m in declared if f"mark.{m}" not in text} == set()
+
+
+def test_each_module_logs_under_its_own_name():
+    named = re.compile(r"""getLogger\(\s*["'](pipeline[^"']*)["']""")
+    hits = [
+        f"{path.relative_to(ROOT)} logs as {match.group(1)!r}"
+        for path in PACKAGE.rglob("*.py")
+        for match in named.finditer(path.read_text())
+    ]
+    assert hits == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    private = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (
+                node.level or "pipeline" in (node.module or "")
+            ):
+                names = [a.name for a in node.names if re.match(r"_[^_]", a.name)]
+                private += [f"{path.relative_to(ROOT)}: {name}" for name in names]
+    assert sorted(private) == sorted(
+        f"pipeline/runner.py: {name}"
+        for name in ("_check_space", "_completed", "_consolidated", "_held", "_units_in")
+    ), "(runner.py's from job_output.py are the run object's to end)"

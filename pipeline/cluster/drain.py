@@ -23,7 +23,7 @@ import time
 
 __all__ = ["dask_teardown", "drain"]
 
-log = logging.getLogger("pipeline.cluster.drain")
+log = logging.getLogger(__name__)
 
 #: Seconds between looks at the worker's running tasks.
 POLL_SECONDS = 0.25

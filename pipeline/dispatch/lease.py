@@ -22,7 +22,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 __all__ = ["RunLease", "ensure_lease", "hold", "holder_of", "release", "release_job"]
 
-log = logging.getLogger("pipeline.dispatch.lease")
+log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pipeline-run-lease"
 HOLDER_PREFIX = "pipeline-holder-"

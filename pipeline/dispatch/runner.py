@@ -39,7 +39,7 @@ from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 #: Times a task that failed at the Dask level (not KilledWorker) is submitted again.
 DASK_LEVEL_RETRIES = 2

@@ -31,7 +31,7 @@ MAX_HOLE = 1 * MiB
 MAX_SPAN = 64 * MiB
 
 
-def _byte_view(chunk: Buffer) -> memoryview:
+def byte_view(chunk: Buffer) -> memoryview:
     """A flat unsigned-byte view of ``chunk``, without copying when contiguous."""
     view = memoryview(chunk)
     if view.format == "B" and view.ndim == 1 and view.c_contiguous:
@@ -66,7 +66,7 @@ class _Seekable(io.RawIOBase):
         return self._pos
 
 
-class _ChunksReader(_Seekable):
+class ChunksReader(_Seekable):
     """A seekable read-only file over a list of byte views (no up-front copy)."""
 
     def __init__(self, views: list[memoryview]):
@@ -111,7 +111,7 @@ class _ChunksReader(_Seekable):
         return done
 
 
-class _S3InputFile(_Seekable):
+class S3InputFile(_Seekable):
     """A seekable read-only file over one object, read with ranged GETs.
 
     Each read fetches what it needs (at least :data:`MIN_FETCH`), so a parquet
