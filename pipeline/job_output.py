@@ -135,3 +135,39 @@ def _check_space(workload: Workload, store: Store | None, units: int) -> None:
 
 def _units_in(tasks: list[Task], indices: set[int]) -> int:
     return sum(len(t.units) for t in tasks if t.index in indices)
+
+
+def _recorded(workload: Workload, store: Store | None) -> bool:
+    """Whether the output holds the job's record (its plan)."""
+    return store is not None and store.exists(job_record_key(workload.job_id))
+
+
+def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, bool]:
+    """The job's units complete in ``store`` by ``plan`` (less those its next run calls
+    again), and whether only its finalization is left: every task done, none to retry."""
+    tasks = plan.tasks(workload.n_units)
+    done = _completed(store, workload.job_id)
+    ran = [t for t in tasks if t.index in done]
+    retry = workload.tasks_to_retry(store, ran) if ran else set()
+    complete = _units_in(tasks, done)
+    if retry and workload.reruns_failed_units:  # (only their failed units run again)
+        complete -= len(workload.recorded_failures(store, [t for t in ran if t.index in retry]))
+    elif retry:
+        complete -= _units_in(tasks, retry)
+    return complete, bool(plan.sized and tasks and len(ran) == len(tasks) and not retry)
+
+
+def only_finalization_left(workload: Workload, options: RunOptions, store: Store) -> bool:
+    """Whether the job's every task is done and the job not finalized (a run stopped
+    between its last task and its manifest's consolidation): its next run needs no
+    cluster. Read only, from the record as it is (the run compares the settings)."""
+    if not workload.writes_output or options.overwrite or not _recorded(workload, store):
+        return False
+    plan = Plan.from_record(read_job_record(store, job_record_key(workload.job_id)))
+    if not plan.sized:
+        return False
+    tasks = plan.tasks(workload.n_units)
+    done = _completed(store, workload.job_id)
+    if any(t.index not in done for t in tasks):
+        return False
+    return not workload.tasks_to_retry(store, tasks)
