@@ -23,9 +23,13 @@ from waiting import wait_for
 
 import pipeline
 from pipeline.dispatch.progress import Progress
-from pipeline.summary import STARTUP_PARTS, RunSummary
+from pipeline.summary import RunSummary
 
 TESTS = str(Path(__file__).parent)
+#: The parts of a command's start-up, in order: the interpreter's start and imports,
+#: building the jobs (default inputs written), the inputs checked while the cluster
+#: starts, the rest of the cluster's start.
+STARTUP_PARTS = ("python start", "job set-up", "inputs checked", "waited for the cluster")
 #: A progress line: "LABEL: 12 of 40 points (30%) in 1.2 s, 9.6/s, 1 failed, ..."
 LINE = re.compile(r"^(?P<label>.+?): (?P<done>[\d,]+) of (?P<total>[\d,]+) (?P<unit>\w+)s "
                   r"\((?P<share>\d+)%\) in .+?, .+?/s, (?P<failed>[\d,]+) failed, ")  # fmt: skip
