@@ -137,9 +137,13 @@ def _units_in(tasks: list[Task], indices: set[int]) -> int:
     return sum(len(t.units) for t in tasks if t.index in indices)
 
 
-def _recorded(workload: Workload, store: Store | None) -> bool:
-    """Whether the output holds the job's record (its plan)."""
-    return store is not None and store.exists(job_record_key(workload.job_id))
+def recorded_plan(workload: Workload, store: Store | None) -> Plan | None:
+    """The job's plan as its record holds it, read only (None: no record); the run
+    itself compares the settings."""
+    key = job_record_key(workload.job_id)
+    if store is None or not store.exists(key):
+        return None
+    return Plan.from_record(read_job_record(store, key))
 
 
 def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, bool]:
@@ -161,10 +165,8 @@ def only_finalization_left(workload: Workload, options: RunOptions, store: Store
     """Whether the job's every task is done and the job not finalized (a run stopped
     between its last task and its manifest's consolidation): its next run needs no
     cluster. Read only, from the record as it is (the run compares the settings)."""
-    if not workload.writes_output or options.overwrite or not _recorded(workload, store):
-        return False
-    plan = Plan.from_record(read_job_record(store, job_record_key(workload.job_id)))
-    if not plan.sized:
+    plan = recorded_plan(workload, store) if workload.writes_output else None
+    if options.overwrite or plan is None or not plan.sized:
         return False
     tasks = plan.tasks(workload.n_units)
     done = _completed(store, workload.job_id)

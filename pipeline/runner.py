@@ -21,10 +21,10 @@ from .job_output import (
     _completed,
     _consolidated,
     _held,
-    _recorded,
     _units_in,
     only_finalization_left,
     open_output,
+    recorded_plan,
     stored_units,
 )
 from .layout import check_job_id
@@ -142,9 +142,7 @@ def run_validated_job(
             # Before its tasks (the output opened, the plan loaded) or after them (the
             # summary, the finalization): what is complete, counted from the store.
             store = open_store(options.output) if workload.writes_output else None
-            plan = load_plan(workload, options.units_per_task, store) if _recorded(
-                workload, store) else None  # fmt: skip
-            raise _interrupted(workload, store, plan) from None
+            raise _interrupted(workload, store, recorded_plan(workload, store)) from None
 
 
 def _run_job(
@@ -289,7 +287,10 @@ def _interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> 
             return 0, False
         return stored_units(workload, store, plan)
 
-    complete, finalize = count()
+    try:
+        complete, finalize = count()
+    except Exception:  # (the store failing too: counted again when told)
+        complete, finalize = 0, False
     return Interrupted(
         workload.job_id,
         complete,
