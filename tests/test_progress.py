@@ -230,3 +230,21 @@ def test_ctrl_c_before_the_finalization_says_so_and_the_rerun_only_finalizes(tmp
     ) and again.stdout.splitlines()[0].endswith(", with no cluster"), again.stdout
     assert "worker threads" not in again.stderr, again.stderr  # (no cluster's first line)
     assert (out / "squares" / "manifest.parquet").is_file()
+
+
+def test_a_total_not_known_yet_gives_timed_lines_until_it_is_set():
+    out, clock = io.StringIO(), Clock()
+    progress = Progress(None, unit="call", every=5, stream=out, clock=clock)
+    for _ in range(10):
+        clock.now += 1
+        progress.update(3)
+    assert out.getvalue().splitlines() == [
+        "15 calls in 5.0 s, 3/s, 0 failed",
+        "30 calls in 10.0 s, 3/s, 0 failed",
+    ]
+    progress.total = 60  # (learnt: the tenths from here on)
+    clock.now += 1
+    progress.update(3)
+    assert out.getvalue().splitlines()[-1] == (
+        "33 of 60 calls (55%) in 11.0 s, 3/s, 0 failed, about 9.0 s left"
+    )

@@ -30,6 +30,9 @@ STEPS = 10
 class Progress:
     """Units done (and failed) of ``total``, told on ``stream`` (standard error).
 
+    ``total`` None: not known (yet: a caller may set :attr:`total` as it learns it);
+    the lines then say units done and the rate, every ``every`` seconds.
+
     ``show``: False tells nothing; True or None tell as a bar when the stream is a
     terminal, else as lines (``bar`` forces one form: True a bar, False lines).
     ``every``: seconds between lines (0: only at each tenth of the units). ``clock``
@@ -37,7 +40,7 @@ class Progress:
 
     def __init__(
         self,
-        total: int,
+        total: int | None,
         *,
         unit: str = "unit",
         label: str = "",
@@ -47,7 +50,9 @@ class Progress:
         stream: TextIO | None = None,
         clock=time.monotonic,
     ):
-        self.total, self.unit, self.label = max(0, int(total)), unit, label
+        self._bar = None
+        self.total = total
+        self.unit, self.label = unit, label
         self.every, self.clock = every, clock
         self.stream = stream if stream is not None else sys.stderr
         self.done = self.failed = 0
@@ -60,12 +65,22 @@ class Progress:
             self.mode = "bar"
         else:
             self.mode = "lines"
-        self._bar = None
         if self.mode == "bar":
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total, unit=unit, unit_scale=True, file=self.stream,
                              smoothing=0.1, desc=label or None)  # fmt: skip
+
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        self._total = None if value is None else max(0, int(value))
+        if self._bar is not None:
+            self._bar.total = self._total
+            self._bar.refresh()
 
     def __enter__(self) -> Progress:
         return self
@@ -83,7 +98,7 @@ class Progress:
                 self._bar.set_postfix(failed=self.failed, refresh=False)
         elif self.mode == "lines":
             now = self.clock()
-            step = STEPS * self.done // self.total if self.total else STEPS
+            step = 0 if self.total is None else STEPS * self.done // max(1, self.total)
             timed = self.every > 0 and now - self._last >= self.every
             if step > self._step or timed:
                 self._step = max(self._step, step)
@@ -94,11 +109,16 @@ class Progress:
         """The progress line: units done, the rate, failures, the time left."""
         elapsed = (self.clock() if now is None else now) - self._start
         per_second = self.done / elapsed if elapsed > 0 else 0.0
-        share = f" ({self.done / self.total:.0%})" if self.total else ""
-        text = f"{self.done:,} of {self.total:,} {self.unit}s{share} in {seconds(elapsed)}"
+        if self.total is None:
+            text = f"{self.done:,} {self.unit}s in {seconds(elapsed)}"
+        else:
+            share = f" ({self.done / self.total:.0%})" if self.total else ""
+            text = f"{self.done:,} of {self.total:,} {self.unit}s{share} in {seconds(elapsed)}"
         text += f", {rate(per_second)}/s, {self.failed:,} failed"
-        left = self.total - self.done
-        if left <= 0:
+        left = None if self.total is None else self.total - self.done
+        if left is None:
+            pass
+        elif left <= 0:
             text += ", done"
         elif per_second > 0:
             text += f", about {seconds(left / per_second)} left"
