@@ -74,16 +74,20 @@ def _rows() -> list[list[str]]:
 
 
 def _row_of(name: str, rows: list[list[str]]) -> int | None:
+    """The row of module ``name``: that of the longest pattern naming it (a file listed
+    on its own has the row it is listed in, not its folder's)."""
     relative = "/".join(name.split(".")[1:])
     candidates = {relative + ".py", relative + "/__init__.py"} if relative else {"__init__.py"}
+    best, best_length = None, -1
     for number, paths in enumerate(rows):
         for pattern in paths:
             if pattern.endswith("/"):
-                if any(c.startswith(pattern) for c in candidates):
-                    return number
-            elif pattern in candidates:
-                return number
-    return None
+                hit = any(c.startswith(pattern) for c in candidates)
+            else:
+                hit = pattern in candidates
+            if hit and len(pattern) > best_length:
+                best, best_length = number, len(pattern)
+    return best
 
 
 def test_every_module_has_a_row_and_every_import_points_down_the_table():

@@ -103,7 +103,17 @@ class RunOptions:
         "file ({job}: the job id). View: python -m pstats FILE.",
     )
     progress: bool | None = setting(
-        None, bool, "Show a progress bar (default: when stderr is a terminal)."
+        None,
+        bool,
+        "Show progress: a bar when stderr is a terminal, else a line at each 10 % of the "
+        "units and every --progress-seconds (false: none).",
+    )
+    progress_seconds: float = setting(
+        10.0,
+        float,
+        "Seconds between progress lines where stderr is not a terminal (0: only at each "
+        "10 % of the units).",
+        minimum=0,
     )
     dashboard: bool = setting(
         False,

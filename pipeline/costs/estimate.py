@@ -57,7 +57,7 @@ class Estimate:
 
 
 class _NoBar:
-    def update(self, n: int) -> None:
+    def update(self, units: int, failed: int = 0) -> None:
         pass
 
 

@@ -176,7 +176,8 @@ class TaskRunner:
             while run.pending or run.ready:
                 if run.ready:
                     receipt = run.ready.popleft()
-                    self.bar.update(receipt.units)
+                    failed = len(receipt.failures) + len(receipt.recorded or ())
+                    self.bar.update(receipt.units, failed=failed)
                     yield receipt
                     continue
                 if (
