@@ -30,10 +30,17 @@ POLL_SECONDS = 0.25
 
 
 def _stop_taking(dask_worker) -> int:
-    """Worker: start no new task (the scheduler sends a paused worker none); the count
-    of tasks running."""
+    """Worker: start no new task from now on; the count of tasks running.
+
+    The worker is paused (the scheduler sends a paused worker no task, and the worker
+    starts none of those it queued), and its memory monitor stops pausing and
+    unpausing it: with a memory limit set (``dask worker``'s default) the monitor
+    sets any paused worker below its pause fraction running again within 100 ms."""
     from distributed.core import Status
 
+    memory = getattr(dask_worker, "memory_manager", None)
+    if memory is not None:
+        memory.memory_pause_fraction = False
     if dask_worker.status == Status.running:
         dask_worker.status = Status.paused
     return len(dask_worker.state.executing)
