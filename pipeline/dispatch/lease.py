@@ -133,7 +133,7 @@ class RunLease(SchedulerPlugin):
         for name in plugins:
             log.warning("client %s gone for %g s: unregistering worker plug-in %s", client,
                         grace, name)  # fmt: skip
-            task = asyncio.ensure_future(scheduler.unregister_worker_plugin(comm=None, name=name))
+            task = asyncio.ensure_future(_unregister(scheduler, name))
             self._unregistering.add(task)
             task.add_done_callback(self._unregistering.discard)
 
@@ -142,6 +142,13 @@ class RunLease(SchedulerPlugin):
             with contextlib.suppress(Exception):
                 handle.cancel()
         self._pending.clear()
+
+
+async def _unregister(scheduler, name: str) -> None:
+    """Scheduler: unregister worker plug-in ``name`` from it and every worker (nothing if
+    it went meanwhile)."""
+    with contextlib.suppress(Exception):
+        await scheduler.unregister_worker_plugin(comm=None, name=name)
 
 
 def ensure_lease(client, grace: float, *, again: bool = False) -> str | None:
