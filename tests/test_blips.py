@@ -217,15 +217,18 @@ def test_a_balancer_with_no_scheduler_ever_is_named_in_one_line(tmp_path, certs)
     ), stderr
 
 
-def _statuses(certs, address: str) -> dict[int, str]:
-    """The scheduler's status of each worker, by the worker process's pid."""
+def _statuses(certs, address: str) -> dict[int, tuple[str, int]]:
+    """The scheduler's status of each worker and its count of tasks assigned, by the
+    worker process's pid."""
     from distributed import Client
 
     from harness.cluster_procs import client_security
 
     with Client(address, security=client_security(certs), timeout=30) as client:
         return client.run_on_scheduler(
-            lambda dask_scheduler: {w.pid: w.status.name for w in dask_scheduler.workers.values()}
+            lambda dask_scheduler: {
+                w.pid: (w.status.name, len(w.processing)) for w in dask_scheduler.workers.values()
+            }
         )
 
 
@@ -244,9 +247,14 @@ def test_a_worker_sent_sigterm_starts_nothing_more_and_nothing_runs_twice(tmp_pa
         leaving = next(w for w in workers if pid in {p.pid for p in
                        psutil.Process(w.pid).children(recursive=True)})  # fmt: skip
         leaving.terminate()  # SIGTERM to `dask worker`: a spot notice, a scale-in
+
         # The gate opens once the scheduler has heard the worker stopped taking tasks;
         # unit 0 then ends there, and what that worker had queued runs elsewhere.
-        stopped = lambda: _statuses(certs, scheduler.address).get(pid, "gone") != "running"  # noqa: E731
+        # It keeps only the unit it runs: those it had queued go back to the scheduler.
+        def stopped() -> bool:
+            status, assigned = _statuses(certs, scheduler.address).get(pid, ("gone", 0))
+            return status != "running" and assigned <= 1
+
         wait_for("the worker to stop taking tasks", stopped)
         job.open_gate()
         code, stdout, stderr = job.finish()
