@@ -166,6 +166,9 @@ class TaskRunner:
             )
             keys = [f.key for f in futures]
             lease.hold(self.client, self._holder, keys)
+            # A task submitted again under a new key: its old key is held no more.
+            self._unheld.extend(old for t, key in zip(batch, keys, strict=True)
+                                if (old := run.keys.get(t.index)) not in (None, key))  # fmt: skip
             run.keys.update(zip((t.index for t in batch), keys, strict=True))
             run.futures.update(zip((t.index for t in batch), futures, strict=True))
 
@@ -345,7 +348,6 @@ class TaskRunner:
             time.sleep(0.1)
         send_promptly(self.client)
         lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0, again=True)
-        lease.hold(self.client, self._holder, [])  # (the holder again, had it expired)
         self._topic.resubscribe()
         self._catch_up()
         self._generation += 1
