@@ -8,7 +8,6 @@ import itertools
 import logging
 import math
 import statistics
-import time
 from dataclasses import asdict
 
 from ..config import RunOptions
@@ -27,6 +26,7 @@ from .plan import (
     save_plan,
     unit_layout,
 )
+from .scheduler_cpu import SchedulerCpu
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     SCHEDULER_SECONDS_PER_TASK,
@@ -84,15 +84,10 @@ def probe(
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     overhead = SCHEDULER_SECONDS_PER_TASK
-    if overhead_can_bind(n_workers, options.task_seconds):
-        t0 = time.perf_counter()
-        overhead = _task_overhead(run.client, n_workers)
-        log.info(
-            "scheduling: %.3g ms of the scheduler's CPU per task (a burst of no-op tasks, %.1f s)",
-            overhead * 1e3,
-            time.perf_counter() - t0,
-        )
+    # Measured while the first round runs, where it could bind (no tasks of its own).
+    clock = SchedulerCpu(run.client, overhead_can_bind(n_workers, options.task_seconds))
     model, rounds, first_round, cut, handover = None, 0, True, False, 0.0
+    followers: list[int] = []  # the streamed first round's, after its small probes
     streamed = False  # the first round read as it comes (see _streamed_first_round)
     while True:
         left = n - sum(plan.head)
@@ -118,22 +113,31 @@ def probe(
                 rest = left - sum(warm_ups)
                 larges = probe_round(None, large, n_workers, rest)
                 smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
-                sizes = warm_ups + larges + smalls
                 # Read as it comes where half of each size may be stuck behind slow
                 # probes and the other half still measures the model.
                 streamed = large > g and min(len(larges), len(smalls)) >= 2 * MANY_SAMPLES
+                if streamed:
+                    # Twice MANY_SAMPLES small probes are enough to fit (each a task
+                    # more, whose hand-over costs its worker as much as a large one's);
+                    # and a follower of the large size behind each large probe: the
+                    # workers keep at the job's units while the round's receipts come
+                    # back, the rest is cut and its tasks reach them.
+                    smalls = smalls[: 2 * MANY_SAMPLES]
+                    used = sum(warm_ups) + sum(larges) + sum(smalls)
+                    followers = probe_round(None, large, n_workers, left - used)
+                sizes = warm_ups + larges + smalls + followers
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         ranges = {t.index: (t.start, t.stop) for t in round_}
         if first_round and streamed:
             got, started = _streamed_first_round(
-                run, plan, round_, layout, overhead, n_workers, options, start_rest
+                run, plan, round_, layout, clock, n_workers, options, start_rest, len(followers)
             )
             if started is not False:
                 return receipts + got, started
         elif first_round or resumed:
             # Waited for whole: each worker's first task is told apart by its start.
-            got = run(round_)
+            got = _gathered(run, round_, clock)
         else:
             got, counted = [], False
             # The later rounds are read as they come: once a probe settles the cut,
@@ -161,6 +165,8 @@ def probe(
             continue
         receipts += got
         timed = [r for r in got if r.complete and r.units]
+        if clock.enabled:
+            overhead = _measured_overhead(clock, overhead)
         if first_round:
             # Cold, so slower than the rest will be: left out of the fit, and only a
             # fallback should no other task be measured (a small job used up).
@@ -192,10 +198,11 @@ def _streamed_first_round(
     plan: Plan,
     round_: list,
     layout: UnitLayout,
-    overhead: float,
+    clock: SchedulerCpu,
     n_workers: int,
     options: RunOptions,
     start_rest: bool,
+    n_followers: int = 0,
 ):
     """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each size
     at least), read as it comes: each worker's first task to report is cold, left out;
@@ -206,12 +213,13 @@ def _streamed_first_round(
     False where the round ended before it was measured (the caller reads it whole)."""
     ranges = {t.index: (t.start, t.stop) for t in round_}
     smallest = min(t.stop - t.start for t in round_)
-    larges = {t.index for t in round_ if t.stop - t.start > smallest}
+    probes = round_[: len(round_) - n_followers]  # (the followers last)
+    larges = {t.index for t in probes if t.stop - t.start > smallest}
     got: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     warm: set[tuple[str, int, str]] = set()  # workers (_worker) heard from
     larges_done, rest = 0, False
-    for r in run.launch(round_):
+    for r in _launched(run, round_, clock):
         got.append(r)
         larges_done += r.index in larges
         worker = _worker(r)
@@ -223,6 +231,7 @@ def _streamed_first_round(
         # Half the large probes in: the hand-over is then that of the round's typical
         # worker (the first to report are those that waited least between tasks).
         if _many(samples) and 2 * larges_done >= len(larges):
+            overhead = _measured_overhead(clock, SCHEDULER_SECONDS_PER_TASK)
             model = fit_costs(samples, overhead, _handover(got))
             _cut(run, plan, model, layout, n_workers, options)
             rest = _start(run, plan, layout) if start_rest else None
@@ -333,47 +342,31 @@ def _handover(receipts: list[TaskReceipt]) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
-def _noop(_i: int) -> None:
-    return None
+def _launched(run: TaskRunner, tasks: list, clock: SchedulerCpu):
+    """``run.launch(tasks)``, the scheduler's CPU read as their receipts come."""
+    clock.submitted(len(tasks))
+    for r in run.launch(tasks):
+        clock.reported()
+        yield r
 
 
-#: The most no-op tasks :func:`_task_overhead` runs.
-BURST_TASKS = 1000
+def _gathered(run: TaskRunner, tasks: list, clock: SchedulerCpu) -> list[TaskReceipt]:
+    return list(_launched(run, tasks, clock))
 
 
-def _task_overhead(client, n_workers: int) -> float:
-    """The scheduler's seconds of CPU per task on this cluster: a burst of no-op tasks,
-    4 per worker (8 at least, :data:`BURST_TASKS` at most: the heartbeats during the
-    burst, about a tenth of a core, then weigh 0.1 ms a task at most, and a fleet's
-    run does not wait seconds for it), submitted at once and waited for (nothing fetched); the
-    scheduler's CPU time over the burst per task (where the scheduler runs functions
-    for its clients), else the burst's wall time per task, which holds the round trips
-    too. (On a few workers the figure cannot bind: 8 no-ops cost 15 ms where 20 cost
-    37, before every probed run.)"""
-    from distributed import wait
-
-    count = min(BURST_TASKS, max(8, 4 * n_workers))
-    try:
-        cpu0 = _scheduler_cpu(client)
-        t0 = time.perf_counter()
-        futures = client.map(_noop, range(count), pure=False)
-        wait(futures)
-        wall = time.perf_counter() - t0
-        cpu1 = _scheduler_cpu(client)
-        del futures
-    except Exception:  # the cluster failing: the probes will say so
-        return 0.0
-    if cpu0 is None or cpu1 is None:
-        return wall / count
-    return max(cpu1 - cpu0, 0.0) / count
-
-
-def _scheduler_cpu(client) -> float | None:
-    """The scheduler process's CPU seconds, None where it runs no client's function."""
-    try:
-        return float(client.run_on_scheduler(time.process_time))
-    except Exception:
-        return None
+def _measured_overhead(clock: SchedulerCpu, assumed: float) -> float:
+    """The scheduler's CPU per task over the readings so far, else ``assumed``; no
+    readings after this one."""
+    measured = clock.per_task()
+    clock.enabled = False
+    if measured is None:
+        return assumed
+    log.info(
+        "scheduling: %.3g ms of the scheduler's CPU per task (read while %d probes ran)",
+        measured * 1e3,
+        round(clock.tasks),
+    )
+    return measured
 
 
 def _describe_model(model: CostModel | None, unit: str) -> str:
