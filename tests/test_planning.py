@@ -26,6 +26,7 @@ from pipeline.planning.plan import (
     probe_round,
     save_plan,
 )
+from pipeline.planning.scheduler_cpu import cpu_per_task
 from pipeline.planning.sizing import (
     SCHEDULER_SECONDS_PER_TASK,
     SCHEDULER_SHARE,
@@ -149,6 +150,23 @@ def test_the_overhead_is_measured_only_where_it_could_lengthen_tasks(tmp_path, c
         ]
     assert overheads[1.0] == SCHEDULER_SECONDS_PER_TASK
     assert overheads[0.15] != SCHEDULER_SECONDS_PER_TASK and overheads[0.15] > 0
+
+
+def test_the_scheduler_cpu_per_task_is_told_apart_from_its_heartbeats():
+    # Read while the probes run: the heartbeats cost 0.1 s a second however the tasks
+    # come, the tasks 2 ms each, and they come in bursts (the warm-ups, then the
+    # large probes) while the time runs evenly. The CPU over the tasks counts the
+    # heartbeats as the tasks' (3.4 ms); the line on time and tasks does not.
+    t = np.arange(0.0, 20.0, 0.5)
+    tasks = np.where(t < 2, 250 * t, np.where(t < 16, 500, 500 + 250 * (t - 16)))
+    cpu = 3.0 + 0.1 * t + 0.002 * tasks
+    readings = list(zip(t, tasks, cpu, strict=True))
+    assert cpu_per_task(readings) == pytest.approx(0.002)
+    gross = (cpu[-1] - cpu[0]) / (tasks[-1] - tasks[0])
+    assert gross > 0.0033
+    # Too few readings to fit a line: the gross figure, an overestimate (longer tasks)
+    assert cpu_per_task([readings[0], readings[20], readings[-1]]) == pytest.approx(gross)
+    assert cpu_per_task(readings[:1]) is None
 
 
 def test_a_job_too_small_for_several_tasks_per_worker_is_one_round():

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-__all__ = ["SchedulerCpu"]
+__all__ = ["SchedulerCpu", "cpu_per_task"]
 
 #: Seconds at least between two readings of the scheduler's CPU (each a round trip).
 SAMPLE_SECONDS = 0.5
@@ -61,17 +61,25 @@ class SchedulerCpu:
     def per_task(self) -> float | None:
         """The scheduler's CPU seconds per task (None where not measured)."""
         self.read(force=True)
-        r = np.array(self.readings, dtype=float)
-        if len(r) < 2 or r[-1, 1] <= r[0, 1]:
-            return None
-        gross = max(r[-1, 2] - r[0, 2], 0.0) / (r[-1, 1] - r[0, 1])
-        if len(r) < MIN_READINGS or np.ptp(r[:, 0]) <= 0:
-            return gross
-        design = np.column_stack([np.ones(len(r)), r[:, 0] - r[0, 0], r[:, 1]])
-        (_start, heartbeats, per_task), *_ = np.linalg.lstsq(design, r[:, 2], rcond=None)
-        if heartbeats < 0 or not 0 < per_task <= gross:
-            return gross
-        return float(per_task)
+        return cpu_per_task(self.readings)
+
+
+def cpu_per_task(readings: list[tuple[float, float, float]]) -> float | None:
+    """The CPU per task of ``readings`` (time, tasks counted, CPU seconds): the slope on
+    the tasks of a line on the time and the tasks, where that fits (a rate for the
+    heartbeats of at least 0, a cost per task above 0 and at most the gross figure);
+    else the gross figure, the CPU over the tasks counted; None with no task counted."""
+    r = np.array(readings, dtype=float)
+    if len(r) < 2 or r[-1, 1] <= r[0, 1]:
+        return None
+    gross = max(r[-1, 2] - r[0, 2], 0.0) / (r[-1, 1] - r[0, 1])
+    if len(r) < MIN_READINGS or np.ptp(r[:, 0]) <= 0:
+        return gross
+    design = np.column_stack([np.ones(len(r)), r[:, 0] - r[0, 0], r[:, 1]])
+    (_start, heartbeats, per_task), *_ = np.linalg.lstsq(design, r[:, 2], rcond=None)
+    if heartbeats < 0 or not 0 < per_task <= gross:
+        return gross
+    return float(per_task)
 
 
 def _scheduler_cpu(client) -> float | None:
