@@ -60,8 +60,8 @@ def probe(
     task also loads its inputs, so the first round of this run starts with one small
     task per worker, a warm-up left out of the fit (each worker's first task to
     start is), then a large and a small task for every other worker; the later
-    rounds give each worker a large task. The scheduling cost per task is measured
-    by a burst of no-op tasks (:func:`_task_overhead`) where it could bind.
+    rounds give each worker a large task. The scheduler's CPU per task is read while
+    the first round runs (:class:`SchedulerCpu`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
     ``min_rounds``: measured rounds before the probes may stop (an estimate, whose
     probes' work is not kept, takes one when it measured enough).
@@ -208,7 +208,9 @@ def _streamed_first_round(
     at least), read as it comes: each worker's first task to report is cold, left out;
     once the others hold MANY_SAMPLES of each size and half the large probes have
     reported, the rest is cut and started, to run behind the round's last probes
-    rather than after the slowest of them.
+    rather than after the slowest of them. The round's last ``n_followers`` tasks
+    follow the large probes (counted as samples, not as large probes to wait for);
+    the scheduler's CPU per task is read from ``clock`` at the cut.
     Returns the round's receipts and the rest's (None without ``start_rest``), or
     False where the round ended before it was measured (the caller reads it whole)."""
     ranges = {t.index: (t.start, t.stop) for t in round_}
