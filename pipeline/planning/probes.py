@@ -23,6 +23,7 @@ from .plan import (
     next_large_probe,
     probe_limit,
     probe_round,
+    round_up,
     save_plan,
     unit_layout,
 )
@@ -119,12 +120,16 @@ def probe(
                 if streamed:
                     # Twice MANY_SAMPLES small probes are enough to fit (each a task
                     # more, whose hand-over costs its worker as much as a large one's);
-                    # and a follower of the large size behind each large probe: the
+                    # and a follower of half the large size for every worker: the
                     # workers keep at the job's units while the round's receipts come
-                    # back, the rest is cut and its tasks reach them.
+                    # back, the rest is cut and its tasks reach them. (Dask hands the
+                    # followers to whichever worker is free first, so some take two
+                    # and some none: half a large probe is what that leaves between
+                    # the workers where they start on the rest.)
                     smalls = smalls[: 2 * MANY_SAMPLES]
                     used = sum(warm_ups) + sum(larges) + sum(smalls)
-                    followers = probe_round(None, large, n_workers, left - used)
+                    follower = max(g, round_up(large // 2, g))
+                    followers = probe_round(None, follower, n_workers, left - used)
                 sizes = warm_ups + larges + smalls + followers
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
