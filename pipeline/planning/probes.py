@@ -126,10 +126,12 @@ def probe(
                     # followers to whichever worker is free first, so some take two
                     # and some none: half a large probe is what that leaves between
                     # the workers where they start on the rest.)
+                    # (No followers where no rest is started: an estimate's.)
                     smalls = smalls[: 2 * MANY_SAMPLES]
                     used = sum(warm_ups) + sum(larges) + sum(smalls)
-                    follower = max(g, round_up(large // 2, g))
-                    followers = probe_round(None, follower, n_workers, left - used)
+                    if start_rest:
+                        half = max(g, round_up(large // 2, g))
+                        followers = probe_round(None, half, n_workers, left - used)
                 sizes = warm_ups + larges + smalls + followers
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
