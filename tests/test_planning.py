@@ -134,17 +134,24 @@ def test_many_workers_lengthen_tasks_to_keep_the_scheduler_share_small():
 
 def test_the_overhead_is_measured_only_where_it_could_lengthen_tasks(tmp_path, client):
     # At 25 ms a task, beyond any measured, 2 workers with 1 s tasks would take 5 % of
-    # the scheduler, 1,000 workers 25 times its core: the burst runs on large clusters
+    # the scheduler, 1,000 workers 25 times its core: it is measured on large clusters
     # (or with short tasks) and on 2 workers the model assumes Dask's 1 ms a task.
     assert not overhead_can_bind(2, 1.0) and not overhead_can_bind(10, 1.0)
     assert overhead_can_bind(11, 1.0) and overhead_can_bind(1000, 1.0)
     assert overhead_can_bind(2, 0.15)
+    from distributed import get_task_stream
+
     overheads = {}
     for task_seconds in (1.0, 0.15):
         out = tmp_path / str(task_seconds)
         opts = RunOptions(output=str(out), progress=False, task_seconds=task_seconds)
-        s = run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), opts, client)
+        with get_task_stream(client) as stream:
+            s = run_job(SquaresWorkload("sq", 300, unit_seconds=0.002), opts, client)
         assert s.complete and s.probe_tasks > 0
+        # Read while the probes ran: no task of its own (a burst of no-op tasks held
+        # every worker for seconds before the first unit on a loaded fleet)
+        keys = [t["key"] for t in stream.data]
+        assert keys and all(k.startswith("pipeline-squares-") for k in keys), keys
         overheads[task_seconds] = json.loads((out / "sq" / "job.json").read_text())["cost_model"][
             "overhead"
         ]
