@@ -67,8 +67,9 @@ def map(fn, *, client=None, verbose: int = 1, **settings):  # (as users call it:
 
     ``verbose``: 1 (the default) tells the run as ``pipeline run`` does: its first
     line and its progress on standard error (a bar on a terminal, else a line at each
-    10 % of the units and every ``progress_seconds``), the summary's lines at its end;
-    2 adds ``-v``'s lines; 0 tells nothing. ``progress=False`` leaves out the progress
+    10 % of the units and every ``progress_seconds``), the summary's lines at its end,
+    all on standard error (standard output is the calling program's); 2 adds ``-v``'s
+    lines; 0 tells nothing. ``progress=False`` leaves out the progress
     alone (``progress=True`` shows it with ``verbose=0``)."""
     import sys
     import time
@@ -83,8 +84,8 @@ def map(fn, *, client=None, verbose: int = 1, **settings):  # (as users call it:
     echo = (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
     summary = run_workload(workload, options, client=client, echo=echo, started=started)
     if verbose:
-        for line, to_stderr in summary_lines(summary, verbose > 1):
-            print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+        for line, _ in summary_lines(summary, verbose > 1):
+            print(line, file=sys.stderr, flush=True)
     return summary
 
 
