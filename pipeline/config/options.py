@@ -63,6 +63,12 @@ class RunOptions:
     overwrite: bool = setting(
         False, bool, "Delete the job's previous output and start over instead of resuming."
     )
+    keep_done: bool = setting(
+        False,
+        bool,
+        "Resume a job whose code changed (a map's function, a workload's code settings): "
+        "keep the units done and run the failed and missing ones with the new code.",
+    )
     units_per_task: int | None = setting(
         None,
         int,
