@@ -32,6 +32,7 @@ from .layout import (
     read_job_record,
 )
 from .manifest import UNIT_RANGE
+from .planning.code_versions import made_by
 from .storage import Store, join, open_store, read_parquet_object
 from .table_parts import (
     Collected,
@@ -87,7 +88,7 @@ def job_tables(
     """Table name -> (first unit, part key) of every completed task, in unit order. A
     table's parts are the parquet objects its entries list by its kind; other objects
     (a figure, an array: ``TaskOutput.files``) are no table. With ``code``, only the
-    tasks whose entry names that code version (:mod:`pipeline.code_versions`)."""
+    tasks whose entry names that code version (:mod:`pipeline.planning.code_versions`)."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
     for entry in store.list(join(job_id, "manifest")):
         if not entry.endswith(".parquet"):
@@ -97,7 +98,7 @@ def job_tables(
         objects, start = columns[0], columns[1]
         if "kind" not in names or objects not in names or start not in names:
             continue
-        if code is not None and not _made_by(manifest, code):
+        if code is not None and not made_by(manifest, code):
             continue
         for key, kind, first in zip(
             manifest.column(objects).to_pylist(),
@@ -242,15 +243,6 @@ def _read_part(store: Store, key: str, output: str) -> pa.Table:
 
 class IncompleteJob(UserWarning):
     """The table is of a job whose run has not finished: its completed tasks' rows."""
-
-
-def _made_by(entry: pa.Table, code: str) -> bool:
-    from .code_versions import CODE_COLUMN, matches
-
-    names = entry.column_names
-    return CODE_COLUMN in names and any(
-        matches(v, code) for v in set(entry.column(CODE_COLUMN).to_pylist())
-    )
 
 
 def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:

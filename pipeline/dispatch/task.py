@@ -14,9 +14,9 @@ import os
 import socket
 import time
 
-from ..code_versions import stamp_entry
 from ..contract import check_entry, check_output
 from ..layout import manifest_key
+from ..planning.code_versions import stamp_entry
 from ..storage import open_store, write_parquet
 from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 from . import shipping

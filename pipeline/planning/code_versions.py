@@ -20,16 +20,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from .layout import manifest_key
-from .manifest import checksum
-from .storage import Store, read_parquet_object
+from ..layout import manifest_key
+from ..manifest import checksum
+from ..storage import Store, read_parquet_object
 
 __all__ = [
     "CODE_COLUMN",
     "code_changes",
     "code_version",
     "entry_codes",
-    "matches",
+    "made_by",
     "stamp_entry",
     "tasks_by_code",
     "versions_record",
@@ -100,10 +100,14 @@ def stamp_entry(workload, store: Store | None, task, entry):
     return entry.append_column(CODE_COLUMN, pa.array([value] * entry.num_rows, pa.string()))
 
 
-def matches(value: str | None, wanted: str) -> bool:
-    """Whether an entry's ``code`` value names the version ``wanted`` (or one it is
-    the start of: the first digits suffice, as for a git commit)."""
-    return any(c.startswith(wanted) for c in entry_codes([value]))
+def made_by(entry, wanted: str) -> bool:
+    """Whether a task's manifest entry (a pyarrow Table) names the code version
+    ``wanted``, or one it is the start of (the first digits suffice, as for a git
+    commit)."""
+    if CODE_COLUMN not in entry.column_names:
+        return False
+    codes = entry_codes(set(entry.column(CODE_COLUMN).to_pylist()))
+    return any(c.startswith(wanted) for c in codes)
 
 
 def tasks_by_code(manifest, columns) -> dict[str, int]:
