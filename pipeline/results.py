@@ -31,8 +31,7 @@ from .layout import (
     job_records,
     read_job_record,
 )
-from .manifest import UNIT_RANGE
-from .planning.code_versions import made_by
+from .manifest import UNIT_RANGE, made_by
 from .storage import Store, join, open_store, read_parquet_object
 from .table_parts import (
     Collected,
@@ -88,7 +87,7 @@ def job_tables(
     """Table name -> (first unit, part key) of every completed task, in unit order. A
     table's parts are the parquet objects its entries list by its kind; other objects
     (a figure, an array: ``TaskOutput.files``) are no table. With ``code``, only the
-    tasks whose entry names that code version (:mod:`pipeline.planning.code_versions`)."""
+    tasks whose entry names that code version (:mod:`pipeline.manifest`)."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
     for entry in store.list(join(job_id, "manifest")):
         if not entry.endswith(".parquet"):

@@ -35,8 +35,7 @@ from .layout import (
     task_index,
     task_parts,
 )
-from .manifest import UNIT_RANGE
-from .planning.code_versions import tasks_by_code
+from .manifest import UNIT_RANGE, tasks_by_code
 from .storage import Store, join, open_store, read_parquet_object
 from .workload import Task
 
@@ -73,7 +72,7 @@ class JobCheck:
     failures_table: str | None = None
     #: Whether the job's next run calls them again (``Workload.reruns_failed_units``).
     reruns_failed_units: bool = False
-    #: Tasks by the code version(s) their entry names (:mod:`pipeline.planning.code_versions`).
+    #: Tasks by the code version(s) their entry names (:mod:`pipeline.manifest`).
     code_versions: dict[str, int] = field(default_factory=dict)
 
     @property

@@ -323,7 +323,7 @@ class Workload(ABC):
     #: code, the regressions' engine, a plug-in's own version). A run with
     #: ``keep_done`` (``--keep-done``) may change them: the tasks done are kept and
     #: only failed and missing units run with the new code. Each task's manifest entry
-    #: records the code version that made it (:mod:`pipeline.planning.code_versions`).
+    #: records the code version that made it (:mod:`pipeline.manifest`).
     code_settings: tuple[str, ...] = ()
     #: Set by the runner, for the workers: this run's code version (None: none kept),
     #: and whether the job's units were made by another version before (a task run

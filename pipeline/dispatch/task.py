@@ -16,7 +16,7 @@ import time
 
 from ..contract import check_entry, check_output
 from ..layout import manifest_key
-from ..planning.code_versions import stamp_entry
+from ..manifest import stamp_entry
 from ..storage import open_store, write_parquet
 from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 from . import shipping

@@ -27,9 +27,9 @@ from typing import Any
 from ..contract import recorded_fingerprint
 from ..errors import ConfigError
 from ..layout import completed_tasks, job_record_key, read_job_record
+from ..manifest import code_changes, code_version, versions_record
 from ..storage import Store
 from ..workload import Task, Workload, plan_tasks, tasks_from_stops
-from .code_versions import code_changes, code_version, versions_record
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     CostModel,
@@ -68,7 +68,7 @@ class Plan:
     #: four times, and the fingerprint of a long listed grid takes seconds to make.
     fingerprint: dict | None = field(default=None, repr=False, compare=False)
     #: Each code version that made some of the job's tasks -> its code settings'
-    #: values (:mod:`pipeline.planning.code_versions`).
+    #: values (:mod:`pipeline.manifest`).
     code_versions: dict[str, dict] = field(default_factory=dict, compare=False)
     #: Whether this run's code settings differ from the record's (a ``keep_done``
     #: run): the run records its own fingerprint before any task runs.
@@ -251,7 +251,7 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
 
 def mark_code_version(workload: Workload, store: Store, plan: Plan) -> None:
     """Before any task runs: the code version the workers record in each task's entry
-    (:func:`pipeline.planning.code_versions.stamp_entry`), and a changed one recorded in the
+    (:func:`pipeline.manifest.stamp_entry`), and a changed one recorded in the
     job's record (its fingerprint, which the next run compares, and its settings)."""
     workload.code_version = code_version(plan.fingerprint, workload.code_settings)
     workload.code_changed_before = len(plan.code_versions) > 1
