@@ -66,8 +66,7 @@ class RunOptions:
     keep_done: bool = setting(
         False,
         bool,
-        "Resume a job whose code changed (a map's function, a workload's code settings): "
-        "keep the units done and run the failed and missing ones with the new code.",
+        "After a fix to the code: keep the units done, run the failed and missing ones.",
     )
     units_per_task: int | None = setting(
         None,
