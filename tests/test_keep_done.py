@@ -191,3 +191,23 @@ def test_a_regression_job_resumes_with_another_engine_not_another_model(tmp_path
     assert set(models[models.chunk_id.isin([4, 5])].engine) == {"batched"}
     (check,) = verify_output(str(out))
     assert check.ok and sorted(check.code_versions.values()) == [1, 3], check
+
+
+def test_a_plugins_own_code_setting_keeps_the_tasks_done(tmp_path, client):
+    from workloads import VersionedWorkload
+
+    options = RunOptions(output=str(tmp_path), units_per_task=2, progress=False)
+    quiet = {"echo": lambda m: None}
+    first = run_job(VersionedWorkload("v", 10, "1.0", fail=[3]), options, client, **quiet)
+    assert not first.complete and first.units_failed == 1
+    fixed = VersionedWorkload("v", 10, "1.1")
+    with pytest.raises(ConfigError, match=r"other settings \(version\); use --keep-done"):
+        run_job(fixed, options, client, **quiet)
+    keep = RunOptions(output=str(tmp_path), units_per_task=2, progress=False, keep_done=True)
+    second = run_job(VersionedWorkload("v", 10, "1.1"), keep, client, **quiet)
+    assert second.complete and second.units_run == 2 and second.units_skipped == 8, second
+    (check,) = verify_output(str(tmp_path))
+    assert check.ok and sorted(check.code_versions.values()) == [1, 4], check
+    entry = pq.read_table(tmp_path / "v" / "manifest" / "part-000001.parquet")
+    (made,) = set(entry.column("code").to_pylist())
+    assert check.code_versions[made] == 1
