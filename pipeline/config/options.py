@@ -66,7 +66,7 @@ class RunOptions:
     keep_done: bool = setting(
         False,
         bool,
-        "After a fix to the code: keep the units done, run the failed and missing ones.",
+        "Resume after a code fix, keeping the units done.",
     )
     units_per_task: int | None = setting(
         None,
