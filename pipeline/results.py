@@ -31,7 +31,7 @@ from .layout import (
     job_records,
     read_job_record,
 )
-from .manifest import UNIT_RANGE
+from .manifest import UNIT_RANGE, made_by
 from .storage import Store, join, open_store, read_parquet_object
 from .table_parts import (
     Collected,
@@ -82,11 +82,12 @@ def find_job(output: str, job: str | None = None) -> tuple[str, dict]:
 
 
 def job_tables(
-    store: Store, job_id: str, columns: Sequence[str | None] = UNIT_RANGE
+    store: Store, job_id: str, columns: Sequence[str | None] = UNIT_RANGE, code: str | None = None
 ) -> dict[str, list[tuple[int, str]]]:
     """Table name -> (first unit, part key) of every completed task, in unit order. A
     table's parts are the parquet objects its entries list by its kind; other objects
-    (a figure, an array: ``TaskOutput.files``) are no table."""
+    (a figure, an array: ``TaskOutput.files``) are no table. With ``code``, only the
+    tasks whose entry names that code version (:mod:`pipeline.manifest`)."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
     for entry in store.list(join(job_id, "manifest")):
         if not entry.endswith(".parquet"):
@@ -95,6 +96,8 @@ def job_tables(
         names = manifest.column_names
         objects, start = columns[0], columns[1]
         if "kind" not in names or objects not in names or start not in names:
+            continue
+        if code is not None and not made_by(manifest, code):
             continue
         for key, kind, first in zip(
             manifest.column(objects).to_pylist(),
@@ -107,9 +110,12 @@ def job_tables(
     return {kind: sorted(parts) for kind, parts in by_kind.items()}
 
 
-def results_table(output: str, table: str | None = None, job: str | None = None) -> pa.Table:
-    """One table of every completed task's rows of ``table``, in unit order."""
-    found = _JobTable.read(output, table, job)
+def results_table(
+    output: str, table: str | None = None, job: str | None = None, code: str | None = None
+) -> pa.Table:
+    """One table of every completed task's rows of ``table``, in unit order (with
+    ``code``, of the tasks that code version made)."""
+    found = _JobTable.read(output, table, job, code)
     result = found.result
     if found.note:
         warnings.warn(f"{found.where}: {found.note}", IncompleteJob, stacklevel=2)
@@ -139,12 +145,18 @@ class _JobTable:
         return self.store.describe(self.job_id)
 
     @classmethod
-    def read(cls, output: str, table: str | None, job: str | None) -> _JobTable:
+    def read(cls, output: str, table: str | None, job: str | None, code=None) -> _JobTable:
         output, job = job_folder(output, job)
         store = open_store(output)
         job_id, record = find_job(output, job)
         workload = registry.load(record["workload"])
-        tables = job_tables(store, job_id, workload.manifest_columns)
+        tables = job_tables(store, job_id, workload.manifest_columns, code)
+        if code is not None and not tables:
+            versions = ", ".join(record.get("code_versions") or ()) or "none recorded"
+            raise InputError(
+                f"{store.describe(job_id)}: no task made by code version {code!r} "
+                f"(its versions: {versions}; `pipeline verify` counts each one's tasks)"
+            )
         table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
         if not tables:
             raise InputError(
@@ -283,7 +295,9 @@ def _as_csv_cells(table: pa.Table) -> pa.Table:
     return table
 
 
-def write_results(output: str, table: str | None, out: str, job: str | None = None) -> int:
+def write_results(
+    output: str, table: str | None, out: str, job: str | None = None, code: str | None = None
+) -> int:
     """Write the concatenated table to ``out`` (a local path or s3:// URL), parquet or
     CSV by its suffix; return rows. A table no workload assembles is written a part at
     a time (the same bytes)."""
@@ -294,7 +308,7 @@ def write_results(output: str, table: str | None, out: str, job: str | None = No
             f"(the suffix chooses the format)"
         )
     parent, _, name = out.rstrip("/").rpartition("/")
-    found = _JobTable.read(output, table, job)
+    found = _JobTable.read(output, table, job, code)
     store = open_store(parent or ".")
     if found.by_parts:
         chunks, rows = found.chunks(suffix)
@@ -330,11 +344,13 @@ def _csv_chunks(tables: Iterator[pa.Table], schema: pa.Schema) -> Iterator[bytes
     yield from sink.drain()
 
 
-def summarize(output: str, table: str | None = None, job: str | None = None) -> str:
+def summarize(
+    output: str, table: str | None = None, job: str | None = None, code: str | None = None
+) -> str:
     """A few lines about a job's table, for the terminal (of a table no workload
     assembles: its rows counted from the parts' footers, and the parts holding the
     first ten read)."""
-    found = _JobTable.read(output, table, job)
+    found = _JobTable.read(output, table, job, code)
     note = found.note
     if found.by_parts:
         schema, counts = found.footers() if found.parts else (pa.schema([]), [])

@@ -29,7 +29,7 @@ from .job_output import (
 )
 from .layout import check_job_id
 from .manifest import summed_fingerprint
-from .planning.plan import Plan, load_plan, unit_layout
+from .planning.plan import Plan, load_plan, mark_code_version, unit_layout
 from .planning.probes import probe
 from .planning.sizing import longest_first
 from .report import task_timings
@@ -50,7 +50,7 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     store = open_store(options.output)
     if not _consolidated(store, workload.job_id):
         return _finalized_now(workload, options, store)
-    plan = load_plan(workload, options.units_per_task, store)
+    plan = load_plan(workload, options.units_per_task, store, options.keep_done)
     return _finished(workload, store, plan, _completed(store, workload.job_id))
 
 
@@ -62,7 +62,7 @@ def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> Run
         return None
     with _held(workload, options):
         t0 = time.perf_counter()
-        plan = load_plan(workload, options.units_per_task, store)
+        plan = load_plan(workload, options.units_per_task, store, options.keep_done)
         summary = _finished(workload, store, plan, _completed(store, workload.job_id))
         if summary is None:  # (another run changed it meanwhile)
             return None
@@ -153,7 +153,11 @@ def _run_job(
         release_left_tasks(client, workload, open_store(options.output).url)
     store = open_output(workload, options, echo, checked=store_checked)
     t_start, t_epoch = time.perf_counter(), time.time()
-    plan = load_plan(workload, options.units_per_task, store)
+    plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+    if store is not None:
+        # (a changed code is recorded before any task of it runs; the tasks done keep
+        # the version their entries name)
+        mark_code_version(workload, store, plan)
     done = _completed(store, workload.job_id)
     # A complete job needs no cluster: the manifest is listed once, for both uses.
     if store is not None and _consolidated(store, workload.job_id):

@@ -35,7 +35,7 @@ from .layout import (
     task_index,
     task_parts,
 )
-from .manifest import UNIT_RANGE
+from .manifest import UNIT_RANGE, tasks_by_code
 from .storage import Store, join, open_store, read_parquet_object
 from .workload import Task
 
@@ -72,6 +72,8 @@ class JobCheck:
     failures_table: str | None = None
     #: Whether the job's next run calls them again (``Workload.reruns_failed_units``).
     reruns_failed_units: bool = False
+    #: Tasks by the code version(s) their entry names (:mod:`pipeline.manifest`).
+    code_versions: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,7 @@ def verify_output(
             check.incomplete = _entries_missing(store, job_id, record)
         listed = workload.verify_job(store, job_id, record, manifest, check)
         _count_failures(workload, store, job_id, manifest, check)
+        check.code_versions = tasks_by_code(manifest, workload.manifest_columns)
         own = getattr(workload, "final_objects", ())
         check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
         if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):

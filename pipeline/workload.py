@@ -318,6 +318,19 @@ class Workload(ABC):
     #: units still to run are run, not what a unit writes (the map's ``retries``).
     resume_may_change: tuple[str, ...] = ()
 
+    #: Settings of the fingerprint that are the workload's *code*: they decide how a
+    #: unit is computed, not what it means (the map's function source and shipped
+    #: code, the regressions' engine, a plug-in's own version). A run with
+    #: ``keep_done`` (``--keep-done``) may change them: the tasks done are kept and
+    #: only failed and missing units run with the new code. Each task's manifest entry
+    #: records the code version that made it (:mod:`pipeline.manifest`).
+    code_settings: tuple[str, ...] = ()
+    #: Set by the runner, for the workers: this run's code version (None: none kept),
+    #: and whether the job's units were made by another version before (a task run
+    #: again for its failed units then keeps rows of both).
+    code_version: str | None = None
+    code_changed_before: bool = False
+
     # -- results and verify: the objects, the manifest, and `pipeline results`/`verify` --
 
     #: Whether tasks write to the store (resume needs a store).

@@ -225,3 +225,18 @@ def stopped_while_probing(full: Path, out: Path, job_id: str) -> list[int]:
         part.unlink()
     (job / "manifest.parquet").unlink()
     return record["head"]
+
+
+class VersionedWorkload(SquaresWorkload):
+    """A plug-in whose fingerprint holds its own code's ``version``, a setting it
+    declares as code (``code_settings``): a fix may keep the tasks done. (Its
+    output is read back, by verify, as the squares' it is.)"""
+
+    code_settings = ("version",)
+
+    def __init__(self, job_id, n_units, version, **kwargs):
+        super().__init__(job_id, n_units, **kwargs)
+        self.version = version
+
+    def fingerprint(self):
+        return {"n_units": self.n_units, "version": self.version}

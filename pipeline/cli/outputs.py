@@ -38,7 +38,12 @@ def workloads_command() -> None:
     "failures). Default: the workload's main table.",
 )
 @click.option("--out", help="Write the whole table here (.parquet or .csv, a local path or s3://).")
-def results_command(output, job, table, out) -> None:
+@click.option(
+    "--code",
+    help="Only the rows of the tasks this code version made (its first digits suffice; "
+    "`pipeline verify` lists the versions of a job run with --keep-done).",
+)
+def results_command(output, job, table, out, code) -> None:
     """Concatenate a job's per-task tables into one, in unit order (or summarize it).
 
     OUTPUT: the run's output (a folder or s3:// prefix), or the job's own folder."""
@@ -47,13 +52,13 @@ def results_command(output, job, table, out) -> None:
     if out:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", IncompleteJob)
-            rows = write_results(output, table, out, job)
+            rows = write_results(output, table, out, job, code)
         click.echo(f"wrote {rows} rows to {out}")
         for warning in caught:
             if issubclass(warning.category, IncompleteJob):
                 click.echo(f"incomplete: {warning.message}", err=True)
     else:
-        click.echo(summarize(output, table, job))
+        click.echo(summarize(output, table, job, code))
 
 
 @click.command("certs")
@@ -125,6 +130,16 @@ def verify_command(output, jobs, repair) -> None:
                 f"  failed: {count(c.failed_units, 'unit')} failed as data, recorded in the "
                 f"output (not damage): `pipeline results {output}{job} --table "
                 f"{c.failures_table}` lists them{again}"
+            )
+        if len(c.code_versions) > 1:
+            made = ", ".join(
+                f"{n} by {v.replace('+', ' and ')}" + (" (rows of both)" if "+" in v else "")
+                for v, n in sorted(c.code_versions.items(), key=lambda kv: -kv[1])
+            )
+            job = f" --job {c.job_id}" if len(checks) > 1 else ""
+            click.echo(
+                f"  code versions: tasks {made} (a run with --keep-done kept those done); "
+                f"`pipeline results {output}{job} --code VERSION` shows one version's rows"
             )
         for label, items in (
             ("missing", c.missing),

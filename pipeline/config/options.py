@@ -63,6 +63,11 @@ class RunOptions:
     overwrite: bool = setting(
         False, bool, "Delete the job's previous output and start over instead of resuming."
     )
+    keep_done: bool = setting(
+        False,
+        bool,
+        "Resume after a code fix, keeping the units done.",
+    )
     units_per_task: int | None = setting(
         None,
         int,

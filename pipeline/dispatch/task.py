@@ -16,6 +16,7 @@ import time
 
 from ..contract import check_entry, check_output
 from ..layout import manifest_key
+from ..manifest import stamp_entry
 from ..storage import open_store, write_parquet
 from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
 from . import shipping
@@ -96,6 +97,7 @@ def execute_task(
             write_outputs(workload, task, out, store)
             if not out.failures:
                 check_entry(workload, task, out.manifest)
+                out.manifest = stamp_entry(workload, store, task, out.manifest)
                 # Last, so that an entry exists only for a task whose data is all written.
                 out.bytes_written += write_parquet(
                     store, manifest_key(workload.job_id, task.index), out.manifest

@@ -27,6 +27,7 @@ from typing import Any
 from ..contract import recorded_fingerprint
 from ..errors import ConfigError
 from ..layout import completed_tasks, job_record_key, read_job_record
+from ..manifest import code_changes, code_version, versions_record
 from ..storage import Store
 from ..workload import Task, Workload, plan_tasks, tasks_from_stops
 from .sizing import (
@@ -66,6 +67,12 @@ class Plan:
     #: The job's fingerprint as recorded, made once per run: a plan is saved up to
     #: four times, and the fingerprint of a long listed grid takes seconds to make.
     fingerprint: dict | None = field(default=None, repr=False, compare=False)
+    #: Each code version that made some of the job's tasks -> its code settings'
+    #: values (:mod:`pipeline.manifest`).
+    code_versions: dict[str, dict] = field(default_factory=dict, compare=False)
+    #: Whether this run's code settings differ from the record's (a ``keep_done``
+    #: run): the run records its own fingerprint before any task runs.
+    code_changed: bool = field(default=False, compare=False)
 
     @property
     def sized(self) -> bool:
@@ -84,6 +91,7 @@ class Plan:
             record.get("units_per_task"),
             record.get("stops"),
             record.get("cost_model"),
+            code_versions=dict(record.get("code_versions") or {}),
         )
 
     def add_probes(self, sizes: list[int]) -> list[Task]:
@@ -109,10 +117,14 @@ def unit_layout(workload: Workload) -> UnitLayout:
     )
 
 
-def load_plan(workload: Workload, requested: int | None, store: Store | None) -> Plan:
+def load_plan(
+    workload: Workload, requested: int | None, store: Store | None, keep_done: bool = False
+) -> Plan:
     """The recorded plan when the output holds this job, else the requested units per
     task (``--units-per-task``), else an empty plan for the probes to fill. A plan
-    that ``requested`` completes is recorded here; a recorded one is not rewritten."""
+    that ``requested`` completes is recorded here; a recorded one is not rewritten.
+    With ``keep_done``, the workload's code settings may differ from the record's
+    (``plan.code_changed``; the runner records the new ones)."""
     g = workload.granularity
     asked = f"{requested}" if not requested or requested % g == 0 else (
         f"{requested} (rounded up to {round_up(requested, g)}, whole groups of {g} units)"
@@ -123,6 +135,9 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         plan = Plan(units_per_task=requested)
         if store is not None:
             plan.fingerprint = recorded_fingerprint(workload)
+            plan.code_versions = versions_record(
+                None, None, plan.fingerprint, workload.code_settings
+            )
         if requested:
             save_plan(workload, store, plan)
         return plan
@@ -138,21 +153,15 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
     free = set(workload.resume_may_change)
     # (A key the record lacks is one an older version did not record: not compared.)
     changed = sorted(k for k in recorded if k not in free and recorded.get(k) != current.get(k))
-    if changed:
-        # Input versions follow from other settings (another --frames, another dim):
-        # only alone do they mean the same inputs' files changed.
-        settings = [k for k in changed if not k.endswith("versions")]
-        what = (
-            f"with other settings ({', '.join(settings)})"
-            if settings
-            else "whose input files changed since (their sizes, times or S3 ETags)"
-        )
-        raise ConfigError(
-            f"{where} holds job {workload.job_id!r} {what}; use --overwrite to replace it, "
-            "or another --output or name"
-        )
+    code, meaning = code_changes(changed, workload.code_settings)
+    if meaning or (code and not keep_done):
+        raise ConfigError(_refusal(workload, where, changed, meaning))
     plan = Plan.from_record(record)
     plan.fingerprint = current
+    plan.code_changed = bool(code)
+    plan.code_versions = versions_record(
+        plan.code_versions, recorded, current, workload.code_settings
+    )
     if plan.stops is not None and (
         sum(plan.head) > workload.n_units or (plan.stops and plan.stops[-1] != workload.n_units)
     ):
@@ -174,6 +183,35 @@ def load_plan(workload: Workload, requested: int | None, store: Store | None) ->
         plan.units_per_task = requested
         save_plan(workload, store, plan)
     return plan
+
+
+def _refusal(workload: Workload, where: str, changed: list[str], meaning: list[str]) -> str:
+    """Why a resume is refused: settings that changed since the job's record. When
+    they are its code alone, ``--keep-done`` runs the rest with the new code."""
+    # Input versions follow from other settings (another --frames, another dim):
+    # only alone do they mean the same inputs' files changed.
+    settings = [k for k in changed if not k.endswith("versions")]
+    what = (
+        f"with other settings ({', '.join(settings)})"
+        if settings
+        else "whose input files changed since (their sizes, times or S3 ETags)"
+    )
+    said = f"{where} holds job {workload.job_id!r} {what}; "
+    if not meaning:
+        return said + (
+            "use --keep-done to keep the units done and run the failed and missing ones "
+            "with the new code (keep_done = true in a job file, keep_done=True from "
+            "Python), --overwrite to redo every unit, or another --output or name"
+        )
+    code = [k for k in changed if k in workload.code_settings]
+    decide = ", ".join(k for k in meaning if not k.endswith("versions")) or "the inputs' files"
+    kept = (
+        f" (--keep-done keeps the units done where only the code differs ({', '.join(code)}), "
+        f"not {decide}: what the units mean)"
+        if code
+        else ""
+    )
+    return said + f"use --overwrite to replace it, or another --output or name{kept}"
 
 
 def requested_units_per_task(requested: int | None, granularity: int) -> int | None:
@@ -204,9 +242,22 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
         "cost_model": plan.model,
         "units": workload.n_units,
     }
+    if plan.code_versions:
+        record["code_versions"] = plan.code_versions
     store.write_bytes(
         job_record_key(workload.job_id), json.dumps(record, indent=2, sort_keys=True).encode()
     )
+
+
+def mark_code_version(workload: Workload, store: Store, plan: Plan) -> None:
+    """Before any task runs: the code version the workers record in each task's entry
+    (:func:`pipeline.manifest.stamp_entry`), and a changed one recorded in the
+    job's record (its fingerprint, which the next run compares, and its settings)."""
+    workload.code_version = code_version(plan.fingerprint, workload.code_settings)
+    workload.code_changed_before = len(plan.code_versions) > 1
+    if plan.code_changed:
+        save_plan(workload, store, plan)
+        plan.code_changed = False
 
 
 def is_small_job(n_units: int, n_workers: int) -> bool:

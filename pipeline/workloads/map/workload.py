@@ -218,6 +218,9 @@ class MapWorkload(Workload):
     reruns_failed_units = True
     #: Retries never change a unit's output: a rerun may ask for more.
     resume_may_change = ("retries",)
+    #: The function's source and the shipped code: a fix to either may keep the units
+    #: done (``keep_done``). Its name, the input and the seed are what a unit means.
+    code_settings = ("function_source", "code")
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []

@@ -52,6 +52,12 @@ class RegressionWorkload(Workload):
     unit_name = "chunk"
     settings_class = RegressionJob
     manifest_columns = CHUNK_RANGE
+    #: How chunks are fitted, not what a fit means: the engines agree within 1e-8
+    #: relative, and the models table's engine column says which fitted each chunk.
+    #: A resume with another engine may keep the chunks done (``keep_done``); the
+    #: model, formula, covariance, options, chunking and data may not
+    #: (docs/regressions.md).
+    code_settings = ("engine",)
 
     @property
     def worker_modules(self) -> tuple[str, ...]:
