@@ -71,8 +71,7 @@ class RunOptions:
     units_per_task: int | None = setting(
         None,
         int,
-        "Units (cubes, chunks) per Dask task, in whole shards for cubes. Default: sized "
-        "on the job's first tasks to last --task-seconds.",
+        "Units per task. Default: sized on the job's first tasks to last --task-seconds.",
         minimum=1,
     )
     task_seconds: float = setting(
@@ -84,8 +83,7 @@ class RunOptions:
     report: str | None = setting(
         None,
         str,
-        "Directory for each job's report page (HTML: cost, throughput, tasks, timeline, "
-        "failures, plan), JSON summary and Dask's own report.",
+        "Directory for each job's report page (HTML), JSON summary and Dask's report.",
     )
     profile: str | None = setting(
         None, str, "Write a cProfile of the driver to this file.", scope="cluster"
@@ -104,20 +102,17 @@ class RunOptions:
     profile_tasks: str | None = setting(
         None,
         str,
-        "Profile every task on the workers; their merged cProfile statistics go to this "
-        "file ({job}: the job id). View: python -m pstats FILE.",
+        "Profile every task; merged cProfile statistics to this file ({job}: the job id).",
     )
     progress: bool | None = setting(
         None,
         bool,
-        "Show progress: a bar when stderr is a terminal, else a line at each 10 % of the "
-        "units and every --progress-seconds (false: none).",
+        "Show progress: a bar on a terminal, else lines (--progress-seconds).",
     )
     progress_seconds: float = setting(
         10.0,
         float,
-        "Seconds between progress lines where stderr is not a terminal (0: only at each "
-        "10 % of the units).",
+        "Seconds between progress lines (0: at each 10 % of the units alone).",
         minimum=0,
     )
     dashboard: bool = setting(
