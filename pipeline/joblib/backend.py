@@ -54,6 +54,8 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         self._session: Session | None = None
         self._jobs: set[CallJob] = set()
         self._kept = None
+        self._position = 0  # calls submitted in the running Parallel call
+        self._failed = False
 
     # -- the cluster -------------------------------------------------------------------
 
@@ -93,11 +95,14 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         items = list(func.items)
         nested = self.get_nested_backend()
         keys = None
+        first, self._position = self._position, self._position + len(items)
         if self._kept is not None:
             keys = self._kept.keys_of(items)
             done = self._kept.stored(keys)
             if done is not None:  # every call of the batch ran before: no task
-                return session.complete(done, len(items), callback)
+                values, meta = done
+                self._kept.record(first, keys, meta)
+                return session.complete(values, len(items), callback)
         batch = CallBatch(
             items,
             nested,
@@ -106,6 +111,7 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
             keys=keys,
         )
         job = session.submit(batch, callback)
+        job.keep = (first, keys) if keys is not None else None
         self._jobs.add(job)
         return job
 
@@ -115,7 +121,10 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         self._jobs.discard(out)
         outcome, out.outcome = out.outcome, None
         if outcome[0] == "ok":
+            if out.keep is not None and len(outcome) == 3:
+                self._kept.record(out.keep[0], out.keep[1], outcome[2])
             return outcome[1]
+        self._failed = True
         _, exc, text = outcome
         if text:
             from .calls import RemoteTraceback
@@ -123,8 +132,20 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
             exc.__cause__ = RemoteTraceback(text)
         raise exc
 
+    def start_call(self) -> None:
+        self._position, self._failed = 0, False
+        if self._kept is not None:
+            self._kept.start_call()
+
+    def stop_call(self) -> None:
+        """A ``Parallel`` call ended; one that completed has its kept results listed in
+        its output's manifest (``pipeline verify`` checks them)."""
+        if self._kept is not None and not self._failed:
+            self._kept.finish(self._position)
+
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Cancel this backend's batches not heard from (joblib ignores them now)."""
+        self._failed = True
         jobs, self._jobs = list(self._jobs), set()
         if jobs and self._session is not None and not self._session.closed:
             self._session.cancel(jobs)

@@ -124,6 +124,8 @@ class CallsWorkload(Workload):
     job_id: str
     n_units: int = 1
     writes_output: ClassVar[bool] = False
+    #: (its calls' errors are raised in the driver, never kept as data)
+    failures_table: ClassVar[str | None] = None
 
     @classmethod
     def from_settings(cls, settings, job_id, options):  # pragma: no cover - not a job kind
@@ -153,7 +155,7 @@ def _run_batch(task: CallTask) -> tuple[CallBatch | None, tuple]:
         if batch.output_url is not None and batch.keys is not None:
             from .resume import run_kept
 
-            return batch, ("ok", run_kept(batch))
+            return batch, ("ok", *run_kept(batch))
         return batch, ("ok", batch.run())
     except BaseException as exc:  # (the call's, as joblib's batches report any)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

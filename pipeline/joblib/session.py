@@ -37,11 +37,14 @@ _SESSIONS_LOCK = threading.Lock()
 class CallJob:
     """What ``submit`` returns to joblib for one batch: its outcome once it came."""
 
-    __slots__ = ("callback", "index", "outcome", "size", "spill")
+    __slots__ = ("callback", "index", "keep", "outcome", "size", "spill")
 
     def __init__(self, index: int, size: int, callback, spill: str | None):
         self.index, self.size, self.callback, self.spill = index, size, callback, spill
         self.outcome: tuple | None = None
+        #: The position of its first call in the Parallel call, and its calls' keys,
+        #: where results are kept (:mod:`.resume`).
+        self.keep: tuple[int, list[str]] | None = None
 
 
 def session_for(settings: dict[str, Any]) -> Session:
