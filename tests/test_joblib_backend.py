@@ -178,6 +178,7 @@ def test_pre_dispatch_with_a_generator_of_calls():
     assert out == [i * i for i in range(30)]
 
 
+@pytest.mark.filterwarnings("error:Sending large graph")  # (through the store, not the graph)
 def test_large_numpy_arguments_and_results():
     big = np.arange(2_000_000, dtype=np.float64)  # 16 MB
     sums = Parallel(n_jobs=2)(delayed(np.sum)(big[i:]) for i in range(4))

@@ -13,6 +13,7 @@ session's store for results and read back by the driver (:mod:`.values`).
 
 from __future__ import annotations
 
+import pickle
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from ..errors import ConfigError
+from ..manifest import checksum
+from ..storage import open_store
 from ..workload import Task, TaskOutput, Workload
 from . import values
 
@@ -36,9 +39,18 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CallTask(Task):
-    """Calls ``start`` to ``stop - 1`` of the session (its units), pickled."""
+    """Calls ``start`` to ``stop - 1`` of the session (its units): their pickle, or
+    (``spilled``) the key of their pickle in ``spill_url``'s store (:mod:`.values`)."""
 
     payload: bytes = b""
+    spilled: str | None = None
+    spill_url: str | None = None
+
+    def batch(self) -> CallBatch:
+        """Worker: the calls."""
+        if self.spilled is None:
+            return cloudpickle.loads(self.payload)
+        return pickle.loads(open_store(self.spill_url).read_bytes(self.spilled))
 
 
 class CallBatch:
@@ -69,6 +81,28 @@ class CallBatch:
         backend, n_jobs = self.nested
         with parallel_config(backend=backend, n_jobs=n_jobs):
             return [func(*args, **kwargs) for func, args, kwargs in self.items]
+
+    def run_kept(self) -> tuple[list, list]:
+        """The calls, each kept one's result read back from the output instead of run,
+        each other's run and kept (its object written before its result is returned;
+        :mod:`.resume`). The values, and each call's (size, checksum)."""
+        from joblib import parallel_config
+
+        store = open_store(self.output_url)
+        backend, n_jobs = self.nested
+        values, meta = [], []
+        with parallel_config(backend=backend, n_jobs=n_jobs):
+            for (func, args, kwargs), key in zip(self.items, self.keys, strict=True):
+                try:
+                    data = store.read_bytes(key)
+                    value = pickle.loads(data)
+                except FileNotFoundError:
+                    value = func(*args, **kwargs)
+                    data = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                    store.write_bytes(key, data)
+                values.append(value)
+                meta.append((len(data), checksum(data)))
+        return values, meta
 
 
 def describe_call(func) -> str:
@@ -151,11 +185,9 @@ def _run_batch(task: CallTask) -> tuple[CallBatch | None, tuple]:
     """The batch, and ("ok", values) or ("error", exception, traceback text)."""
     batch = None
     try:
-        batch = cloudpickle.loads(task.payload)
+        batch = task.batch()
         if batch.output_url is not None and batch.keys is not None:
-            from .resume import run_kept
-
-            return batch, ("ok", *run_kept(batch))
+            return batch, ("ok", *batch.run_kept())
         return batch, ("ok", batch.run())
     except BaseException as exc:  # (the call's, as joblib's batches report any)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -28,15 +28,13 @@ import json
 import pickle
 import re
 
-import cloudpickle
-
 from ..errors import ConfigError
 from ..layout import consolidated_manifest_key, job_record_key, manifest_key
 from ..manifest import UNIT_RANGE, checksum, task_entry
 from ..storage import join, open_store, write_parquet
 from .calls import CallsWorkload, describe_call
 
-__all__ = ["KeptResults", "call_identity", "run_kept"]
+__all__ = ["KeptResults", "call_identity"]
 
 #: The folder of a job holding its calls' results.
 CALLS_FOLDER = "calls"
@@ -172,26 +170,3 @@ class KeptResults:
         }
         data = json.dumps(record, indent=2, sort_keys=True).encode()
         self.store.write_bytes(job_record_key(self.job_id), data)
-
-
-def run_kept(batch) -> tuple[list, list]:
-    """Worker: the batch's calls, each kept call's result read back instead of run, each
-    other's run and kept (its object written before its result is returned). The
-    values, and each call's (size, checksum)."""
-    from joblib import parallel_config
-
-    store = open_store(batch.output_url)
-    backend, n_jobs = batch.nested
-    values, meta = [], []
-    with parallel_config(backend=backend, n_jobs=n_jobs):
-        for (func, args, kwargs), key in zip(batch.items, batch.keys, strict=True):
-            try:
-                data = store.read_bytes(key)
-                value = pickle.loads(data)
-            except FileNotFoundError:
-                value = func(*args, **kwargs)
-                data = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-                store.write_bytes(key, data)
-            values.append(value)
-            meta.append((len(data), checksum(data)))
-    return values, meta

@@ -22,6 +22,7 @@ import threading
 from typing import Any
 
 from ..config import CONNECTION_SETTINGS, connection_options
+from ..storage import open_store
 from ..workload import TaskReceipt
 from . import values
 from .calls import CallBatch, CallsWorkload, CallTask, pickle_batch
@@ -105,6 +106,7 @@ class Session:
         self._incoming: list[tuple[CallJob, CallTask | tuple]] = []
         self._jobs: dict[int, CallJob] = {}
         self._cancelled: list[int] = []
+        self._tasks: dict[int, CallTask] = {}  # tasks whose calls are in the spill store
         self._indices = itertools.count()
         self._calls = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="pipeline-joblib", daemon=True)
@@ -129,12 +131,22 @@ class Session:
             next(self._calls)
         job = CallJob(index, len(batch.items), callback, batch.spill_url)
         try:
-            item: CallTask | tuple = CallTask(
-                index, first, first + len(batch.items), pickle_batch(batch)
-            )
+            item: CallTask | tuple = self._task(index, first, batch)
         except Exception as exc:  # a call that does not pickle: its callback says so
             item = ("error", exc, "")
         return self._hand_over(job, item)
+
+    def _task(self, index: int, first: int, batch: CallBatch) -> CallTask:
+        """The batch's task: its calls inside it, or, beyond :data:`values.INLINE_ARGS_BYTES`
+        where there is a spill store, in the store (the scheduler holds every queued
+        task's arguments; the worker reads them from the store)."""
+        payload = pickle_batch(batch)
+        stop = first + len(batch.items)
+        if len(payload) <= values.INLINE_ARGS_BYTES or batch.spill_url is None:
+            return CallTask(index, first, stop, payload)
+        key = f"{values.SPILL_FOLDER}/{self.runner.workload.job_id}/calls-{index}.pkl"
+        open_store(batch.spill_url).write_bytes(key, payload)
+        return CallTask(index, first, stop, spilled=key, spill_url=batch.spill_url)
 
     def complete(self, results: list, size: int, callback) -> CallJob:
         """A batch whose results are known already (kept by an earlier run): its
@@ -187,12 +199,16 @@ class Session:
                 cancelled, self._cancelled = self._cancelled, []
             if cancelled:
                 self.runner.cancel(cancelled)
+                for index in cancelled:
+                    self._forget_spilled(index)
             tasks = []
             for job, item in incoming:
                 if isinstance(item, tuple):
                     self._deliver(job, item)
                     continue
                 self._jobs[job.index] = job
+                if item.spilled is not None:
+                    self._tasks[job.index] = item
                 tasks.append(item)
             if tasks:
                 self.runner.add(tasks)
@@ -206,8 +222,15 @@ class Session:
                 return
             for receipt in receipts:
                 job = self._jobs.pop(receipt.index, None)
+                self._forget_spilled(receipt.index)
                 if job is not None:
                     self._deliver(job, _outcome(receipt, job.spill))
+
+    def _forget_spilled(self, index: int) -> None:
+        task = self._tasks.pop(index, None)
+        if task is not None:
+            with contextlib.suppress(OSError):
+                open_store(task.spill_url).delete_prefix(task.spilled)
 
     def _deliver(self, job: CallJob, outcome: tuple) -> None:
         job.outcome = outcome

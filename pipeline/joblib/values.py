@@ -24,6 +24,9 @@ __all__ = ["INLINE_VALUE_BYTES", "SPILL_FOLDER", "pack", "unpack"]
 #: the scheduler, which keeps a topic's last 1,000 events
 #: (``distributed.admin.low-level-log-length``): at most this much each.
 INLINE_VALUE_BYTES = 64 * 1024
+#: Pickled bytes of a batch's calls (their arguments) a task may carry inside it: the
+#: scheduler holds each queued task; beyond, they go through the spill store.
+INLINE_ARGS_BYTES = 1024 * 1024
 #: The folder of an output that holds results on their way back.
 SPILL_FOLDER = ".joblib-spill"
 
