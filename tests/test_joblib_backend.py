@@ -348,3 +348,70 @@ def test_a_killed_driver_resumes_from_the_kept_results(tmp_path):
     other = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert other.returncode != 0
     assert "holds the results of __main__:fit, not of this program's __main__:fit" in other.stderr
+
+
+# -- a load balancer restarted mid-call ------------------------------------------------
+
+GATED_DRIVER = """
+import os, sys, time
+import joblib
+import pipeline  # noqa: F401
+
+address, ca, cert, key, gate, log = sys.argv[1:7]
+
+def unit(x):
+    with open(os.path.join(log, f"started-{x}"), "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 2 * x
+
+with joblib.parallel_config(backend="pipeline", scheduler=address, tls_ca_file=ca,
+                            tls_cert=cert, tls_key=key):
+    print(joblib.Parallel(n_jobs=-1, batch_size=1)(joblib.delayed(unit)(x) for x in range(6)))
+"""
+
+
+@pytest.mark.integration
+def test_a_load_balancer_restarted_mid_call_is_waited_out(tmp_path):
+    from harness.cluster_procs import (
+        REPO_ROOT,
+        ProcessManager,
+        free_port,
+        start_haproxy,
+        start_scheduler,
+        start_worker,
+    )
+    from pipeline.cluster.tls import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    log.mkdir()
+    script = tmp_path / "driver.py"
+    script.write_text(GATED_DRIVER)
+    with ProcessManager(tmp_path / "logs") as pm:
+        port = free_port()
+        scheduler = start_scheduler(pm, certs, port=port)
+        lb = start_haproxy(pm, f"127.0.0.1:{port}")
+        for i in range(2):
+            start_worker(pm, scheduler.address, certs, name=f"w{i}")
+        stderr = tmp_path / "driver.stderr"
+        argv = [sys.executable, str(script), lb.address, certs["ca"], certs["client"],
+                certs["client-key"], gate, log]  # fmt: skip
+        driver = subprocess.Popen(
+            list(map(str, argv)), stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=tmp_path,
+        )  # fmt: skip
+        wait_for("two running calls", lambda: len(list(log.glob("started-*"))) >= 2)
+        lb.kill()  # SIGKILL, as a balancer node lost
+        lb = start_haproxy(pm, scheduler.address.removeprefix("tls://"),
+                           port=int(lb.address.rsplit(":", 1)[1]))  # fmt: skip
+        wait_for("the driver to reconnect",
+                 lambda: "reconnected to the scheduler" in stderr.read_text())  # fmt: skip
+        gate.touch()
+        stdout, _ = driver.communicate(timeout=180)
+    assert driver.returncode == 0, stdout + stderr.read_text()
+    assert stdout.strip().splitlines()[-1] == str([2 * x for x in range(6)])
+    starts = {p.name: len(p.read_text().split()) for p in log.iterdir()}
+    assert starts == {f"started-{x}": 1 for x in range(6)}  # none run twice

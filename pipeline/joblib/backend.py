@@ -17,6 +17,7 @@ files, ...) over the ``PIPELINE_*`` variables, and ``output=`` (a folder or
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
@@ -52,7 +53,8 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         self._settings = settings
         self._output = _output_url(output)
         self._session: Session | None = None
-        self._jobs: set[CallJob] = set()
+        self._jobs: set[CallJob] = set()  # (added and removed from two threads: locked)
+        self._jobs_lock = threading.Lock()
         self._kept = None
         self._position = 0  # calls submitted in the running Parallel call
         self._failed = False
@@ -112,13 +114,15 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         )
         job = session.submit(batch, callback)
         job.keep = (first, keys) if keys is not None else None
-        self._jobs.add(job)
+        with self._jobs_lock:
+            self._jobs.add(job)
         return job
 
     def retrieve_result_callback(self, out: CallJob):
         """The batch's results; its call's exception, re-raised with the worker's
         traceback as its cause."""
-        self._jobs.discard(out)
+        with self._jobs_lock:
+            self._jobs.discard(out)
         outcome, out.outcome = out.outcome, None
         if outcome[0] == "ok":
             if out.keep is not None and len(outcome) == 3:
@@ -146,7 +150,8 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Cancel this backend's batches not heard from (joblib ignores them now)."""
         self._failed = True
-        jobs, self._jobs = list(self._jobs), set()
+        with self._jobs_lock:
+            jobs, self._jobs = list(self._jobs), set()
         if jobs and self._session is not None and not self._session.closed:
             self._session.cancel(jobs)
 

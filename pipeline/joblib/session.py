@@ -89,6 +89,7 @@ class Session:
 
         self.options = options
         self.closed = False
+        self._released = False
         self._stack = contextlib.ExitStack()
         self.client = self._stack.enter_context(connect(options))
         self.remote = bool(options.scheduler)
@@ -179,10 +180,20 @@ class Session:
             self.closed = True
             self._lock.notify()
         self.runner.wake()
-        self._thread.join(timeout=30)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._release()
+
+    def _release(self) -> None:
+        """The runner, the connection (the embedded cluster with it) and the scratch
+        folder let go of; once."""
+        if self._released:
+            return
+        self._released = True
         with contextlib.suppress(Exception):
             self.runner.close()
-        self._stack.close()
+        with contextlib.suppress(Exception):
+            self._stack.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -251,6 +262,7 @@ class Session:
                     del _SESSIONS[key]
         for job in jobs:
             self._deliver(job, ("error", exc, ""))
+        self._release()
 
 
 def _outcome(receipt: TaskReceipt, spill_url: str | None) -> tuple:
