@@ -81,7 +81,7 @@ def test_registered_under_its_name():
     backend, _n_jobs = joblib.parallel.get_active_backend()
     assert isinstance(backend, PipelineBackend)
     assert joblib.effective_n_jobs(-1) == WORKERS
-    assert joblib.effective_n_jobs(-2) == WORKERS - 1
+    assert joblib.effective_n_jobs(-2) == 2  # (not 1: joblib would run it in the driver)
     assert joblib.effective_n_jobs(3) == 3
 
 
@@ -188,6 +188,17 @@ def test_large_numpy_arguments_and_results():
     assert [a[0] for a in arrays] == [0, 1, 2, 3] and all(a.size == 100_000 for a in arrays)
 
 
+def test_without_output_nothing_is_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = Parallel(n_jobs=2)(delayed(np.full)(100_000, i) for i in range(3))
+    again = Parallel(n_jobs=2)(delayed(np.full)(100_000, i) for i in range(3))
+    assert [a[0] for a in first] == [a[0] for a in again] == [0, 1, 2]
+    assert list(tmp_path.iterdir()) == []  # (no results/ folder, nothing else)
+    backend, _ = joblib.parallel.get_active_backend()
+    scratch = backend.session.spill_url(None)  # results on their way back: read, removed
+    assert [p for p in Path(scratch).rglob("*") if p.is_file()] == []
+
+
 def test_verbose_prints_progress(capsys):
     Parallel(n_jobs=2, verbose=10)(delayed(square)(i) for i in range(10))
     err = capsys.readouterr().err
@@ -265,14 +276,17 @@ def test_a_call_whose_worker_is_killed_runs_again(tmp_path):
 # -- scripts ---------------------------------------------------------------------------
 
 SCRIPT = """
+import os
 import joblib
 import pipeline  # noqa: F401  (registers the backend)
 
 def cube(x):
-    return x ** 3
+    return x ** 3, os.getpid()
 
 with joblib.parallel_config(backend="pipeline", workers=1):
-    print(joblib.Parallel(n_jobs=-1)(joblib.delayed(cube)(i) for i in range(5)))
+    out = joblib.Parallel(n_jobs=-1)(joblib.delayed(cube)(i) for i in range(5))
+print("on the cluster:", all(pid != os.getpid() for _, pid in out))
+print([value for value, _ in out])
 """
 
 
@@ -284,7 +298,7 @@ def test_script_without_a_main_guard(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[0, 1, 8, 27, 64]"
+    assert out.stdout.strip().splitlines()[-2:] == ["on the cluster: True", "[0, 1, 8, 27, 64]"]
 
 
 # -- resume ----------------------------------------------------------------------------

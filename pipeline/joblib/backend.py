@@ -70,13 +70,14 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         """``n_jobs`` batches at a time; -1 is every worker thread of the cluster, -2
-        all but one, and so on."""
+        all but one, and so on. Never 1 unless ``n_jobs=1`` is asked for: joblib runs
+        a call of one job in the driver, not on the cluster (and keeps nothing)."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if n_jobs is None:
             n_jobs = self.default_n_jobs
         if n_jobs < 0:
-            return max(self.session.worker_threads() + 1 + n_jobs, 1)
+            return max(self.session.worker_threads() + 1 + n_jobs, 2)
         return n_jobs
 
     def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **backend_kwargs):
