@@ -109,7 +109,7 @@ class Session:
         self._cancelled: list[int] = []
         self._tasks: dict[int, CallTask] = {}  # tasks whose calls are in the spill store
         self._indices = itertools.count()
-        self._calls = itertools.count()
+        self._next_call = 0  # the number of the next batch's first call (its units)
         self._thread = threading.Thread(target=self._serve, name="pipeline-joblib", daemon=True)
         self._thread.start()
 
@@ -126,10 +126,9 @@ class Session:
 
     def submit(self, batch: CallBatch, callback) -> CallJob:
         """Send ``batch`` to the cluster; ``callback(job)`` once its outcome is in."""
-        index = next(self._indices)
-        first = next(self._calls)
-        for _ in range(len(batch.items) - 1):
-            next(self._calls)
+        with self._lock:  # (joblib submits from its thread and from callbacks)
+            index, first = next(self._indices), self._next_call
+            self._next_call += len(batch.items)
         job = CallJob(index, len(batch.items), callback, batch.spill_url)
         try:
             item: CallTask | tuple = self._task(index, first, batch)
@@ -165,12 +164,18 @@ class Session:
 
     def cancel(self, jobs) -> None:
         """Cancel ``jobs`` not heard from (their callbacks are not called)."""
+        indices = {job.index for job in jobs}
         with self._lock:
-            for job in jobs:
-                self._jobs.pop(job.index, None)
-                self._incoming = [(j, t) for j, t in self._incoming if j is not job]
-            self._cancelled.extend(j.index for j in jobs)
+            for index in indices:
+                self._jobs.pop(index, None)
+            dropped = [t for j, t in self._incoming if j.index in indices]
+            self._incoming = [(j, t) for j, t in self._incoming if j.index not in indices]
+            self._cancelled.extend(indices)
             self._lock.notify()
+        for task in dropped:  # (never submitted: arguments put in the store, removed)
+            if isinstance(task, CallTask) and task.spilled is not None:
+                with contextlib.suppress(OSError):
+                    open_store(task.spill_url).delete_prefix(task.spilled)
         self.runner.wake()
 
     def close(self) -> None:
