@@ -41,7 +41,7 @@ from .sizing import (
 
 __all__ = ["probe"]
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 
 def probe(
