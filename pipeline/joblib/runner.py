@@ -27,7 +27,7 @@ _WAKE_INDEX = -1
 
 
 class _NoBar:
-    def update(self, units: int) -> None:
+    def update(self, units: int, failed: int = 0) -> None:
         return None
 
 

@@ -29,7 +29,7 @@ from .calls import CallBatch, CallsWorkload, CallTask, pickle_batch
 
 __all__ = ["CallJob", "Session", "close_sessions", "session_for"]
 
-log = logging.getLogger("pipeline.joblib")
+log = logging.getLogger(__name__)
 
 _SESSIONS: dict[tuple, Session] = {}
 _SESSIONS_LOCK = threading.Lock()
