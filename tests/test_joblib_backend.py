@@ -429,3 +429,24 @@ def test_a_load_balancer_restarted_mid_call_is_waited_out(tmp_path):
     assert stdout.strip().splitlines()[-1] == str([2 * x for x in range(6)])
     starts = {p.name: len(p.read_text().split()) for p in log.iterdir()}
     assert starts == {f"started-{x}": 1 for x in range(6)}  # none run twice
+
+
+def exits_on(x, bad):
+    if x == bad:
+        os._exit(1)  # (the call ends its worker process, every time it runs)
+    return x
+
+
+@pytest.mark.slow
+def test_a_call_that_kills_its_worker_every_time_is_an_error_not_a_hang():
+    import dask
+
+    close_sessions()  # (a cluster of its own: the scheduler's allowed failures set)
+    try:
+        with (
+            dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+            pytest.raises(RuntimeError, match="KilledWorker: the worker process running"),
+        ):
+            Parallel(n_jobs=2, batch_size=1)(delayed(exits_on)(i, 3) for i in range(6))
+    finally:
+        close_sessions()
