@@ -183,6 +183,12 @@ def test_large_numpy_arguments_and_results():
     big = np.arange(2_000_000, dtype=np.float64)  # 16 MB
     sums = Parallel(n_jobs=2)(delayed(np.sum)(big[i:]) for i in range(4))
     assert sums == [big[i:].sum() for i in range(4)]
+    # the same large argument in every call (as libraries pass X): stored once, then removed
+    offsets = Parallel(n_jobs=2, batch_size=1)(delayed(np.take)(big, i) for i in range(8))
+    assert offsets == list(range(8))
+    backend, _ = joblib.parallel.get_active_backend()
+    scratch = Path(backend.session.spill_url(None))
+    assert [p for p in scratch.rglob("*") if p.is_file()] == []
     # results beyond what a receipt carries come back through the store
     arrays = Parallel(n_jobs=2)(delayed(np.full)(100_000, i) for i in range(4))
     assert [a[0] for a in arrays] == [0, 1, 2, 3] and all(a.size == 100_000 for a in arrays)

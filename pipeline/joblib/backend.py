@@ -18,6 +18,7 @@ files, ...) over the ``PIPELINE_*`` variables, and ``output=`` (a folder or
 from __future__ import annotations
 
 import threading
+from secrets import token_hex
 from typing import Any
 
 from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
@@ -25,6 +26,8 @@ from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
 from ..config import connection_options
 from .calls import CallBatch
 from .session import CallJob, Session, session_for
+from .shared_args import SharedArgs
+from .values import SPILL_FOLDER
 
 __all__ = ["PipelineBackend"]
 
@@ -58,6 +61,7 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         self._kept = None
         self._position = 0  # calls submitted in the running Parallel call
         self._failed = False
+        self._shared: SharedArgs | None = None
 
     # -- the cluster -------------------------------------------------------------------
 
@@ -106,10 +110,17 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
                 values, meta = done
                 self._kept.record(first, keys, meta)
                 return session.complete(values, len(items), callback)
+        spill_url = session.spill_url(self._output)
+        sent = items
+        if spill_url is not None:  # (large arguments stored once per Parallel call)
+            if self._shared is None:
+                prefix = f"{SPILL_FOLDER}/{session.runner.workload.job_id}/args-{token_hex(6)}"
+                self._shared = SharedArgs(spill_url, prefix)
+            sent = self._shared.replace(items)
         batch = CallBatch(
-            items,
+            sent,
             nested,
-            spill_url=session.spill_url(self._output),
+            spill_url=spill_url,
             output_url=self._output,
             keys=keys,
         )
@@ -147,6 +158,9 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         its output's manifest (``pipeline verify`` checks them)."""
         if self._kept is not None and not self._failed:
             self._kept.finish(self._position)
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.clear()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Cancel this backend's batches not heard from (joblib ignores them now)."""

@@ -26,6 +26,7 @@ from ..manifest import checksum
 from ..storage import open_store
 from ..workload import Task, TaskOutput, Workload
 from . import values
+from .shared_args import resolve_items
 
 __all__ = [
     "CallBatch",
@@ -79,8 +80,9 @@ class CallBatch:
         from joblib import parallel_config
 
         backend, n_jobs = self.nested
+        items = resolve_items(self.items)
         with parallel_config(backend=backend, n_jobs=n_jobs):
-            return [func(*args, **kwargs) for func, args, kwargs in self.items]
+            return [func(*args, **kwargs) for func, args, kwargs in items]
 
     def run_kept(self) -> tuple[list, list]:
         """The calls, each kept one's result read back from the output instead of run,
@@ -97,12 +99,18 @@ class CallBatch:
                     data = store.read_bytes(key)
                     value = pickle.loads(data)
                 except FileNotFoundError:
+                    args, kwargs = _resolved(args, kwargs)
                     value = func(*args, **kwargs)
                     data = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
                     store.write_bytes(key, data)
                 values.append(value)
                 meta.append((len(data), checksum(data)))
         return values, meta
+
+
+def _resolved(args, kwargs) -> tuple[list, dict]:
+    ((_, args, kwargs),) = resolve_items([(None, args, kwargs)])
+    return args, kwargs
 
 
 def describe_call(func) -> str:
