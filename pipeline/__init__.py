@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 import importlib
 
+from . import joblib as _joblib_backend  # noqa: F401  (registers backend="pipeline")
 from .cluster.connect import connect
 from .config import RunOptions, check_settings, setting
 from .driver import run_jobs

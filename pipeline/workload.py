@@ -139,6 +139,9 @@ class TaskOutput:
     #: would read back for it), when the task knows them: the driver then need not
     #: read them back at the job's end. None: not said, so read.
     recorded_failures: list[UnitFailure] | None = None
+    #: A small value the task sends back in its receipt (bytes; the joblib backend's
+    #: pickled results): it travels with the receipt's event, never fetched from a worker.
+    value: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,8 @@ class TaskReceipt:
     #: The Dask worker that ran it ('' outside Dask): workers can share a process (a
     #: LocalCluster's threads, the fleet simulation), where host and pid are not one.
     worker_address: str = ""
+    #: TaskOutput.value: the task's small value back to the driver (None for most).
+    value: bytes | None = None
 
     @property
     def complete(self) -> bool:

@@ -128,6 +128,7 @@ def execute_task(
         started=started,
         pid=os.getpid(),
         recorded=None if out.recorded_failures is None else tuple(out.recorded_failures),
+        value=out.value,
     )
 
 

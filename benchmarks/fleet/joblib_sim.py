@@ -1,0 +1,183 @@
+"""A joblib ``Parallel`` call on a simulated fleet (issue 45.3): N single-thread Dask
+workers behind HAProxy with mutual TLS (the fleet of :mod:`.scale_sim`), and a driver
+program that runs ``Parallel(n_jobs=-1)`` of ``--calls`` calls that each sleep
+``--call-seconds``, through the load balancer, on the ``pipeline`` backend or on
+joblib's own Dask backend (``--joblib dask``, a ``Client`` made as its users make it).
+
+It measures the driver's wall time (against the ideal, ``ceil(calls / workers)`` rounds
+of ``--call-seconds``), the scheduler's CPU seconds per call (net of the heartbeats'
+rate measured idle), and checks that every call returned its result in order and ran
+once (each call leaves a file; calls run twice are counted). A hang is reported as
+such once ``--run-timeout`` passes.
+
+    benchmarks/fleet/joblib-sim --workers 1000 --calls 8000 --joblib pipeline --out p.json
+    benchmarks/fleet/joblib-sim --workers 1000 --calls 8000 --joblib dask --out d.json
+
+Bars (issue 45.3, pipeline): every call once, scheduler CPU <= 1 ms per call; the dask
+run is reported side by side (hang, time or failure, as it comes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.fleet.scale_sim import (
+    FLEET_ENV,
+    _count_workers,
+    _cpu,
+    _security,
+    _start_sim_process,
+    _wait_for_workers,
+)
+from harness.cluster_procs import (
+    REPO_ROOT,
+    ProcessManager,
+    free_port,
+    start_haproxy,
+    start_scheduler,
+)
+
+DRIVER = """
+import json, os, sys, time
+import joblib
+from joblib import Parallel, delayed
+
+address, ca, cert, key, calls, seconds, marks, backend = sys.argv[1:9]
+calls, seconds = int(calls), float(seconds)
+
+def call(i, seconds, marks):
+    open(os.path.join(marks, f"{i}-{os.getpid()}-{time.monotonic_ns()}"), "w").close()
+    time.sleep(seconds)
+    return i
+
+t0 = time.monotonic()
+if backend == "pipeline":
+    import pipeline  # noqa: F401
+    config = joblib.parallel_config(backend="pipeline", scheduler=address, tls_ca_file=ca,
+                                    tls_cert=cert, tls_key=key)
+else:
+    from distributed import Client
+    from distributed.security import Security
+    client = Client(address, security=Security(tls_ca_file=ca, tls_client_cert=cert,
+                    tls_client_key=key, require_encryption=True), timeout=60)
+    config = joblib.parallel_backend("dask", client=client)
+with config:
+    workers = joblib.effective_n_jobs(-1)  # (connected, the session open: timed apart)
+    started = time.monotonic()
+    out = Parallel(n_jobs=-1)(delayed(call)(i, seconds, marks) for i in range(calls))
+    ended = time.monotonic()
+print(json.dumps({"in_order": out == list(range(calls)), "results": len(out), "n_jobs": workers,
+                  "connect_seconds": started - t0, "parallel_seconds": ended - started}))
+"""
+
+
+def _options(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=1000)
+    p.add_argument("--per-process", type=int, default=200)
+    p.add_argument("--calls", type=int, default=8000)
+    p.add_argument("--call-seconds", type=float, default=2.0)
+    p.add_argument("--joblib", choices=("pipeline", "dask"), default="pipeline")
+    p.add_argument("--out", type=Path, help="write the figures to this JSON file")
+    p.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
+    p.add_argument("--idle-seconds", type=float, default=20.0, help="heartbeat-only window")
+    p.add_argument("--join-timeout", type=float, default=300.0)
+    p.add_argument("--run-timeout", type=float, default=900.0)
+    p.add_argument("--lb-maxconn", type=int, default=8000)
+    return p.parse_args(argv)
+
+
+def run(opts) -> dict:
+    from distributed import Client
+
+    from pipeline.cluster.tls import make_certificates
+
+    n = opts.workers
+    workdir = opts.workdir or Path(f"/tmp/joblib-sim-{os.getpid()}")
+    marks = workdir / "marks"
+    marks.mkdir(parents=True, exist_ok=True)
+    os.environ.update(FLEET_ENV)
+    certs = make_certificates(workdir / "certs")
+    figures: dict = {"backend": opts.joblib, "workers": n, "calls": opts.calls,
+                     "call_seconds": opts.call_seconds, "cores": os.cpu_count(),
+                     "load_average_at_start": os.getloadavg()}  # fmt: skip
+    with ProcessManager(workdir / "logs") as pm:
+        scheduler = start_scheduler(pm, certs, port=free_port())
+        lb = start_haproxy(
+            pm, scheduler.address.removeprefix("tls://"), maxconn=opts.lb_maxconn, timeout=30
+        )
+        client = Client(lb.address, security=_security(certs), timeout=60)
+        t0 = time.monotonic()
+        for p in range(math.ceil(n / opts.per_process)):
+            count = min(opts.per_process, n - p * opts.per_process)
+            _start_sim_process(pm, lb.address, certs, p, count, workdir)
+        _wait_for_workers(client, n, opts.join_timeout, pm)
+        figures["join_seconds"] = round(time.monotonic() - t0, 2)
+        time.sleep(2)
+        c0, w0 = _cpu(scheduler.pid), time.monotonic()
+        time.sleep(opts.idle_seconds)
+        idle_rate = (_cpu(scheduler.pid) - c0) / (time.monotonic() - w0)
+        figures["workers_before_call"] = _count_workers(client)
+        client.close()
+
+        script = workdir / "driver.py"
+        script.write_text(DRIVER)
+        argv = [sys.executable, str(script), lb.address, certs["ca"], certs["client"],
+                certs["client-key"], opts.calls, opts.call_seconds, marks, opts.joblib]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        c0, w0 = _cpu(scheduler.pid), time.monotonic()
+        try:
+            done = subprocess.run(list(map(str, argv)), capture_output=True, text=True,
+                                  env=env, timeout=opts.run_timeout)  # fmt: skip
+            figures["outcome"] = "exit 0" if done.returncode == 0 else f"exit {done.returncode}"
+            lines = done.stdout.strip().splitlines()
+            figures.update(json.loads(lines[-1]) if done.returncode == 0 and lines else {})
+            figures["driver_stderr_tail"] = done.stderr.strip()[-1500:]
+        except subprocess.TimeoutExpired:
+            figures["outcome"] = f"hang: no result after {opts.run_timeout:.0f} s"
+        wall = time.monotonic() - w0
+        used = _cpu(scheduler.pid) - c0
+        figures["command_seconds"] = round(wall, 2)
+        figures["ideal_seconds"] = math.ceil(opts.calls / n) * opts.call_seconds
+        if figures.get("parallel_seconds"):
+            figures["efficiency"] = round(figures["ideal_seconds"] / figures["parallel_seconds"], 3)
+        figures["scheduler_cpu_per_call_gross"] = used / opts.calls
+        figures["scheduler_cpu_per_call"] = max(used - idle_rate * wall, 0.0) / opts.calls
+        runs = collections.Counter(int(m.name.split("-")[0]) for m in marks.iterdir())
+        figures["calls_run"] = len(runs)
+        figures["calls_run_more_than_once"] = sum(1 for c in runs.values() if c > 1)
+        figures["every_call_once"] = set(runs) == set(range(opts.calls)) and all(
+            c == 1 for c in runs.values()
+        )
+        figures["scheduler_alive"] = scheduler.alive()
+        figures["log_dir"] = str(pm.log_dir)
+    return figures
+
+
+def main(argv=None) -> int:
+    opts = _options(argv)
+    figures = run(opts)
+    text = json.dumps(figures, indent=2, default=str)
+    if opts.out:
+        opts.out.write_text(text + "\n")
+    print(text)
+    ok = (
+        figures.get("outcome") == "exit 0"
+        and figures.get("in_order")
+        and figures["every_call_once"]
+        and figures["scheduler_cpu_per_call"] <= 0.001
+    )
+    print("OK" if ok else "NOT OK: see the figures above", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
