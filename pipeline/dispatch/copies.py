@@ -5,8 +5,10 @@ A copy is submitted under a key of its own (``<run>-<index>-c<n>``), restricted 
 workers other than those its task was sent to, at a priority ahead of the tasks
 queued there, and held for the driver like every task (:mod:`.lease`). The first
 receipt of a task, from whichever attempt, is its receipt; its other attempts stay
-held while the scheduler reports them executing (so a slow worker whose thread still
-runs one is not handed tasks to queue behind it), then are let go of.
+held while the scheduler has them on a worker, then are let go of: let go of sooner,
+one that had started would run on unseen (a Dask task's thread cannot be stopped),
+and its worker, free to the scheduler's eyes, would be handed tasks that wait
+behind it. While a first submission stays so, its worker counts as slow.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Copies:
     def __init__(self, client, prefix: str, call: Callable, holder, unhold: Callable):
         self.client, self.prefix, self._call = client, prefix, call
         self._holder, self._unhold = holder, unhold
-        #: Attempts of tasks that reported, held while a worker still executes them.
+        #: Attempts of tasks that reported, held while the scheduler has them on a worker.
         self._losers: list[str] = []
 
     # -- the runner's events -------------------------------------------------------------
@@ -113,11 +115,14 @@ class Copies:
         keys = [c.key for _, c in copies] + self._losers
         keys += [run.keys[i] for run, i in lost if i in run.keys]
         spare = min(SPARE_WORKERS, stragglers.copy_cap(threads) + 8)
-        survey = take_survey(self.client, self.prefix, min(overs, default=math.inf), keys, spare)
+        busy = [k for k in self._losers if "-c" not in k[len(self.prefix) :]]
+        over = min(overs, default=math.inf)
+        survey = take_survey(self.client, self.prefix, over, keys, spare, busy)
         survey = survey or Survey(threads)  # (no survey: no backups, losers let go)
         executing = {k for k, p in survey.placed.items() if p.executing is not None}
-        self._unhold([k for k in self._losers if k not in executing])
-        self._losers = [k for k in self._losers if k in executing]
+        on_worker = {k for k, p in survey.placed.items() if p.state == "processing"}
+        self._unhold([k for k in self._losers if k not in on_worker])
+        self._losers = [k for k in self._losers if k in on_worker]
         cap = stragglers.copy_cap(survey.threads or threads)
         in_flight = sum(
             1
