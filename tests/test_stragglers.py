@@ -8,6 +8,7 @@ start and end is logged in order, with the worker's address.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_copies_in_flight_are_capped(tmp_path, fast_backups, monkeypatch):
             if seen[x] == 2:
                 copies.append((line, x))
     assert {0, 1} <= {x for _, x in copies}, calls
-    for (start, x), (next_start, _) in zip(copies, copies[1:], strict=False):
+    for (start, x), (next_start, _) in itertools.pairwise(copies):
         ends = [i for i, (what, u, _) in enumerate(calls) if what == "end" and u == x and i > start]
         assert ends and ends[0] < next_start, (x, calls)  # one copy on the cluster at a time
 
@@ -108,9 +109,13 @@ def test_a_task_whose_copies_are_all_lost_ends_the_run_naming_it(tmp_path, monke
 
             handle = worker.handle_stimulus
 
+            def lost(stim) -> bool:
+                return isinstance(stim, ComputeTaskEvent) and bool(
+                    re.search(r"-3-c?\d+$", str(stim.key))
+                )
+
             def dropping(*stims):
-                kept = [s for s in stims if not (isinstance(s, ComputeTaskEvent)
-                                                 and re.search(r"-3-c?\d+$", str(s.key)))]  # fmt: skip
+                kept = [s for s in stims if not lost(s)]
                 return handle(*kept) if kept else None
 
             worker.handle_stimulus = dropping

@@ -218,9 +218,9 @@ class Copies:
         tried = ", ".join(sorted(run.tried.get(index, ()))) or "none known"
         return ClusterError(
             f"task {index} (units {task.start}..{task.stop - 1}) was lost: neither its "
-            f"first submission nor its {run.copies[index]} copies reported or ran within "
-            f"{stragglers.lost_after(run):.0f} s of each other (the workers the scheduler "
-            f"sent it to: {tried}); the run stops here rather than wait for ever. Every "
-            "task that completed is stored: look at those workers' logs, then run the "
-            "same command again to resume"
+            f"first submission nor its {run.copies[index]} copies reported, or ran, each "
+            f"given {stragglers.lost_after(run):.0f} s (the workers the scheduler sent it "
+            f"to: {tried}); the run stops here rather than wait for ever. Every task that "
+            "completed is stored: look at those workers' logs, then run the same command "
+            "again to resume"
         )
