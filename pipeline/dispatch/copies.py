@@ -32,6 +32,10 @@ log = logging.getLogger("pipeline.runner")
 
 #: Workers the survey proposes for copies, at most (copies spread over them).
 SPARE_WORKERS = 64
+#: Scheduler states of an attempt not executing that may be lost: on a worker that
+#: does not run it, or with no worker to go to (a copy whose workers left). Queued
+#: ones wait their turn.
+LOST_STATES = ("processing", "no-worker")
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Copies:
         busy = [k for k in self._losers if "-c" not in k[len(self.prefix) :]]
         over = min(overs, default=math.inf)
         survey = take_survey(self.client, self.prefix, over, keys, spare, busy)
+        seen = survey is not None
         survey = survey or Survey(threads)  # (no survey: no backups, losers let go)
         executing = {k for k, p in survey.placed.items() if p.executing is not None}
         on_worker = {k for k, p in survey.placed.items() if p.state == "processing"}
@@ -131,15 +136,14 @@ class Copies:
         )
         for run, index in lost:
             attempts = [run.keys.get(index)] + [c.key for c in run.extra.get(index, [])]
-            tried = run.tried.setdefault(index, set())
-            for key in attempts:
-                placed = survey.placed.get(key)
-                if placed is not None and placed.worker:
-                    tried.add(placed.worker)
-            if any(key in executing for key in attempts):
-                continue  # running: slow, not lost (a backup's business)
+            places = [p for key in attempts if (p := survey.placed.get(key)) is not None]
+            run.tried.setdefault(index, set()).update(p.worker for p in places if p.worker)
+            if any(p.executing is not None or p.state not in LOST_STATES for p in places):
+                continue  # running (slow: a backup's business), or waiting its turn
             if run.copies[index] >= stragglers.MAX_COPIES:
-                raise self._lost(run, index)
+                if seen:  # (on a worker that does not run it, each attempt)
+                    raise self._lost(run, index)
+                continue
             if in_flight < cap:
                 log.warning("task %d not heard from in %.0f s, the run's last: running a copy",
                             index, stragglers.lost_after(run))  # fmt: skip

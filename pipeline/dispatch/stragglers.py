@@ -16,7 +16,8 @@ and Cubed's (3 times, once half are done), from MapReduce's backup tasks.
 never got it (the message lost on the way), and then nothing ends the wait. So once
 a run is down to its last tasks (no more than one per worker thread, none waiting to
 be submitted), a task not heard from for :data:`FACTOR` times the run's median task
-time (and at least :data:`SECONDS`), that no worker reports executing, gets a copy
+time (and at least :data:`SECONDS`), that the scheduler holds on a worker that does
+not report executing it (a task queued for a free worker is not lost), gets a copy
 on another worker; again after as long, up to :data:`MAX_COPIES` copies (a backup
 counts as one). When the task's first submission and its copies have all gone that
 long unheard, none executing, the run ends with a :class:`~pipeline.errors.ClusterError`
