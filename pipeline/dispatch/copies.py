@@ -8,7 +8,8 @@ receipt of a task, from whichever attempt, is its receipt; its other attempts st
 held while the scheduler has them on a worker, then are let go of: let go of sooner,
 one that had started would run on unseen (a Dask task's thread cannot be stopped),
 and its worker, free to the scheduler's eyes, would be handed tasks that wait
-behind it. While a first submission stays so, its worker counts as slow.
+behind it. Held, it is seen: executing long, it makes its worker slow, and the
+tasks queued behind it get backups.
 """
 
 from __future__ import annotations
@@ -119,9 +120,8 @@ class Copies:
         keys = [c.key for _, c in copies] + self._losers
         keys += [run.keys[i] for run, i in lost if i in run.keys]
         spare = min(SPARE_WORKERS, stragglers.copy_cap(threads) + 8)
-        busy = [k for k in self._losers if "-c" not in k[len(self.prefix) :]]
         over = min(overs, default=math.inf)
-        survey = take_survey(self.client, self.prefix, over, keys, spare, busy)
+        survey = take_survey(self.client, self.prefix, over, keys, spare)
         seen = survey is not None
         survey = survey or Survey(threads)  # (no survey: no backups, losers let go)
         executing = {k for k, p in survey.placed.items() if p.executing is not None}

@@ -51,19 +51,12 @@ class Survey:
     spare: list[str] = field(default_factory=list)
 
 
-def survey_scheduler(
-    dask_scheduler, prefix: str, over: float, keys: list, spare: int, busy: list
-) -> dict:
+def survey_scheduler(dask_scheduler, prefix: str, over: float, keys: list, spare: int) -> dict:
     """Scheduler: the survey of the tasks whose keys start with ``prefix``, in plain
-    types (see :class:`Survey`); the workers ``busy`` keys are on count as slow (they
-    run what no one waits for)."""
+    types (see :class:`Survey`)."""
     now = time.time()
     slow: dict[str, list] = {}
-    slow_workers = {
-        ts.processing_on
-        for key in busy
-        if (ts := dask_scheduler.tasks.get(key)) is not None and ts.processing_on is not None
-    }
+    slow_workers = set()
     for ws in dask_scheduler.workers.values():
         lag = max(0.0, now - ws.last_seen)
         for ts, seconds in ws.executing.items():
@@ -72,12 +65,7 @@ def survey_scheduler(
                 slow_workers.add(ws)
     for ws in slow_workers:  # the run's tasks waiting behind a slow one
         for ts in ws.processing:
-            if (
-                str(ts.key).startswith(prefix)
-                and ts.key not in slow
-                and ts.key not in busy
-                and ts not in ws.executing
-            ):
+            if str(ts.key).startswith(prefix) and ts.key not in slow and ts not in ws.executing:
                 slow[ts.key] = ["processing", ws.address, None]
     placed = {}
     for key in keys:
@@ -105,9 +93,7 @@ def survey_scheduler(
     }
 
 
-def take_survey(
-    client, prefix: str, over: float, keys: list, spare: int, busy: list
-) -> Survey | None:
+def take_survey(client, prefix: str, over: float, keys: list, spare: int) -> Survey | None:
     """The scheduler's survey of the run's tasks (keys starting with ``prefix``); None
     when the scheduler cannot run it or does not answer within :data:`SURVEY_TIMEOUT`."""
     if client.status != "running":
@@ -120,7 +106,6 @@ def take_survey(
             over=over,
             keys=list(keys),
             spare=spare,
-            busy=list(busy),
             callback_timeout=SURVEY_TIMEOUT,
         )
     except Exception as exc:  # refused, or no answer in time: the runner does without
