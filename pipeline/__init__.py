@@ -30,7 +30,7 @@ from .storage import (
     read_parquet_object,
     write_parquet,
 )
-from .summary import RunSummary
+from .summary import RunSummary, summary_lines
 from .verify import JobCheck, verify_output
 from .workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
 
@@ -57,18 +57,35 @@ def __getattr__(name: str):
     return value
 
 
-def map(fn, *, client=None, **settings):  # (named as users call it: pipeline.map)
+def map(fn, *, client=None, verbose: int = 1, **settings):  # (as users call it: pipeline.map)
     """Call ``fn`` per unit of one input (``grid=``, ``data=`` or ``files=``), on the
     embedded cluster or ``client``'s, writing the rows it returns under ``output``;
     return the run's :class:`RunSummary`. ``fn`` may be defined in the calling script
     (it travels by value); the other settings are the ``map`` job's and the run's, as
     in a job file, and those not given come from ``PIPELINE_*`` variables. A second
-    call resumes: only units not yet done, or that raised, run. See docs/map.md."""
+    call resumes: only units not yet done, or that raised, run. See docs/map.md.
+
+    ``verbose``: 1 (the default) tells the run as ``pipeline run`` does: its first
+    line and its progress on standard error (a bar on a terminal, else a line at each
+    10 % of the units and every ``progress_seconds``), the summary's lines at its end;
+    2 adds ``-v``'s lines; 0 tells nothing. ``progress=False`` leaves out the progress
+    alone (``progress=True`` shows it with ``verbose=0``)."""
+    import sys
+    import time
+
     from .driver import run_workload
     from .workloads.map import map_job
 
+    started = time.perf_counter()
+    if not verbose and settings.get("progress") is None:
+        settings["progress"] = False
     workload, options = map_job(fn, client=client, **settings)
-    return run_workload(workload, options, client=client)
+    echo = (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
+    summary = run_workload(workload, options, client=client, echo=echo, started=started)
+    if verbose:
+        for line, to_stderr in summary_lines(summary, verbose > 1):
+            print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+    return summary
 
 
 def __dir__() -> list[str]:

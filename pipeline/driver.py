@@ -12,13 +12,13 @@ from pathlib import Path
 
 from .cluster.connect import ClusterStart, connect
 from .config import (
-    CONNECTION_SETTINGS,
     RunOptions,
+    names_in_scope,
 )
 from .contract import preflight
 from .costs.prices import worker_price
-from .errors import ConfigError
-from .job_output import check_batch_space
+from .errors import ConfigError, Interrupted, InterruptedBeforeTasks
+from .job_output import check_batch_space, only_finalization_left
 from .jobs import Job, check_driver_paths, check_inputs_outside, naming_file
 from .layout import check_job_id, consolidated_manifest_key
 from .report import write_report_page
@@ -30,25 +30,37 @@ from .workload import Workload
 __all__ = ["run_jobs", "run_workload"]
 
 
-def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSummary]:
+def run_jobs(
+    jobs: Sequence[Job], *, echo=print, on_summary=None, started: float | None = None
+) -> list[RunSummary]:
     """Run jobs in sequence on one cluster connection (that of the first job).
 
     Every job's inputs are validated before any task runs, so a bad second job fails
     the batch before the first one has spent an hour. The cluster starts meanwhile,
     unless every job's output looks complete already: a batch whose jobs are all
     complete starts no cluster at all. ``on_summary(job, summary)`` is called as each
-    job ends, so that a job's summary is told even if a later one fails.
+    job ends (the last one's once the cluster has stopped), so that a job's summary is
+    told even if a later one fails. ``started``: when the command started (the
+    interpreter's start), on :func:`time.perf_counter`'s clock: the first job's
+    summary counts the whole command's wall time from there.
+
+    Ctrl-C before any task raises :class:`InterruptedBeforeTasks`; during a job,
+    :class:`pipeline.errors.Interrupted`.
     """
+    t_begin = time.perf_counter()
+    began = min(started, t_begin) if started is not None else t_begin
     first = jobs[0].options
     _check_one_cluster(jobs)
     _check_profile_paths(jobs)
     several = len(jobs) > 1
     workloads = []
-    for job in jobs:
-        with naming_file(job.source, several):
-            check_driver_paths(job.options, job.job_id)
-            workloads.append(job.build())
-            check_inputs_outside(workloads[-1], job.options)
+    with _before_tasks("setting up the jobs (writing any default inputs)"):
+        for job in jobs:
+            with naming_file(job.source, several):
+                check_driver_paths(job.options, job.job_id)
+                workloads.append(job.build())
+                check_inputs_outside(workloads[-1], job.options)
+    t_built = time.perf_counter()
     modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
     urls = [u for w in workloads for u in w.input_urls()]
     urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
@@ -57,23 +69,25 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
     if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
         start = ClusterStart(first, modules, urls)
     try:
-        t0 = time.perf_counter()
-        prices = []  # (each job's checks run here, once: run_validated_job skips them)
-        for job, workload in zip(jobs, workloads, strict=True):
-            with naming_file(job.source, several):
-                preflight(workload)
-                # A bad instance type or price file, before any task
-                prices.append(worker_price(job.options))
-                if workload.writes_output:
-                    open_store(job.options.output).preflight()
-        finished = []
-        for job, workload in zip(jobs, workloads, strict=True):
-            with naming_file(job.source, several):
-                finished.append(completed_job(workload, job.options))
-        # (a complete job writes nothing: its record and manifest were just read)
-        writing = zip(jobs, workloads, finished, strict=True)
-        check_batch_space([(w, job.options) for job, w, done in writing if done is None])
-        validation_seconds = time.perf_counter() - t0
+        with _before_tasks("checking the inputs"):
+            t0 = time.perf_counter()
+            prices = []  # (each job's checks run here, once: run_validated_job skips them)
+            for job, workload in zip(jobs, workloads, strict=True):
+                with naming_file(job.source, several):
+                    preflight(workload)
+                    # A bad instance type or price file, before any task
+                    prices.append(worker_price(job.options))
+                    if workload.writes_output:
+                        open_store(job.options.output).preflight()
+            finished = []
+            for job, workload in zip(jobs, workloads, strict=True):
+                with naming_file(job.source, several):
+                    # (a job whose tasks are all done is finalized here, with no cluster)
+                    finished.append(completed_job(workload, job.options))
+            # (a complete job writes nothing more: its record and manifest were just read)
+            writing = zip(jobs, workloads, finished, strict=True)
+            check_batch_space([(w, job.options) for job, w, done in writing if done is None])
+            validation_seconds = time.perf_counter() - t0
     except BaseException:
         if start is not None:
             # Closed here, before the error is shown: a cluster closed while the
@@ -88,31 +102,64 @@ def run_jobs(jobs: Sequence[Job], *, echo=print, on_summary=None) -> list[RunSum
             if on_summary:
                 on_summary(job, summary)
         return finished
-    summaries = []
-    with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
-        t1 = time.perf_counter()
-        client = start.client()
-        startup = {
-            "inputs checked": validation_seconds,
-            "cluster start": start.seconds,
-            "worker imports": start.import_seconds,
-            "waited for the cluster": time.perf_counter() - t1,
-        }
-        if not first.scheduler and first.dashboard and client.dashboard_link:
-            echo(f"dashboard: {client.dashboard_link}")
-        for job, workload, price in zip(jobs, workloads, prices, strict=True):
-            echo(f"{_first_line(workload)} on {_cluster_name(client)}")
-            with _performance_report(job.options.report, job.job_id):
-                summary = run_validated_job(
-                    workload, job.options, client, price, echo=echo, store_checked=True
-                )
-            summary.add_startup(startup)
-            startup = {}
+    summaries: list[RunSummary] = []
+    stopping = None  # (the last job's summary, and when the cluster's stop began)
+    try:
+        with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
+            t1 = time.perf_counter()
+            with _before_tasks("starting the cluster"):
+                client = start.client()
+            startup = {
+                "python start": t_begin - began,
+                "job set-up": t_built - t_begin,
+                "inputs checked": validation_seconds,
+                "cluster start": start.seconds,
+                "worker imports": start.import_seconds,
+                "waited for the cluster": time.perf_counter() - t1,
+            }
+            if not first.scheduler and first.dashboard and client.dashboard_link:
+                echo(f"dashboard: {client.dashboard_link}")
+            for n, (job, workload, price) in enumerate(zip(jobs, workloads, prices, strict=True)):
+                if finished[n] is not None:  # (complete, or finalized above)
+                    summary = finished[n]
+                else:
+                    echo(f"{_first_line(workload)} on {_cluster_name(client)}")
+                    with _performance_report(job.options.report, job.job_id):
+                        summary = run_validated_job(
+                            workload, job.options, client, price, echo=echo, store_checked=True
+                        )
+                if startup:
+                    summary.add_startup(startup)
+                    summary.count_command(time.perf_counter() - began)
+                    startup = {}
+                summaries.append(summary)
+                if n == len(jobs) - 1:
+                    stopping = (job, summary, time.perf_counter())
+                    break
+                _write_report(job.options, job.job_id, summary, echo)
+                if on_summary:
+                    on_summary(job, summary)
+    finally:
+        if stopping is not None:
+            # Told once the cluster has stopped: its stop is part of the command's time
+            job, summary, t_stop = stopping
+            summary.shutdown_seconds = time.perf_counter() - t_stop
+            summary.count_command(summary.command_seconds + summary.shutdown_seconds)
             _write_report(job.options, job.job_id, summary, echo)
-            summaries.append(summary)
             if on_summary:
                 on_summary(job, summary)
     return summaries
+
+
+@contextlib.contextmanager
+def _before_tasks(during: str):
+    """Ctrl-C in this part of a batch's start-up: said as such (no task ran)."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, (Interrupted, InterruptedBeforeTasks)):
+            raise
+        raise InterruptedBeforeTasks(during) from None
 
 
 def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -> None:
@@ -125,15 +172,17 @@ def _write_report(options: RunOptions, job_id: str, summary: RunSummary, echo) -
              "and nothing ran (--overwrite runs it again)")  # fmt: skip
         return
     Path(options.report).mkdir(parents=True, exist_ok=True)
+    page = Path(options.report, f"{job_id}-report.html")
+    summary.report = str(page.resolve())
     Path(options.report, f"{job_id}-summary.json").write_text(summary.to_json())
-    write_report_page(summary, Path(options.report, f"{job_id}-report.html"))
+    write_report_page(summary, page)
 
 
 #: Run settings of the connection to a cluster (or of the embedded one it starts).
 
 
 #: Run settings of the cluster, not of a job: the jobs of one run share the first's.
-CLUSTER_SETTINGS = (*CONNECTION_SETTINGS, "profile")
+CLUSTER_SETTINGS = names_in_scope(RunOptions, "cluster")
 
 
 def _check_one_cluster(jobs: Sequence[Job]) -> None:
@@ -165,12 +214,16 @@ def _check_profile_paths(jobs: Sequence[Job]) -> None:
 
 
 def _looks_complete(workload: Workload, options: RunOptions) -> bool:
-    """Whether the job's output holds its consolidated results (one cheap check:
-    whether they are current is for :func:`completed_job`, after validation)."""
+    """Whether the job's output holds its consolidated results, or every task's entry
+    with only the consolidation left (cheap checks: whether they are current is for
+    :func:`completed_job`, after validation)."""
     if not workload.writes_output or options.overwrite:
         return False
     try:
-        return open_store(options.output).exists(consolidated_manifest_key(workload.job_id))
+        store = open_store(options.output)
+        if store.exists(consolidated_manifest_key(workload.job_id)):
+            return True
+        return only_finalization_left(workload, options, store)
     except Exception:  # a bad output: validation says what is wrong with it
         return True
 
@@ -207,11 +260,15 @@ def _profiled(path: str | None):
         profiler.dump_stats(path)
 
 
-def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=None):
+def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=None,
+                 started: float | None = None):  # fmt: skip
     """Run one workload built in Python (not from a job file): on ``client``'s cluster,
-    or on an embedded one started for it unless the job is complete already."""
+    or on an embedded one started for it unless the job is complete already.
+    ``started``: when the call began (:func:`time.perf_counter`), if before this one
+    (building the workload): the summary counts the call's whole wall time from there."""
     echo = echo or (lambda message: None)
     t0 = time.perf_counter()
+    began = min(started, t0) if started is not None else t0
     check_job_id(workload.job_id)
     check_driver_paths(options, workload.job_id)
     check_inputs_outside(workload, options)
@@ -219,17 +276,27 @@ def run_workload(workload: Workload, options: RunOptions, *, client=None, echo=N
     finished = completed_job(workload, options)
     if finished is None:
         price = worker_price(options)
+        t_checked = time.perf_counter()
         # The report and the driver's profile, written as `pipeline run` writes them
         # (their paths are checked above)
         with contextlib.ExitStack() as stack, _profiled(options.profile):
             if client is None:
                 client = stack.enter_context(connect(options))
+            startup = {
+                "job set-up": t0 - began,
+                "inputs checked": t_checked - t0,
+                "waited for the cluster": time.perf_counter() - t_checked,
+            }
+            echo(f"{_first_line(workload)} on {_cluster_name(client)}")
             with _performance_report(options.report, workload.job_id):
                 # (the output store's preflight is the run's: a complete job's output
                 # is only read)
                 finished = run_validated_job(workload, options, client, price, echo=echo)
-            # The call's whole wall time: the cluster's start-up (when it started one) too
-            finished.count_command(time.perf_counter() - t0)
+            finished.add_startup(startup)
+            t_stop = time.perf_counter()
+        # The call's whole wall time: the cluster's start-up and stop (when it started one)
+        finished.shutdown_seconds = time.perf_counter() - t_stop
+        finished.count_command(time.perf_counter() - began)
     _write_report(options, workload.job_id, finished, echo)
     return finished
 

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "InputError",
     "Interrupted",
+    "InterruptedBeforeTasks",
     "JobRunning",
     "PipelineError",
     "StorageError",
@@ -60,7 +61,10 @@ class JobRunning(PipelineError, RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """The user pressed Ctrl-C during a run: what is complete stays, a rerun resumes."""
+    """The user pressed Ctrl-C during a run: what is complete stays, a rerun resumes.
+
+    ``recount()`` gives the units complete and whether only the job's finalization is
+    left, counted again when the message is told."""
 
     def __init__(
         self,
@@ -70,17 +74,31 @@ class Interrupted(KeyboardInterrupt):
         unit_name: str = "unit",
         recount=None,
         keeps_output: bool = True,
+        finalization_left: bool = False,
     ):
         self.job_id, self.units_complete, self.units = job_id, units_complete, units
         self.unit_name, self._recount, self.keeps_output = unit_name, recount, keeps_output
+        self.finalization_left = finalization_left
         super().__init__(self._message())
 
     def _message(self) -> str:
+        job, unit = f"job {self.job_id!r}", self.unit_name
         if not self.keeps_output:  # (cubes with sink none: nothing to resume from)
-            return f"interrupted: job {self.job_id!r} writes no output, so a rerun starts over"
+            return f"interrupted: {job} writes no output, so a rerun starts over"
+        if self.finalization_left:
+            return (
+                f"interrupted: {job} has all {self.units:,} {unit}s done, its manifest not "
+                "yet consolidated; run the same command again to finalize it (it runs no "
+                "task and starts no cluster)"
+            )
+        if not self.units_complete:
+            return (
+                f"interrupted: {job} has none of its {self.units:,} {unit}s complete (no "
+                "task of it completed); run the same command again to start it"
+            )
         return (
-            f"interrupted: job {self.job_id!r} has {self.units_complete:,} of {self.units:,} "
-            f"{self.unit_name}s complete; run the same command again to resume"
+            f"interrupted: {job} has {self.units_complete:,} of {self.units:,} "
+            f"{unit}s complete; run the same command again to resume"
         )
 
     def recounted(self) -> str:
@@ -88,5 +106,20 @@ class Interrupted(KeyboardInterrupt):
         interrupt go on completing until the cluster has stopped, and a rerun finds them."""
         if self._recount is not None:
             with contextlib.suppress(Exception):  # the store gone too: the first count stands
-                self.units_complete = self._recount()
+                self.units_complete, self.finalization_left = self._recount()
         return self._message()
+
+
+class InterruptedBeforeTasks(KeyboardInterrupt):
+    """The user pressed Ctrl-C during a batch's start-up (``during`` says which part),
+    before any of its tasks ran."""
+
+    def __init__(self, during: str):
+        self.during = during
+        super().__init__(self.recounted())
+
+    def recounted(self) -> str:
+        return (
+            f"interrupted while {self.during}: no task ran; run the same command again "
+            "(what earlier runs completed is kept)"
+        )

@@ -24,7 +24,7 @@ from .storage import Store, open_store
 from .summary import size
 from .workload import Task, Workload
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 
 def _completed(store: Store | None, job_id: str) -> set[int]:
@@ -135,3 +135,41 @@ def _check_space(workload: Workload, store: Store | None, units: int) -> None:
 
 def _units_in(tasks: list[Task], indices: set[int]) -> int:
     return sum(len(t.units) for t in tasks if t.index in indices)
+
+
+def recorded_plan(workload: Workload, store: Store | None) -> Plan | None:
+    """The job's plan as its record holds it, read only (None: no record); the run
+    itself compares the settings."""
+    key = job_record_key(workload.job_id)
+    if store is None or not store.exists(key):
+        return None
+    return Plan.from_record(read_job_record(store, key))
+
+
+def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, bool]:
+    """The job's units complete in ``store`` by ``plan`` (less those its next run calls
+    again), and whether only its finalization is left: every task done, none to retry."""
+    tasks = plan.tasks(workload.n_units)
+    done = _completed(store, workload.job_id)
+    ran = [t for t in tasks if t.index in done]
+    retry = workload.tasks_to_retry(store, ran) if ran else set()
+    complete = _units_in(tasks, done)
+    if retry and workload.reruns_failed_units:  # (only their failed units run again)
+        complete -= len(workload.recorded_failures(store, [t for t in ran if t.index in retry]))
+    elif retry:
+        complete -= _units_in(tasks, retry)
+    return complete, bool(plan.sized and tasks and len(ran) == len(tasks) and not retry)
+
+
+def only_finalization_left(workload: Workload, options: RunOptions, store: Store) -> bool:
+    """Whether the job's every task is done and the job not finalized (a run stopped
+    between its last task and its manifest's consolidation): its next run needs no
+    cluster. Read only, from the record as it is (the run compares the settings)."""
+    plan = recorded_plan(workload, store) if workload.writes_output else None
+    if options.overwrite or plan is None or not plan.sized:
+        return False
+    tasks = plan.tasks(workload.n_units)
+    done = _completed(store, workload.job_id)
+    if any(t.index not in done for t in tasks):
+        return False
+    return not workload.tasks_to_retry(store, tasks)

@@ -11,14 +11,18 @@ each holds (a range: ``unit_start``, ``unit_stop``, or columns a workload names 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .coverage import unit_coverage, units_text
 from .layout import consolidated_manifest_key, manifest_key
 from .storage import Store, read_parquet_tables, write_parquet
 
-if TYPE_CHECKING:
-    from .workload import Task
+
+class Task(Protocol):
+    """What the manifest needs of a task: its number, which names its entry."""
+
+    index: int
+
 
 __all__ = [
     "READ_BYTES",

@@ -4,9 +4,7 @@ complete ones, run the rest (:mod:`pipeline.dispatch`), and summarize."""
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
-import sys
 import time
 from dataclasses import asdict, replace
 
@@ -16,15 +14,26 @@ from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from .dispatch.progress import Progress
 from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
-from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
+from .job_output import (
+    _check_space,
+    _completed,
+    _consolidated,
+    _held,
+    _units_in,
+    only_finalization_left,
+    open_output,
+    recorded_plan,
+    stored_units,
+)
 from .layout import check_job_id
 from .manifest import summed_fingerprint
 from .planning.plan import Plan, load_plan, unit_layout
 from .planning.probes import probe
 from .planning.sizing import longest_first
 from .report import task_timings
-from .storage import Store, open_store
+from .storage import Store, is_remote, open_store
 from .summary import RunSummary, TaskTime
 from .workload import Task, TaskReceipt, UnitFailure, Workload
 
@@ -40,9 +49,29 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
         return None
     store = open_store(options.output)
     if not _consolidated(store, workload.job_id):
-        return None
+        return _finalized_now(workload, options, store)
     plan = load_plan(workload, options.units_per_task, store)
     return _finished(workload, store, plan, _completed(store, workload.job_id))
+
+
+def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> RunSummary | None:
+    """A job whose every task is done but not yet finalized (a run stopped between its
+    last task and its manifest's consolidation): finalized here, without a cluster, and
+    its summary; else None."""
+    if not only_finalization_left(workload, options, store):
+        return None
+    with _held(workload, options):
+        t0 = time.perf_counter()
+        plan = load_plan(workload, options.units_per_task, store)
+        summary = _finished(workload, store, plan, _completed(store, workload.job_id))
+        if summary is None:  # (another run changed it meanwhile)
+            return None
+        tasks = plan.tasks(workload.n_units)
+        summary.details.update(_finalized(workload, store, tasks, options))
+        store.discard_incomplete(workload.job_id)
+    summary.finalized_now = True
+    summary.finalize_seconds = summary.command_seconds = time.perf_counter() - t0
+    return summary
 
 
 #: Seconds a run waits for a first worker to join a scheduler that has none (the
@@ -105,7 +134,15 @@ def run_validated_job(
     store's preflight. Each check runs once per job and command, so a workload's
     preflight need not be idempotent."""
     with _held(workload, options):
-        return _run_job(workload, options, client, price, echo, store_checked)
+        try:
+            return _run_job(workload, options, client, price, echo, store_checked)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            # Before its tasks (the output opened, the plan loaded) or after them (the
+            # summary, the finalization): what is complete, counted from the store.
+            store = open_store(options.output) if workload.writes_output else None
+            raise _interrupted(workload, store, recorded_plan(workload, store)) from None
 
 
 def _run_job(
@@ -158,18 +195,7 @@ def _run_job(
                 rest = run.launch(longest_first(layout, [t for t in tasks if t.index not in ran]))
             receipts += rest
     except KeyboardInterrupt:
-
-        def count_complete() -> int:
-            return _units_in(plan.tasks(workload.n_units), _completed(store, workload.job_id))
-
-        raise Interrupted(
-            workload.job_id,
-            count_complete(),
-            workload.n_units,
-            workload.unit_name,
-            recount=count_complete,
-            keeps_output=store is not None,
-        ) from None
+        raise _interrupted(workload, store, plan) from None
 
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.units_skipped = complete
@@ -194,7 +220,7 @@ def _run_job(
         max(0, r.units - kept.get(r.index, 0) - len(r.failures)) for r in receipts if r.failures
     )
     summary.failures = [asdict(f) for f in failures]
-    spent = TaskTime.of(receipts, s3=options.output.startswith("s3://"))
+    spent = TaskTime.of(receipts, s3=is_remote(options.output))
     summary.bytes_written, summary.busy_seconds = spent.bytes_written, spent.seconds
     summary.cpu_seconds, summary.phases = spent.cpu, spent.phases
     summary.runq_seconds, summary.remote = spent.runq, bool(options.scheduler)
@@ -205,6 +231,7 @@ def _run_job(
     if not failures and len(receipts) + len(done) == len(tasks):
         summary.complete = True
         if store is not None:
+            t_final = time.perf_counter()
             summary.details.update(_finalized(workload, store, tasks, options))
             # Units that failed as data (a chunk whose fit failed is a row in the
             # models table, and its task is complete) count against --max-failures too,
@@ -226,6 +253,7 @@ def _run_job(
             leftovers = store.discard_incomplete(workload.job_id)
             if leftovers:
                 log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+            summary.finalize_seconds = time.perf_counter() - t_final
     else:
         # Not complete (a task failed whole): the units that failed inside this run's
         # completed tasks are failures too (they went unsaid beside a KilledWorker)
@@ -248,6 +276,30 @@ def _run_job(
     summary.command_seconds = time.perf_counter() - t_command  # (the batch adds its start-up)
     add_run_cost(summary, price, remote=summary.remote)
     return summary
+
+
+def _interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> Interrupted:
+    """Ctrl-C: the units complete in the store (none without a recorded plan), and
+    whether only the job's finalization is left, counted again once the cluster stopped."""
+
+    def count() -> tuple[int, bool]:
+        if store is None or plan is None:
+            return 0, False
+        return stored_units(workload, store, plan)
+
+    try:
+        complete, finalize = count()
+    except Exception:  # (the store failing too: counted again when told)
+        complete, finalize = 0, False
+    return Interrupted(
+        workload.job_id,
+        complete,
+        workload.n_units,
+        workload.unit_name,
+        recount=count,
+        keeps_output=store is not None,
+        finalization_left=finalize,
+    )
 
 
 def _finalized(workload: Workload, store: Store, tasks: list[Task], options: RunOptions) -> dict:
@@ -320,20 +372,12 @@ def _reads(summary: RunSummary, receipts: list[TaskReceipt]) -> None:
     )
 
 
-@contextlib.contextmanager
-def _progress(workload: Workload, options: RunOptions, units_done: int):
-    from tqdm import tqdm
-
-    show = options.progress if options.progress is not None else sys.stderr.isatty()
-    bar = tqdm(
-        total=workload.n_units - units_done,
+def _progress(workload: Workload, options: RunOptions, units_done: int) -> Progress:
+    """The run's progress on standard error: a bar on a terminal, lines elsewhere."""
+    return Progress(
+        workload.n_units - units_done,
         unit=workload.unit_name,
-        unit_scale=True,
-        disable=not show,
-        file=sys.stderr,
-        smoothing=0.1,
+        label=f"{workload.kind} job {workload.job_id!r}",
+        show=options.progress,
+        every=options.progress_seconds,
     )
-    try:
-        yield bar
-    finally:
-        bar.close()

@@ -13,11 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .costs.bounds import PHASES, TaskTime, cpu_bound, phase_bound, task_bound
 from .figures import count, figure, rate, seconds, size, usd
+from .storage import is_remote
 from .workload import unit_label
 
 __all__ = [
     "PHASES",
+    "STARTUP_PARTS",
     "RunSummary",
     "TaskTime",
     "cost_line",
@@ -34,79 +37,6 @@ DAY_SECONDS = 86_400.0
 def runs_per_day(wall_seconds: float) -> float | None:
     """Runs back to back in a day at this wall time (None when there is none)."""
     return DAY_SECONDS / wall_seconds if wall_seconds > 0 else None
-
-
-#: What a task's time is spent on, as workloads report it (worker-seconds).
-PHASES = ("inputs", "compute", "writing")
-
-
-@dataclass(frozen=True)
-class TaskTime:
-    """Where tasks' time went, summed over them (worker-seconds): what tells a run's
-    summary, and an estimate from its probes, what bound the tasks."""
-
-    #: The tasks' busy seconds.
-    seconds: float
-    #: Seconds by :data:`PHASES`.
-    phases: dict[str, float] = field(default_factory=dict)
-    #: CPU seconds of the worker processes during the tasks (0: not measured).
-    cpu: float = 0.0
-    bytes_written: int = 0
-    #: Whether they wrote to S3 (else to a disk).
-    s3: bool = False
-    #: Seconds they were runnable but waiting for a core (None: not measured).
-    runq: float | None = None
-
-    @classmethod
-    def of(cls, receipts, s3: bool) -> TaskTime:
-        """The sums over task receipts (:class:`pipeline.workload.TaskReceipt`)."""
-        phases: dict[str, float] = {}
-        for r in receipts:
-            for phase, value in r.phases.items():
-                phases[phase] = phases.get(phase, 0.0) + value
-        # (tasks that never ran, or ran where the kernel does not say, are left out)
-        queued = [r.runq_seconds for r in receipts if r.runq_seconds is not None]
-        return cls(
-            seconds=sum(r.busy_seconds for r in receipts),
-            phases=phases,
-            cpu=sum(r.cpu_seconds for r in receipts),
-            bytes_written=sum(r.bytes_written for r in receipts),
-            s3=s3,
-            runq=sum(queued) if queued else None,
-        )
-
-
-def phase_bound(t: TaskTime, span: float) -> str | None:
-    """The phase that bound the tasks: "S3-bound" or "disk-bound" when writing took
-    most of their time, "input-bound" when loading inputs did, else None. A phase
-    binds when it dominates and fills a quarter of ``span`` at least (a run's wall
-    time x its workers): otherwise idle workers say more than how the little busy
-    time was split."""
-    inputs, compute, writing = (t.phases.get(p, 0.0) for p in PHASES)
-    share = 0.25 * span
-    if writing > max(compute, inputs, share) and t.bytes_written:
-        return "S3-bound" if t.s3 else "disk-bound"
-    if inputs > max(compute, writing, share):
-        return "input-bound"
-    return None
-
-
-def cpu_bound(t: TaskTime) -> str:
-    """Whether the tasks computed: "CPU-bound" when they were on the CPU half their
-    time at least; "CPU-contended" when not, but they were runnable and waiting for a
-    core most of the rest (the machine's cores busy with other work); else
-    "wait-bound" (sleep, network, disk, locks, or that is not measured)."""
-    if not t.cpu or t.cpu >= 0.5 * t.seconds:
-        return "CPU-bound"
-    if t.runq is not None and t.runq >= 0.5 * (t.seconds - t.cpu):
-        return "CPU-contended"
-    return "wait-bound"
-
-
-def task_bound(t: TaskTime) -> str:
-    """What bound tasks that kept their workers busy (an estimate's probes, the tasks a
-    projection hands out): :func:`phase_bound`, else :func:`cpu_bound`."""
-    return phase_bound(t, t.seconds) or cpu_bound(t)
 
 
 @dataclass
@@ -142,13 +72,15 @@ class RunSummary:
     wall_seconds: float = 0.0
     #: The whole command's wall time for this job, as a user running a batch of such
     #: commands sees it: the job's run from planning to finalize (probes included)
-    #: and, for a batch's first job, its start-up (checking the inputs, starting the
-    #: cluster). Runs per day divide a day by it.
+    #: and, for a batch's first job, its start-up (the interpreter's start, building
+    #: the jobs and their default inputs, checking the inputs, starting the cluster),
+    #: for its last the cluster's stop. Runs per day divide a day by it.
     command_seconds: float = 0.0
     #: Seconds the driver waited for the cluster, after validating the inputs.
     cluster_seconds: float = 0.0
-    #: The batch's start-up (its first job's summary): seconds checking the inputs,
-    #: starting the cluster (meanwhile) and its workers' imports, waiting for it.
+    #: The batch's start-up (its first job's summary): seconds of the interpreter's
+    #: start and imports, building the jobs, checking the inputs, starting the cluster
+    #: (meanwhile) and its workers' imports, waiting for it (:data:`STARTUP_PARTS`).
     startup: dict[str, float] = field(default_factory=dict)
     units_per_second: float = 0.0
     bytes_written: int = 0
@@ -183,6 +115,27 @@ class RunSummary:
     #: One entry per task this run ran: index, worker, start (s since the run's
     #: start), seconds, units, failed units; for the report page.
     task_timings: list[dict] = field(default_factory=list)
+    #: Of ``wall_seconds``, the job's finalization (its manifest consolidated).
+    finalize_seconds: float = 0.0
+    #: Seconds the cluster took to stop after the batch's last job (its summary is
+    #: told after that, with them in ``command_seconds``).
+    shutdown_seconds: float = 0.0
+    #: Whether this run found every task done and only finalized the job (no cluster).
+    finalized_now: bool = False
+    #: The report page (HTML) written for this run (``--report``), else None.
+    report: str | None = None
+
+    def __str__(self) -> str:
+        """The lines ``pipeline run`` prints at the job's end."""
+        return self.text()
+
+    def text(self, verbose: bool = False) -> str:
+        """The summary's lines (``verbose``: with ``-v``'s), as ``pipeline run`` prints them."""
+        return "\n".join(line for line, _ in summary_lines(self, verbose))
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython and Jupyter show the summary's lines, not the dataclass's fields."""
+        printer.text(self.text())
 
     def count_command(self, seconds: float) -> None:
         """Take ``seconds`` as the whole command's wall time (:attr:`command_seconds`),
@@ -196,14 +149,14 @@ class RunSummary:
         the whole command's wall time."""
         self.startup = startup
         self.cluster_seconds = startup.get("waited for the cluster", 0.0)
-        before = startup.get("inputs checked", 0.0) + self.cluster_seconds
+        before = sum(startup.get(k, 0.0) for k in STARTUP_PARTS)
         self.count_command(self.command_seconds + before)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     def task_time(self) -> TaskTime:
-        s3 = (self.output or "").startswith("s3://")
+        s3 = is_remote(self.output or "")
         return TaskTime(
             self.busy_seconds,
             self.phases,
@@ -219,6 +172,13 @@ class RunSummary:
         return self.units_run - self.units_failed_in_run - self.units_not_kept
 
 
+#: The parts of a batch's start-up, in order, that its command's wall time adds up:
+#: the interpreter's start and imports (``pipeline run``), building the jobs (the
+#: default inputs a workload writes), checking the inputs while the cluster starts,
+#: and what was left of the cluster's start after that.
+STARTUP_PARTS = ("python start", "job set-up", "inputs checked", "waited for the cluster")
+
+
 def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]]:
     """(line, to_stderr) pairs for the end of a job."""
     unit = s.unit_name
@@ -226,9 +186,12 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
     if not s.units_run and s.complete:
         recorded = s.units_failed - s.units_retryable
         failed = f" ({recorded:,} failed, recorded in the results)" if recorded else ""
+        left = "nothing left to run (--overwrite starts over)"
+        if s.finalized_now:  # (a run stopped between its last task and this)
+            left = (f"its tasks were all done and this run finalized it in "
+                    f"{seconds(s.finalize_seconds)}, with no cluster")  # fmt: skip
         out.append((
-            f"{s.workload} job {s.job_id!r} is complete: {s.units:,} {unit}s{failed}; "
-            "nothing left to run (--overwrite starts over)",
+            f"{s.workload} job {s.job_id!r} is complete: {s.units:,} {unit}s{failed}; {left}",
             False,
         ))  # fmt: skip
     else:
@@ -255,6 +218,8 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
         out.append(("  " + cost_line(s), False))
     if s.output:
         out.append((f"  results: {s.output}", False))
+    if s.report:
+        out.append((f"  report: {s.report}", False))
     for key, value in s.details.items():
         out.append((f"  {key}: {value}", False))
     if s.units_failed:
@@ -263,22 +228,36 @@ def summary_lines(s: RunSummary, verbose: bool = False) -> list[tuple[str, bool]
 
 
 def time_split(s: RunSummary) -> str:
-    """Wall time by phase: the workers' seconds per phase over the number of workers."""
+    """The command's wall time in all and by part, in order (parts under 50 ms left
+    out); the run's by phase, the workers' seconds per phase over their number."""
     parts = []
-    if s.startup:
-        start = s.startup["inputs checked"] + s.startup["waited for the cluster"]
+    for name in STARTUP_PARTS[:2]:
+        if s.startup.get(name, 0.0) >= 0.05:
+            parts.append(f"{name} {seconds(s.startup[name])}")
+    checked = s.startup.get("inputs checked", 0.0)
+    if "cluster start" in s.startup:  # (the cluster started while the inputs were checked)
+        start = checked + s.startup["waited for the cluster"]
         parts.append(
-            f"start-up {seconds(start)} (inputs checked {seconds(s.startup['inputs checked'])} "
+            f"start-up {seconds(start)} (inputs checked {seconds(checked)} "
             f"while the cluster started in {seconds(s.startup['cluster start'])})"
         )
-    elif s.cluster_seconds:
-        parts.append(f"cluster start {seconds(s.cluster_seconds)}")
+    else:
+        if checked >= 0.05:
+            parts.append(f"inputs checked {seconds(checked)}")
+        if s.cluster_seconds:
+            parts.append(f"cluster start {seconds(s.cluster_seconds)}")
     w = max(1, s.workers)
     names = {"inputs": "input loading", "compute": s.work_name, "writing": "writing"}
     inner = [f"{names[p]} {seconds(s.phases[p] / w)}" for p in PHASES if s.phases.get(p)]
     per_worker = f" ({', '.join(inner)} per worker)" if inner else ""
-    parts.append(f"run {seconds(s.wall_seconds)}{per_worker}")
-    return ", ".join(parts)
+    parts.append(f"run {seconds(s.wall_seconds - s.finalize_seconds)}{per_worker}")
+    if s.finalize_seconds >= 0.05:
+        parts.append(f"finalizing {seconds(s.finalize_seconds)}")
+    if s.shutdown_seconds >= 0.05:
+        parts.append(f"cluster stop {seconds(s.shutdown_seconds)}")
+    whole = s.command_seconds
+    in_all = f"{seconds(whole)} in all: " if whole > s.wall_seconds else ""
+    return in_all + ", ".join(parts)
 
 
 def cost_line(s: RunSummary) -> str:

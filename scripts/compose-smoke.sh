@@ -20,7 +20,7 @@
 # Host ports for the load balancer and the dashboard are free ones picked at
 # start (LB_PORT, DASHBOARD_PORT to choose), so a running stack is not disturbed.
 #
-# On a machine without a container registry, run ../shared/sandbox/docker-up.sh
+# On a machine without a container registry, start the workplace's Docker sandbox
 # first (engine, docker-compose and local python:3.11-slim / haproxy:2.6).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

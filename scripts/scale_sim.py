@@ -1,5 +1,5 @@
 """The fleet simulation, ``benchmarks/fleet/scale_sim.py``, by the path the GPU host's
-harness runs (``python3 scripts/scale_sim.py ...`` in ``../shared/gpu-host/bench.sh``):
+harness runs (``python3 scripts/scale_sim.py ...`` in its ``bench.sh``):
 the module, with the repository's root on its import path, in this interpreter."""
 
 import os

@@ -3,7 +3,9 @@ client, and its manifest."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow.parquet as pq
+import xxhash
 
 from pipeline import load_jobs, run_job
 
@@ -30,3 +32,9 @@ def run(job, client, messages=None):
 
 def load_manifest(out, job_id="cubes"):
     return pq.read_table(out / job_id / "manifest.parquet").to_pandas()
+
+
+def cube_digest(cube) -> str:
+    """A cube's bytes (a numpy array, or a torch tensor on the CPU) as one digest."""
+    array = cube if isinstance(cube, np.ndarray) else cube.numpy()
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(array))

@@ -217,11 +217,28 @@ def test_a_balancer_with_no_scheduler_ever_is_named_in_one_line(tmp_path, certs)
     ), stderr
 
 
-def test_a_worker_sent_sigterm_leaves_and_nothing_is_lost_failed_or_duplicated(tmp_path, certs):
+def _statuses(certs, address: str) -> dict[int, tuple[str, int]]:
+    """The scheduler's status of each worker and its count of tasks assigned, by the
+    worker process's pid."""
+    from distributed import Client
+
+    from harness.cluster_procs import client_security
+
+    with Client(address, security=client_security(certs), timeout=30) as client:
+        return client.run_on_scheduler(
+            lambda dask_scheduler: {
+                w.pid: (w.status.name, len(w.processing)) for w in dask_scheduler.workers.values()
+            }
+        )
+
+
+def test_a_worker_sent_sigterm_starts_nothing_more_and_nothing_runs_twice(tmp_path, certs):
+    # `dask worker` sets a memory limit by default, so its memory monitor runs: it used
+    # to set the draining (paused) worker running again within 100 ms.
     import psutil
 
     with ProcessManager(tmp_path / "logs") as pm:
-        _scheduler, lb, workers = _cluster(pm, certs, workers=3)
+        scheduler, lb, workers = _cluster(pm, certs, workers=3)
         job = _Job(tmp_path, certs, lb.address)
         job.start()
         wait_for("three running units", lambda: job.started() >= 3)
@@ -230,12 +247,25 @@ def test_a_worker_sent_sigterm_leaves_and_nothing_is_lost_failed_or_duplicated(t
         leaving = next(w for w in workers if pid in {p.pid for p in
                        psutil.Process(w.pid).children(recursive=True)})  # fmt: skip
         leaving.terminate()  # SIGTERM to `dask worker`: a spot notice, a scale-in
+
+        # The gate opens once the scheduler has heard the worker stopped taking tasks;
+        # unit 0 then ends there, and what that worker had queued runs elsewhere.
+        # It keeps only the unit it runs: those it had queued go back to the scheduler.
+        def stopped() -> bool:
+            status, assigned = _statuses(certs, scheduler.address).get(pid, ("gone", 0))
+            return status != "running" and assigned <= 1
+
+        wait_for("the worker to stop taking tasks", stopped)
         job.open_gate()
         code, stdout, stderr = job.finish()
         leaving.popen.wait(timeout=60)
     assert code == 0, stdout + stderr
     assert "failed" not in stdout, stdout
+    assert job.runs("started") == dict.fromkeys(range(UNITS), 1), job.runs("started")
     assert job.runs("ended") == dict.fromkeys(range(UNITS), 1), job.runs("ended")
+    on_leaving = [x for x in range(UNITS)
+                  if str(pid) in (job.log / f"started-{x}").read_text().split()]  # fmt: skip
+    assert on_leaving == [0], on_leaving  # nothing started there after the SIGTERM
     job.check_output()
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 import pytest
+from processes import session_alive
+from waiting import wait_for
 
 from pipeline import RunOptions, connect
 from pipeline.cluster.connect import ClusterStart
@@ -168,7 +171,6 @@ def test_semaphores_of_a_run_killed_whole_are_swept_by_the_next():
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     from pipeline.cluster.embedded import sweep_stale_semaphores
@@ -191,7 +193,7 @@ def test_semaphores_of_a_run_killed_whole_are_swept_by_the_next():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    time.sleep(0.5)
+    wait_for("the killed session's processes to exit", lambda: not session_alive(proc.pid), 30)
     assert path.exists()  # left behind: its tracker was killed too
     assert sweep_stale_semaphores() >= 1
     assert not path.exists()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from venv_commands import pipeline_command
 
 from pipeline import ConfigError, load_jobs
 from pipeline.config.settings import RowsFile
@@ -373,14 +371,6 @@ def install_plugin(tmp_path, monkeypatch):
     registry.load.cache_clear()
 
 
-def _pipeline(plugins, *args) -> subprocess.CompletedProcess:
-    """The ``pipeline`` command with the plug-ins in folder ``plugins`` installed."""
-    path = os.pathsep.join(p for p in (str(plugins), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)],
-                          env={**os.environ, "PYTHONPATH": path}, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
-
-
 def test_a_plugin_that_does_not_import_is_named_with_its_error(install_plugin):
     from pipeline import registry
 
@@ -398,14 +388,17 @@ def test_a_plugin_that_does_not_import_leaves_every_other_command_working(tmp_pa
     # The CLI loaded every workload for its flags: one broken plug-in made every
     # command, `pipeline --help` too, a traceback.
     _plugin(tmp_path, "broken", "no_such_module:W")
-    shown = _pipeline(tmp_path, "--help")
+    shown = pipeline_command("--help", paths=[tmp_path])
     assert shown.returncode == 0 and "workloads" in shown.stdout, shown.stderr
-    listed = _pipeline(tmp_path, "workloads")
+    listed = pipeline_command("workloads", paths=[tmp_path])
     assert listed.returncode == 0, listed.stderr
     assert "broken  (no_such_module:W, from package broken-plugin)\n  cannot be loaded: " in (
         listed.stdout
     )
-    assert "--function" in _pipeline(tmp_path, "run", "--workload", "map", "--help").stdout
+    assert (
+        "--function"
+        in pipeline_command("run", "--workload", "map", "--help", paths=[tmp_path]).stdout
+    )
 
 
 def test_a_plugin_setting_named_like_a_run_option_is_refused(install_plugin):
@@ -452,24 +445,56 @@ def test_a_plugin_setting_named_like_a_builtins_is_parsed_by_each_ones_type(tmp_
     # Workloads' settings of the same name are each parsed by their own type and keep
     # their own help: a plug-in's `dim: str` must not change the cubes' integer --dim.
     said = "raise InputError(f'tagger got dim={self.job.dim!r}, model={self.job.model!r}')"
-    _plugin(tmp_path, "tagger", "tagmod:ClashWorkload",
-            plugin_source({"dim": "str", "model": "str"}, said))  # fmt: skip
-    cubes = _pipeline(tmp_path, "run", "--workload", "cubes", "--frames", frames_dir, "--dim", 5,
-                      "--cubes", 10, "--output", tmp_path / "c", "--workers", 1)  # fmt: skip
+    _plugin(
+        tmp_path,
+        "tagger",
+        "tagmod:ClashWorkload",
+        plugin_source({"dim": "str", "model": "str"}, said),
+    )
+    cubes = pipeline_command(
+        "run",
+        "--workload",
+        "cubes",
+        "--frames",
+        frames_dir,
+        "--dim",
+        5,
+        "--cubes",
+        10,
+        "--output",
+        tmp_path / "c",
+        "--workers",
+        1,
+        paths=[tmp_path],
+    )
     assert cubes.returncode == 0 and "10 of 10 cubes" in cubes.stdout, cubes.stderr
-    tagger = _pipeline(tmp_path, "run", "--workload", "tagger", "--dim", 5, "--model", "bert",
-                       "--output", tmp_path / "t", "--workers", 1)  # fmt: skip
+    tagger = pipeline_command(
+        "run",
+        "--workload",
+        "tagger",
+        "--dim",
+        5,
+        "--model",
+        "bert",
+        "--output",
+        tmp_path / "t",
+        "--workers",
+        1,
+        paths=[tmp_path],
+    )
     assert "Error: tagger got dim='5', model='bert'" in tagger.stderr, tagger.stderr
-    wrong = _pipeline(tmp_path, "run", "--workload", "cubes", "--dim", "big")
+    wrong = pipeline_command("run", "--workload", "cubes", "--dim", "big", paths=[tmp_path])
     assert "Error: --dim: 'big' is not an integer" in wrong.stderr, wrong.stderr
-    regressions = _pipeline(tmp_path, "run", "--workload", "regressions", "--help").stdout
+    regressions = pipeline_command(
+        "run", "--workload", "regressions", "--help", paths=[tmp_path]
+    ).stdout
     assert "--model [ols|" in regressions and "The model." not in regressions
     assert "--dim" not in regressions
-    tagger_help = _pipeline(tmp_path, "run", "--workload", "tagger", "--help").stdout
+    tagger_help = pipeline_command("run", "--workload", "tagger", "--help", paths=[tmp_path]).stdout
     assert "--dim TEXT" in tagger_help and "The dim." in tagger_help
-    cubes_help = _pipeline(tmp_path, "run", "--workload", "cubes", "--help").stdout
+    cubes_help = pipeline_command("run", "--workload", "cubes", "--help", paths=[tmp_path]).stdout
     assert "--dim INTEGER" in cubes_help and "The dim." not in cubes_help
-    every = _pipeline(tmp_path, "run", "--help").stdout
+    every = pipeline_command("run", "--help", paths=[tmp_path]).stdout
     assert "--dim" not in every and "tagger" in every  # named where its options are
 
 

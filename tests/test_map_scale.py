@@ -16,6 +16,7 @@ import tracemalloc
 from pathlib import Path
 
 import cloudpickle
+import map_jobs
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,12 +34,8 @@ from pipeline.verify import verify_output
 from pipeline.workloads.map.grid import GridInput
 
 BULK = "mapfns.bulk"
-
-
-def run(client, out, job_id="m", units_per_task=None, **settings):
-    w = MapWorkload(MapJob(**settings), job_id)
-    options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
-    return run_job(w, options, client, echo=lambda m: None)
+#: A map job run as the planner sizes its tasks.
+run = functools.partial(map_jobs.run, units_per_task=None)
 
 
 def test_a_range_in_a_job_file_is_the_job_of_its_listed_values(tmp_path, client):

@@ -888,7 +888,7 @@ def test_s3_input_and_output(s3, s3_bucket, tmp_path):
 
 def test_example_job_file_and_flags_resolve():
     from pipeline.config import check_unknown_keys, resolve
-    from pipeline.config.jobfile import load_job_file
+    from pipeline.jobs import load_job_file
     from pipeline.workloads.regressions import ModelSpec
 
     jf = load_job_file("examples/regressions.toml", "cubes")

@@ -3,40 +3,29 @@ and S3 answering 500/503/SlowDown through a fault-injecting proxy."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
 
+import cube_jobs
 import pytest
 from fault_proxy import FaultProxy
 from s3_server import BUCKET, DUMMY_SECRET, clear_store_cache
 
-from pipeline import RunOptions, StorageError, connect, load_jobs, run_job, run_jobs
+from pipeline import RunOptions, StorageError, connect, run_job, run_jobs
 from pipeline.verify import verify_output
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def cube_job(frames, output, **kw):
-    cli = {
-        "frames": str(frames),
-        "output": output,
-        "cubes": 48,
-        "dim": 10,
-        "seed": 2,
-        "cubes_per_shard": 4,
-        "units_per_task": 8,
-        "progress": False,
-        "workers": 2,
-        **kw,
-    }
-    (job,) = load_jobs([], cli, environ={})
-    return job
+#: The cube jobs these tests run (tests/cube_jobs.py's, a little larger, on 2 workers).
+cube_job = functools.partial(cube_jobs.cube_job, cubes=48, seed=2, units_per_task=8, workers=2)
 
 
 def test_preflight_missing_bucket_names_it_and_runs_nothing(s3, frames_dir):
     with pytest.raises(StorageError, match="no-such-bucket") as info:
-        run_jobs([cube_job(frames_dir, "s3://no-such-bucket/out")], echo=lambda m: None)
+        run_jobs([cube_job("s3://no-such-bucket/out", frames_dir)], echo=lambda m: None)
     assert s3.endpoint in str(info.value)
 
 
@@ -44,7 +33,7 @@ def test_preflight_unreachable_endpoint_names_it(s3, frames_dir, monkeypatch):
     monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
     clear_store_cache()
     with pytest.raises(StorageError, match=r"127\.0\.0\.1:9"):
-        run_jobs([cube_job(frames_dir, f"s3://{BUCKET}/out")], echo=lambda m: None)
+        run_jobs([cube_job(f"s3://{BUCKET}/out", frames_dir)], echo=lambda m: None)
 
 
 def test_preflight_rejected_credentials_via_cli(s3, s3_bucket, frames_dir, monkeypatch):
@@ -80,12 +69,12 @@ def test_missing_input_on_s3_is_named(s3, s3_bucket):
     from pipeline import InputError
 
     with pytest.raises(InputError, match=rf"s3://{BUCKET}/nothing-here is missing or empty"):
-        run_jobs([cube_job(f"s3://{BUCKET}/nothing-here", s3_bucket)], echo=lambda m: None)
+        run_jobs([cube_job(s3_bucket, f"s3://{BUCKET}/nothing-here")], echo=lambda m: None)
 
 
 def test_s3_errors_and_slowdowns_lose_nothing(s3, s3_bucket, frames_dir, monkeypatch):
     with connect(RunOptions(workers=2)) as client:
-        clean = cube_job(frames_dir, f"s3://{BUCKET}/clean")
+        clean = cube_job(f"s3://{BUCKET}/clean", frames_dir)
         assert run_job(clean.build(), clean.options, client, echo=lambda m: None).complete
     with FaultProxy(s3.endpoint, fail_every=4) as proxy:
         # Workers inherit the endpoint when the cluster starts: every S3 request they
@@ -93,7 +82,7 @@ def test_s3_errors_and_slowdowns_lose_nothing(s3, s3_bucket, frames_dir, monkeyp
         monkeypatch.setenv("PIPELINE_S3_ENDPOINT_URL", proxy.url)
         clear_store_cache()
         with connect(RunOptions(workers=2)) as client:
-            job = cube_job(frames_dir, f"s3://{BUCKET}/faulted")
+            job = cube_job(f"s3://{BUCKET}/faulted", frames_dir)
             summary = run_job(job.build(), job.options, client, echo=lambda m: None)
         injected = proxy.failures_injected
     assert injected > 10
@@ -277,14 +266,14 @@ def test_a_resume_after_an_object_changed_on_s3_is_refused(s3, s3_bucket):
 def test_a_shard_deleted_on_s3_is_repaired_to_its_bytes(s3, s3_bucket, frames_dir):
     output = f"s3://{BUCKET}/repaired"
     with connect(RunOptions(workers=2)) as client:
-        job = cube_job(frames_dir, output)
+        job = cube_job(output, frames_dir)
         assert run_job(job.build(), job.options, client, echo=lambda m: None).complete
         key = "repaired/cubes/shards/000005.npy"
         original = s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
         s3.client().delete_object(Bucket=BUCKET, Key=key)
         (check,) = verify_output(output, repair=True)
         assert not check.ok and [(t.start, t.stop) for t in check.repaired] == [(16, 24)]
-        again = cube_job(frames_dir, output)
+        again = cube_job(output, frames_dir)
         summary = run_job(again.build(), again.options, client, echo=lambda m: None)
     assert summary.complete and summary.units_run == 8 and summary.units_skipped == 40
     assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read() == original

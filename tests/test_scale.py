@@ -307,7 +307,7 @@ def test_the_log_scan_counts_the_task_stream_plugins_killed_task_record_apart(tm
 
 
 def test_the_gpu_hosts_harness_path_runs_the_simulation(tmp_path):
-    # ../shared/gpu-host/bench.sh runs `python3 scripts/scale_sim.py` from the root.
+    # The GPU host's harness (bench.sh) runs `python3 scripts/scale_sim.py` from the root.
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "scale_sim.py"), "--help"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,

@@ -32,14 +32,15 @@ from s3_server import (
     clear_store_cache,
     isolate_aws_env,
 )
+from store_contract import StoreContract
 
 import pipeline
 from pipeline.errors import ConfigError, StorageError
 from pipeline.storage import (
     LocalStore,
+    is_remote,
     open_store,
     read_parquet_file,
-    read_parquet_tables,
     write_parquet,
 )
 from pipeline.storage.s3 import S3PermissionError, S3Store
@@ -50,11 +51,46 @@ integration = pytest.mark.integration
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=integration)])
-def store(request, tmp_path):
-    if request.param == "local":
+class TestLocalStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path):
         return LocalStore(tmp_path / "store")
-    return S3Store(request.getfixturevalue("s3_bucket"))
+
+
+@integration
+class TestS3Store(StoreContract):
+    @pytest.fixture
+    def store(self, s3_bucket):
+        return S3Store(s3_bucket)
+
+
+class TestMemoryStore(StoreContract):
+    """A store a package adds for a scheme of its own (tests/memory_store.py, by the
+    test package's entry point) keeps the same contract."""
+
+    @pytest.fixture
+    def store(self, request):
+        url = f"memory://{request.node.name}"
+        yield open_store(url)
+        open_store(url).delete_prefix("")
+
+
+def test_a_scheme_a_package_adds_is_found_by_its_entry_point():
+    from memory_store import MemoryStore
+
+    store = open_store("memory://added")
+    assert type(store) is MemoryStore and store.remote and is_remote("memory://x")
+    assert not is_remote("relative/folder") and not is_remote("file:///tmp/x")
+    with pytest.raises(ConfigError) as info:
+        open_store("broken://x")
+    message = str(info.value)
+    for part in ("broken://", "memory_store_missing:NoSuchStore", "pipeline-test-workloads"):
+        assert part in message
+    assert "install" in message
+    with pytest.raises(ConfigError) as info:
+        open_store("gs://b/x")
+    assert "memory://" in str(info.value) and "s3://" in str(info.value)
+    assert "'pipeline.stores'" in str(info.value)
 
 
 def _all_messages(exc: BaseException) -> str:
@@ -68,61 +104,6 @@ def _assert_no_credentials(text: str) -> None:
 
 
 # --------------------------------------------------------------------------- conformance
-
-
-def test_round_trip(store):
-    assert store.write("a/x.bin", [b"abc", bytearray(b"de"), memoryview(b"fgh")]) == 8
-    assert store.read_bytes("a/x.bin") == b"abcdefgh"
-    assert store.write_bytes("empty", b"") == 0
-    assert store.read_bytes("empty") == b""
-    # a slice of a bytes object is written as the slice
-    assert store.write("slice", [memoryview(b"0123456789")[2:5]]) == 3
-    assert store.read_bytes("slice") == b"234"
-
-
-def test_overwrite_replaces(store):
-    store.write_bytes("k", b"first version, long")
-    store.write_bytes("k", b"second")
-    assert store.read_bytes("k") == b"second"
-    assert store.size("k") == 6
-
-
-def test_failed_write_leaves_old_object_and_no_temp(store):
-    store.write_bytes("d/k", b"old")
-
-    def chunks():
-        yield b"new data "
-        raise RuntimeError("producer failed")
-
-    with pytest.raises(RuntimeError, match="producer failed"):
-        store.write("d/k", chunks())
-    with pytest.raises(RuntimeError):
-        store.write("d/other", chunks())
-    assert store.read_bytes("d/k") == b"old"
-    assert store.list() == ["d/k"]
-    assert not store.exists("d/other")
-
-
-def test_list_sorted_and_prefix_scoped(store):
-    for key in ["a/b1/y/z", "a/b10/w", "a/b1/x", "a/b1.txt", "z", "a/c"]:
-        store.write_bytes(key, key.encode())
-    assert store.list() == ["a/b1.txt", "a/b1/x", "a/b1/y/z", "a/b10/w", "a/c", "z"]
-    assert store.list("a/b1") == ["a/b1/x", "a/b1/y/z"]
-    assert store.list("a/b1/") == ["a/b1/x", "a/b1/y/z"]
-    assert store.list("a/b1/x") == ["a/b1/x"]  # a prefix naming an object
-    assert store.list("a") == ["a/b1.txt", "a/b1/x", "a/b1/y/z", "a/b10/w", "a/c"]
-    assert store.list("nothing") == []
-
-
-def test_delete_prefix_counts(store):
-    for key in ["p/1", "p/2", "p/sub/3", "p10/4", "q"]:
-        store.write_bytes(key, b"x")
-    assert store.delete_prefix("p") == 3
-    assert store.list() == ["p10/4", "q"]
-    assert store.delete_prefix("p") == 0
-    assert store.delete_prefix("missing") == 0
-    assert store.delete_prefix("q") == 1
-    assert store.list() == ["p10/4"]
 
 
 def test_a_url_missing_a_slash_is_refused_not_made_a_local_folder(tmp_path, monkeypatch):
@@ -217,97 +198,6 @@ def test_local_delete_prefix_leaves_no_empty_folders(tmp_path):
     # and writing there again works
     store.write_bytes("job/_calibration/host-2/0.npy", b"z")
     assert store.list("job/_calibration") == ["job/_calibration/host-2/0.npy"]
-
-
-def test_exists_and_size(store):
-    assert not store.exists("s/k")
-    store.write_bytes("s/k", b"12345")
-    assert store.exists("s/k")
-    assert store.size("s/k") == 5
-    assert not store.exists("s")  # a "directory" is not an object
-    with pytest.raises(FileNotFoundError):
-        store.size("s/missing")
-
-
-def test_open_input_seek_read(store):
-    data = bytes(range(256)) * 1000
-    store.write_bytes("f.bin", data)
-    with store.open_input("f.bin") as f:
-        assert f.seekable() and f.readable()
-        assert f.read(10) == data[:10]
-        assert f.seek(100) == 100
-        assert f.read(5) == data[100:105]
-        assert f.tell() == 105
-        f.seek(-7, io.SEEK_END)
-        assert f.read() == data[-7:]
-        assert f.read(3) == b""
-        f.seek(200_000)
-        assert f.read(1000) == data[200_000:201_000]
-        f.seek(10, io.SEEK_CUR)
-        assert f.read(5) == data[201_010:201_015]
-        buf = bytearray(20)
-        f.seek(3)
-        assert f.readinto(buf) == 20 and bytes(buf) == data[3:23]
-        f.seek(0)
-        assert f.read() == data
-
-
-def test_read_missing_is_file_not_found(store):
-    with pytest.raises(FileNotFoundError) as info:
-        store.read_bytes("no/such/key")
-    assert store.describe("no/such/key") in str(info.value)  # the path or s3:// URL
-    with pytest.raises(FileNotFoundError):
-        store.open_input("no/such/key")
-
-
-def test_multipart_payload_round_trip(store):
-    arr = np.random.default_rng(0).integers(0, 2**62, size=5 * MiB, dtype=np.int64)
-    assert arr.nbytes == 40 * MiB
-    header = b"\x93NUMPY-ish header\n"
-    size = store.write("shards/0.npy", [header, memoryview(arr)])
-    assert size == len(header) + arr.nbytes
-    assert store.size("shards/0.npy") == size
-    back = store.read_bytes("shards/0.npy")
-    assert back[: len(header)] == header
-    assert np.array_equal(np.frombuffer(back, dtype=np.int64, offset=len(header)), arr)
-    # a 2-D array's buffer is written in C order, without the caller flattening it
-    grid = arr[: 3 * MiB].reshape(3 * 1024, 1024)
-    assert store.write("shards/1.npy", [grid]) == grid.nbytes
-    assert store.read_bytes("shards/1.npy") == grid.tobytes()
-
-
-def test_pickled_store_still_works(store):
-    store.write_bytes("before", b"1")
-    copy = pickle.loads(pickle.dumps(store))
-    assert copy.url == store.url
-    copy.write_bytes("after", b"2")
-    assert copy.list() == ["after", "before"]
-    assert store.read_bytes("after") == b"2"
-
-
-def test_parquet_through_open_input(store):
-    table = pa.table({"a": np.arange(1000), "b": [f"s{i}" for i in range(1000)]})
-    write_parquet(store, "t.parquet", table)
-    pf = read_parquet_file(store, "t.parquet")
-    assert pf.metadata.num_rows == 1000
-    assert pf.read(columns=["b"]).column("b").to_pylist() == table.column("b").to_pylist()
-
-
-def test_many_parquet_objects_read_in_order(store):
-    # A job's end reads every task's manifest entry: in threads from S3, in key order.
-    keys = [f"parts/part-{i:03d}.parquet" for i in range(40)]
-    for i, key in enumerate(keys):
-        write_parquet(store, key, pa.table({"i": [i], "s": [f"t{i}"]}))
-    tables = read_parquet_tables(store, keys[::-1], columns=["i"])
-    assert [t.column_names for t in tables[:1]] == [["i"]]
-    assert [t.column("i")[0].as_py() for t in tables] == list(range(39, -1, -1))
-    with pytest.raises(FileNotFoundError):
-        read_parquet_tables(store, [keys[0], "parts/missing.parquet"])
-
-
-def test_preflight_passes(store):
-    store.preflight()
-    assert store.list() == []
 
 
 # --------------------------------------------------------------------------- S3 only

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import xxhash
+from cube_jobs import cube_digest
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -16,15 +16,10 @@ from pipeline.errors import InputError, StorageError  # noqa: E402
 from pipeline.torch import CubeShards, CubeStream  # noqa: E402
 
 
-def digest(cube) -> str:
-    array = cube.numpy() if isinstance(cube, torch.Tensor) else cube
-    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(array))
-
-
 def expected(job: CubeJob) -> dict[int, str]:
     workload = CubeWorkload(job, "cubes", job.frames)
     workload.preflight()
-    return {k: digest(workload.cube(k)) for k in range(job.cubes)}
+    return {k: cube_digest(workload.cube(k)) for k in range(job.cubes)}
 
 
 def stream_digests(job: CubeJob, num_workers: int) -> dict[int, str]:
@@ -34,7 +29,7 @@ def stream_digests(job: CubeJob, num_workers: int) -> dict[int, str]:
         assert cubes.shape[1:] == (job.dim,) * 3 and cubes.dtype == torch.float64
         for cube_id, cube in zip(ids.tolist(), cubes, strict=True):
             assert cube_id not in got, f"cube {cube_id} delivered twice"
-            got[cube_id] = digest(cube)
+            got[cube_id] = cube_digest(cube)
     return got
 
 
@@ -58,7 +53,7 @@ def test_cube_stream_batches_built_in_place_equal_the_cubes(frames_dir):
             assert batch.shape[1:] == (10, 10, 10)
             for cube_id, cube in zip(ids.tolist(), batch, strict=True):
                 assert cube_id not in got
-                got[cube_id] = digest(cube)
+                got[cube_id] = cube_digest(cube)
         assert got == want
         # len() batches, all full but the last, the same whatever the workers (not each
         # worker's share batched apart: a short batch per worker, more than len())
@@ -79,9 +74,9 @@ def test_cube_stream_from_the_cluster_hands_over_shared_memory_batches(frames_di
         assert batch.shape[1:] == (10, 10, 10) and len(batch) <= 4
         for cube_id, cube in zip(ids.tolist(), batch, strict=True):
             assert cube_id not in got
-            got[cube_id] = digest(cube)
+            got[cube_id] = cube_digest(cube)
     assert got == want
-    single = {k: digest(c) for k, c in CubeStream(job, with_ids=True, cluster=client)}
+    single = {k: cube_digest(c) for k, c in CubeStream(job, with_ids=True, cluster=client)}
     assert single == want
     with pytest.raises(RuntimeError, match="num_workers=0"):
         next(iter(DataLoader(CubeStream(job, cluster=client), num_workers=1)))
@@ -91,7 +86,7 @@ def test_cube_stream_without_ids_yields_cube_tensors(frames_dir):
     job = CubeJob(frames=str(frames_dir), cubes=5, dim=6, seed=1, dtype="float32")
     cubes = list(CubeStream(job))
     assert [c.dtype for c in cubes] == [torch.float32] * 5
-    assert [digest(c) for c in cubes] == list(expected(job).values())
+    assert [cube_digest(c) for c in cubes] == list(expected(job).values())
 
 
 def test_cube_stream_refuses_bad_frames_before_any_loader_starts(tmp_path):
@@ -126,16 +121,16 @@ def test_cube_shards_local_in_a_shuffling_loader_equal_the_stored_cubes(
     assert len(ds) == 22
     manifest = pd.read_parquet(tmp_path / "cubes" / "manifest.parquet")
     want = {
-        int(row.cube_id): digest(read_shard((tmp_path / row.shard).read_bytes())[row.offset])
+        int(row.cube_id): cube_digest(read_shard((tmp_path / row.shard).read_bytes())[row.offset])
         for row in manifest.itertuples()
     }
     loader = DataLoader(
         ds, batch_size=5, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0)
     )
-    seen = sorted(digest(c) for batch in loader for c in batch)
+    seen = sorted(cube_digest(c) for batch in loader for c in batch)
     assert seen == sorted(want.values())
-    assert {k: digest(ds[k]) for k in range(22)} == want
-    assert digest(ds[-1]) == want[21]
+    assert {k: cube_digest(ds[k]) for k in range(22)} == want
+    assert cube_digest(ds[-1]) == want[21]
     with pytest.raises(IndexError, match="cube 22 out of range"):
         ds[22]
     # Without a job name: the one job under the output, or the job's own folder.
@@ -163,23 +158,23 @@ def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, c
     # next epoch reads (as one mapping of a shard serving every read would make it).
     stored_job(tmp_path, frames_dir, client)
     ds = CubeShards(str(tmp_path), "cubes")
-    want = digest(ds[5])
+    want = cube_digest(ds[5])
     ds[5].mul_(0).add_(1)
     cube = ds[5]
-    assert digest(cube) == want
-    assert digest(next(iter(DataLoader(ds, batch_size=1, sampler=[5])))[0]) == want
+    assert cube_digest(cube) == want
+    assert cube_digest(next(iter(DataLoader(ds, batch_size=1, sampler=[5])))[0]) == want
     with pytest.raises(TypeError, match="a cube's index is an integer, not float"):
         ds[2.7]
     with pytest.raises(TypeError, match="not slice"):
         ds[1:3]
-    assert digest(ds[torch.tensor(5)]) == digest(ds[np.int64(5)]) == want
+    assert cube_digest(ds[torch.tensor(5)]) == cube_digest(ds[np.int64(5)]) == want
     # A truncated shard is named, with the way to mend it.
     shard = tmp_path / "cubes" / "shards" / "000005.npy"
     shard.write_bytes(shard.read_bytes()[:-100])
     fresh = CubeShards(str(tmp_path), "cubes")  # (a shard is mapped when first read)
     with pytest.raises(StorageError, match=r"000005\.npy: not a whole shard .*--repair"):
         fresh[21]
-    assert digest(ds[np.array(5)]) == want
+    assert cube_digest(ds[np.array(5)]) == want
 
 
 def test_cube_shards_name_a_shard_that_is_not_the_listed_one(tmp_path, frames_dir, client):
@@ -211,11 +206,11 @@ def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(
     stored_job(s3_bucket, frames_dir, None, cubes=13)
     local = tmp_path / "local"
     stored_job(local, frames_dir, client, cubes=13)  # the same job, for reference
-    want = [digest(c) for c in CubeShards(str(local), "cubes")]
+    want = [cube_digest(c) for c in CubeShards(str(local), "cubes")]
     ds = CubeShards(s3_bucket, "cubes", verify=True)
     assert len(ds) == 13
     loader = DataLoader(ds, batch_size=4, num_workers=2)
-    got = [digest(c) for batch in loader for c in batch]
+    got = [cube_digest(c) for batch in loader for c in batch]
     assert got == want
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def venv_commands(bin_dir: Path) -> Path:
@@ -18,3 +22,16 @@ def venv_commands(bin_dir: Path) -> Path:
         wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
         wrapper.chmod(0o755)
     return bin_dir
+
+
+def pipeline_command(*args, paths=(), env=None, timeout=240) -> subprocess.CompletedProcess:
+    """``pipeline ARGS`` run by this interpreter, with the checkout (and ``paths``:
+    folders of plug-ins, say) on its import path; its output captured as text."""
+    path = os.pathsep.join(str(p) for p in (*paths, REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {}), "PYTHONPATH": path},
+    )

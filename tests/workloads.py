@@ -24,6 +24,12 @@ class SquaresJob:
     n_units: int = setting(10, int, "Units.", minimum=1)
     fail: str | None = setting(None, str, "Units that raise, comma-separated.", sequence=True)
     preflights: str | None = setting(None, str, "A file each preflight adds the job's name to.")
+    preflight_gate: str | None = setting(
+        None, str, "A file preflight waits for, once it has made GATE.reached."
+    )
+    finalize_gate: str | None = setting(
+        None, str, "A file finalize waits for, once it has made GATE.reached."
+    )
 
 
 class SquaresWorkload(Workload):
@@ -59,12 +65,21 @@ class SquaresWorkload(Workload):
     @classmethod
     def from_settings(cls, settings, job_id, options=None):
         fail = [int(u) for u in (settings.fail or "").split(",") if u.strip()]
-        return cls(job_id, settings.n_units, fail=fail, preflights=settings.preflights)
+        made = cls(job_id, settings.n_units, fail=fail, preflights=settings.preflights)
+        made.preflight_gate, made.finalize_gate = settings.preflight_gate, settings.finalize_gate
+        return made
+
+    preflight_gate = finalize_gate = None
 
     def preflight(self):
         if self.preflights:
             with open(self.preflights, "a") as f:
                 f.write(f"{self.job_id}\n")
+        _wait_at(self.preflight_gate)
+
+    def finalize(self, store, tasks):
+        _wait_at(self.finalize_gate)
+        return super().finalize(store, tasks)
 
     def fingerprint(self):
         return {"n_units": self.n_units}
@@ -94,6 +109,14 @@ class SquaresWorkload(Workload):
             except ValueError as exc:
                 out.failures.append(UnitFailure.from_exception(unit, exc))
         return out
+
+
+def _wait_at(gate: str | None) -> None:
+    """Say this point is reached (the file GATE.reached), then wait for the file GATE."""
+    if gate:
+        Path(gate + ".reached").touch()
+        while not os.path.exists(gate):
+            time.sleep(0.01)
 
 
 #: Dask workers (their addresses) that have run a unit; a worker's executor thread

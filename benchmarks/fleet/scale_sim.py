@@ -31,7 +31,6 @@ tasks run and the scheduler's share of a core over the command.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.fleet.scale_logs import scan_logs
+from benchmarks.fleet.scale_phases import describe_phases, run_phases, tasks_run
 from harness.cluster_procs import (
     ENCRYPTION_ENV,
     REPO_ROOT,
@@ -280,7 +280,7 @@ def run(opts) -> dict:
         # (noisy when the idle window is short or the machine loaded).
         heartbeat_cpu = figures["scheduler_cpu_per_worker_second"] * n * wall
         figures["scheduler_job_cpu_seconds"] = round(job_cpu, 2)
-        tasks = _tasks_run(output) or units
+        tasks = tasks_run(output) or units
         figures["tasks"] = tasks
         if run_seconds:
             figures["tasks_per_second"] = round(tasks / run_seconds, 1)
@@ -292,7 +292,10 @@ def run(opts) -> dict:
         figures["scheduler_busy_net"] = round(max(job_cpu - heartbeat_cpu, 0.0) / wall, 3)
         figures["scheduler_alive"] = scheduler.alive()
         figures["load_average_at_end"] = os.getloadavg()
-        figures.update(_phases(report, output))
+        figures.update(run_phases(report, output))
+        if run_seconds and "rest_end_seconds" in figures:
+            # After the last task: the manifest's consolidation, the run's summary.
+            figures["finalization_seconds"] = round(run_seconds - figures["rest_end_seconds"], 2)
         figures["units_exactly_once"] = _units_exactly_once(output, units, env)
         verified = _pipeline(["verify", output], env)
         figures["verify_exit_code"] = verified.returncode
@@ -300,51 +303,6 @@ def run(opts) -> dict:
         figures["logs"] = scan_logs(pm.log_dir, killed_at=killed_at)
         figures["log_dir"] = str(pm.log_dir)
     return figures
-
-
-def _phases(report: Path, output: Path) -> dict:
-    """Where the run's time went, from the driver's JSON report: when the probes ended
-    (the last probe task's end), the tasks' seconds against the workers' time."""
-    found = sorted(report.glob("*.json"))
-    records = list(output.glob("*/job.json"))
-    if not found or not records:
-        return {}
-    summary = json.loads(found[0].read_text())
-    timings = summary.get("task_timings") or []
-    head = len(json.loads(records[0].read_text()).get("head") or [])
-    probes = [t for t in timings if t["index"] < head]
-    rest = [t for t in timings if t["index"] >= head]
-    out = {}
-    if probes:
-        out["probes_end_seconds"] = round(max(t["start"] + t["seconds"] for t in probes), 2)
-    if rest:
-        out["rest_start_seconds"] = round(min(t["start"] for t in rest), 2)
-        out["rest_end_seconds"] = round(max(t["start"] + t["seconds"] for t in rest), 2)
-        out["rest_task_seconds_median"] = sorted(t["seconds"] for t in rest)[len(rest) // 2]
-    out["task_seconds_total"] = round(sum(t["seconds"] for t in timings), 1)
-    if timings:
-        out["first_task_start_seconds"] = round(min(t["start"] for t in timings), 2)
-    # A worker's idle time between one of its tasks and the next (the task's report,
-    # the next one's hand-over): the rest's median, per task.
-    by_worker: dict[str, list] = {}
-    for t in rest:
-        by_worker.setdefault(t.get("address") or t["worker"], []).append(t)
-    gaps = []
-    for tasks in by_worker.values():
-        tasks.sort(key=lambda t: t["start"])
-        gaps += [b["start"] - a["start"] - a["seconds"] for a, b in itertools.pairwise(tasks)]
-    if gaps:
-        out["rest_gap_seconds_median"] = round(sorted(gaps)[len(gaps) // 2], 3)
-    return out
-
-
-def _tasks_run(output: Path) -> int:
-    """The job's tasks, from its recorded plan (probes and the rest)."""
-    records = list(output.glob("*/job.json"))
-    if not records:
-        return 0
-    plan = json.loads(records[0].read_text())
-    return len(plan.get("head") or []) + len(plan.get("stops") or [])
 
 
 def _reported_run_seconds(driver_log: Path) -> float | None:
@@ -383,6 +341,7 @@ def main(argv=None) -> int:
     if opts.out:
         opts.out.write_text(text + "\n")
     print(text)
+    print(describe_phases(figures), file=sys.stderr)
     logs = figures["logs"]
     # Killing a worker process closes the scheduler's streams to its workers, which
     # the scheduler logs (lost_worker_streams); anything else is an error.

@@ -18,6 +18,7 @@ import click
 
 from .. import __version__
 from ..config import ProcessSettings, env_name, settings_of
+from ..errors import PipelineError
 
 __all__ = ["main"]
 
@@ -32,6 +33,13 @@ class _LazyGroup(click.Group):
     def __init__(self, *args, lazy: dict[str, tuple[str, str]] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy = dict(lazy or {})
+
+    def invoke(self, ctx: click.Context):
+        # The one place a command's PipelineError becomes click's error line and exit 1.
+        try:
+            return super().invoke(ctx)
+        except PipelineError as exc:
+            raise click.ClickException(str(exc)) from exc
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*self.lazy, *(n for n in super().list_commands(ctx) if n not in self.lazy)]

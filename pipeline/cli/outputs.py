@@ -44,19 +44,16 @@ def results_command(output, job, table, out) -> None:
     OUTPUT: the run's output (a folder or s3:// prefix), or the job's own folder."""
     from ..results import IncompleteJob, summarize, write_results
 
-    try:
-        if out:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", IncompleteJob)
-                rows = write_results(output, table, out, job)
-            click.echo(f"wrote {rows} rows to {out}")
-            for warning in caught:
-                if issubclass(warning.category, IncompleteJob):
-                    click.echo(f"incomplete: {warning.message}", err=True)
-        else:
-            click.echo(summarize(output, table, job))
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
+    if out:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", IncompleteJob)
+            rows = write_results(output, table, out, job)
+        click.echo(f"wrote {rows} rows to {out}")
+        for warning in caught:
+            if issubclass(warning.category, IncompleteJob):
+                click.echo(f"incomplete: {warning.message}", err=True)
+    else:
+        click.echo(summarize(output, table, job))
 
 
 @click.command("certs")
@@ -109,10 +106,7 @@ def verify_command(output, jobs, repair) -> None:
     """
     from ..verify import verify_output
 
-    try:
-        checks = verify_output(output, list(jobs) or None, repair=repair)
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
+    checks = verify_output(output, list(jobs) or None, repair=repair)
     bad = False
     for c in checks:
         status = "OK" if c.ok else "FAILED"

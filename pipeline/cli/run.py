@@ -12,7 +12,7 @@ import click
 
 from .. import registry
 from ..driver import run_jobs
-from ..errors import Interrupted, PipelineError
+from ..errors import Interrupted, InterruptedBeforeTasks
 from ..jobs import load_jobs
 from ..summary import summary_lines
 from .flags import setting_options
@@ -62,9 +62,8 @@ def run_command(job_files, workload, **values) -> None:
 
     try:
         jobs = load_jobs(job_files, values, workload=workload)
-        run_jobs(jobs, echo=lambda m: click.echo(m, err=True), on_summary=told)
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
+        run_jobs(jobs, echo=lambda m: click.echo(m, err=True), on_summary=told,
+                 started=_process_start())  # fmt: skip
     except KeyboardInterrupt as exc:
         _exit_interrupted(exc)
     if failed:
@@ -126,8 +125,6 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
                 fleet_list,
                 scratch,
             )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo("interrupted: no estimate; its scratch output is deleted", err=True)
         sys.exit(130)
@@ -141,20 +138,32 @@ def _exit_interrupted(exc: KeyboardInterrupt) -> None:
     tracebacks of their own (the cluster itself is already shut down)."""
     import multiprocessing
 
-    if isinstance(exc, Interrupted):
+    if isinstance(exc, (Interrupted, InterruptedBeforeTasks)):
         click.echo(exc.recounted(), err=True)
     else:
-        # Before the run's tasks, or a second Ctrl-C while the first one's count was
+        # Reading the job files, or a second Ctrl-C while the first one's count was
         # made: no count to give, and nothing said about how far the job got.
-        click.echo(
-            "interrupted: the tasks that completed are kept; run the same command again to resume",
-            err=True,
-        )
+        click.echo("interrupted: run the same command again; it resumes where this run "
+                   "stopped", err=True)  # fmt: skip
     for child in multiprocessing.active_children():
         child.terminate()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)
+
+
+def _process_start() -> float | None:
+    """When this process started, on :func:`time.perf_counter`'s clock: the command's
+    wall time counts the interpreter's start and imports too (None: not known)."""
+    import time
+
+    try:
+        import psutil
+
+        ago = time.time() - psutil.Process().create_time()
+    except Exception:  # (no psutil, or no process table: counted from the run's start)
+        return None
+    return time.perf_counter() - ago if 0 <= ago < 3600 else None
 
 
 def _interrupt(signum, frame) -> None:

@@ -17,9 +17,8 @@ import click
 
 from .. import registry
 from ..config import RunOptions, flag_name, settings_of
-from ..config.jobfile import load_job_file
 from ..errors import PipelineError
-from ..jobs import WORKLOAD_VARIABLE
+from ..jobs import WORKLOAD_VARIABLE, load_job_file
 from .flags import ALL_SETTINGS, flag_for
 
 __all__ = ["SettingsCommand", "WorkloadChoice"]

@@ -6,8 +6,8 @@ worker processes: a task running there was run again elsewhere, and one whose
 result was not yet reported was computed twice. With this preload, a closing nanny
 first has its worker take no new task, waits (at most ``PIPELINE_DRAIN_SECONDS``)
 for the tasks it is running to finish, and retires it from the scheduler, which
-hands the tasks it had not started to other workers and keeps what it finished;
-only then is the worker process stopped.
+keeps what it finished; only then is the worker process stopped. The tasks it had
+queued and not started go to other workers at once.
 
 The Docker image, the Compose file and the Terraform module's workers load it
 (``DASK_DISTRIBUTED__NANNY__PRELOAD``); give ``docker stop`` (or systemd) a timeout
@@ -23,23 +23,36 @@ import time
 
 __all__ = ["dask_teardown", "drain"]
 
-log = logging.getLogger("pipeline.cluster.drain")
+log = logging.getLogger(__name__)
 
 #: Seconds between looks at the worker's running tasks.
 POLL_SECONDS = 0.25
 
 
 def _stop_taking(dask_worker) -> int:
-    """Worker: start no new task (the scheduler sends a paused worker none); the count
-    of tasks running."""
+    """Worker: start no new task from now on; the count of tasks running.
+
+    The worker is paused (the scheduler sends a paused worker no task, and the worker
+    starts none of those it queued), and its memory monitor stops pausing and
+    unpausing it: with a memory limit set (``dask worker``'s default) the monitor
+    sets any paused worker below its pause fraction running again within 100 ms."""
     from distributed.core import Status
 
+    memory = getattr(dask_worker, "memory_manager", None)
+    if memory is not None:
+        memory.memory_pause_fraction = False
     if dask_worker.status == Status.running:
         dask_worker.status = Status.paused
-    return len(dask_worker.state.executing)
+    return _running(dask_worker)
 
 
 def _running(dask_worker) -> int:
+    """Worker: the count of tasks running, once the tasks queued here and not started
+    are handed back to the scheduler, which sends them to other workers at once (and
+    has this one forget them) rather than when this one is retired."""
+    stimulus_id = f"pipeline-drain-{time.time()}"
+    for ts in list(dask_worker.state.ready):
+        dask_worker.batched_send({"op": "reschedule", "key": ts.key, "stimulus_id": stimulus_id})
     return len(dask_worker.state.executing)
 
 

@@ -19,6 +19,9 @@ from .environment import process_env
 #: Set in every worker process before numpy loads there: the variables of worker.env
 #: that native libraries read at a process's start (BLAS threads, glibc's malloc).
 WORKER_ENV = process_env()
+#: The workers' preloads (as worker.env lists them): the libraries tasks use, then the
+#: code every task runs.
+WORKER_PRELOADS = ("pipeline.cluster.worker", "pipeline.dispatch")
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +199,7 @@ def embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profi
     # The nanny sets pre-spawn-environ in the parent before it spawns the worker
     # process, so the variables are there before the worker imports numpy.
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_ENV}
-    preload = [*dask.config.get("distributed.worker.preload", []), "pipeline.cluster.worker"]
+    preload = [*dask.config.get("distributed.worker.preload", []), *WORKER_PRELOADS]
     settings = {
         "distributed.nanny.pre-spawn-environ": environ,
         "distributed.worker.daemon": False,

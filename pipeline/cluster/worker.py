@@ -20,9 +20,9 @@ import pyarrow
 import pyarrow.parquet  # noqa: F401
 import xxhash  # noqa: F401
 
-import pipeline.dispatch  # noqa: F401  (what every task runs; a job's workload's own
-
-# modules are loaded while the driver checks its inputs: Workload.worker_modules)
+# The code every task runs (``pipeline.dispatch``) is a preload of its own, listed after
+# this one (worker.env, the embedded cluster); a job's workload's own modules are loaded
+# while the driver checks its inputs (``Workload.worker_modules``).
 
 if dask.config.get("pipeline.embedded-worker", False) and (
     threading.current_thread() is threading.main_thread()

@@ -14,7 +14,16 @@ from .options import (
     process_settings,
 )
 from .resolve import check_flags_apply, check_unknown_keys, resolve
-from .settings import ENV_PREFIX, check_settings, env_name, flag_name, setting, settings_of
+from .settings import (
+    ENV_PREFIX,
+    check_settings,
+    env_name,
+    flag_name,
+    names_in_scope,
+    setting,
+    settings_of,
+    split_list,
+)
 
 __all__ = [
     "CONNECTION_SETTINGS",
@@ -30,5 +39,7 @@ __all__ = [
     "process_settings",
     "resolve",
     "setting",
+    "names_in_scope",
     "settings_of",
+    "split_list",
 ]

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from ..errors import ConfigError
 from .resolve import resolve
-from .settings import check_settings, setting
+from .settings import check_settings, names_in_scope, setting
 
 __all__ = ["CONNECTION_SETTINGS", "ProcessSettings", "RunOptions", "connection_options",
            "process_settings"]  # fmt: skip
@@ -50,12 +50,14 @@ class RunOptions:
         str,
         "Address of an existing Dask scheduler (tcp://, tls://). "
         "Unset: start an embedded local cluster.",
+        scope="remote",
     )
     workers: int | None = setting(
         None,
         int,
         "Workers of the embedded cluster (one thread each). Default: one per core.",
         minimum=1,
+        scope="connection",
     )
     output: str = setting("results", str, "Where results go: a directory or s3://bucket/prefix.")
     overwrite: bool = setting(
@@ -80,7 +82,9 @@ class RunOptions:
         "Directory for each job's report page (HTML: cost, throughput, tasks, timeline, "
         "failures, plan), JSON summary and Dask's own report.",
     )
-    profile: str | None = setting(None, str, "Write a cProfile of the driver to this file.")
+    profile: str | None = setting(
+        None, str, "Write a cProfile of the driver to this file.", scope="cluster"
+    )
     instance_type: str = setting(
         "c5.24xlarge",
         str,
@@ -99,20 +103,34 @@ class RunOptions:
         "file ({job}: the job id). View: python -m pstats FILE.",
     )
     progress: bool | None = setting(
-        None, bool, "Show a progress bar (default: when stderr is a terminal)."
+        None,
+        bool,
+        "Show progress: a bar when stderr is a terminal, else a line at each 10 % of the "
+        "units and every --progress-seconds (false: none).",
+    )
+    progress_seconds: float = setting(
+        10.0,
+        float,
+        "Seconds between progress lines where stderr is not a terminal (0: only at each "
+        "10 % of the units).",
+        minimum=0,
     )
     dashboard: bool = setting(
         False,
         bool,
         "Serve the embedded cluster's Dask dashboard and print its link (0.7 s more start-up).",
+        scope="connection",
     )
-    tls_ca_file: str | None = setting(None, str, "CA certificate for TLS to the scheduler.")
-    tls_cert: str | None = setting(None, str, "Client certificate for TLS.")
-    tls_key: str | None = setting(None, str, "Client private key for TLS.")
+    tls_ca_file: str | None = setting(
+        None, str, "CA certificate for TLS to the scheduler.", scope="remote"
+    )
+    tls_cert: str | None = setting(None, str, "Client certificate for TLS.", scope="remote")
+    tls_key: str | None = setting(None, str, "Client private key for TLS.", scope="remote")
     direct_to_workers: bool = setting(
         False,
         bool,
         "Fetch results from workers, not via the scheduler (the driver must reach every worker).",
+        scope="connection",
     )
 
 
@@ -148,8 +166,7 @@ def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSetting
 
 
 #: The run settings that say which cluster a job runs on (one cluster for a batch).
-CONNECTION_SETTINGS = ("scheduler", "workers", "dashboard", "tls_ca_file", "tls_cert", "tls_key",
-                       "direct_to_workers")  # fmt: skip
+CONNECTION_SETTINGS = names_in_scope(RunOptions, "connection")
 
 
 def connection_options(options: RunOptions | None, settings: dict) -> RunOptions:

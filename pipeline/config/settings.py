@@ -17,9 +17,11 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["ENV_PREFIX", "RowsFile", "check_settings", "coerce", "env_name", "flag_name",
-           "setting", "settings_of"]  # fmt: skip
+           "names_in_scope", "setting", "settings_of", "split_list"]  # fmt: skip
 
 ENV_PREFIX = "PIPELINE_"
+#: What a setting belongs to (see :func:`setting`), the narrowest last.
+SCOPES = ("job", "cluster", "connection", "remote")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -49,6 +51,7 @@ def setting(
     below: float | None = None,
     sequence: bool = False,
     rows: bool = False,
+    scope: str = "job",
 ):
     """A dataclass field that is also a CLI flag, a job-file key and an env var.
 
@@ -57,7 +60,15 @@ def setting(
     options, a table), which becomes that same string. A table setting with
     ``rows`` may also be a list of tables (rows): TOML's ``[[name]]``, a JSON list,
     or a .csv or .parquet file of them (a :class:`RowsFile`).
+
+    ``scope`` says what the setting belongs to: a ``"job"`` (each job of a run its
+    own), the ``"cluster"`` the run's jobs share, the ``"connection"`` to it
+    (:func:`pipeline.connect` takes those), or a ``"remote"`` cluster alone (the
+    scheduler's address and TLS files, which the embedded cluster has no use for).
+    Each scope is within the next: remote < connection < cluster.
     """
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} is not a setting's scope, expected one of {SCOPES}")
     meta = {
         "kind": kind,
         "help": help,
@@ -66,12 +77,20 @@ def setting(
         "below": below,
         "sequence": sequence,
         "rows": rows,
+        "scope": scope,
     }
     return field(default=default, metadata=meta)
 
 
 def settings_of(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "kind" in f.metadata]
+
+
+def names_in_scope(cls, scope: str) -> tuple[str, ...]:
+    """The names of ``cls``'s settings within ``scope`` (``"cluster"`` takes in the
+    connection's and the remote cluster's)."""
+    within = SCOPES[SCOPES.index(scope) :]
+    return tuple(f.name for f in settings_of(cls) if f.metadata["scope"] in within)
 
 
 def check_settings(obj) -> None:
@@ -173,6 +192,15 @@ def coerce(f: dataclasses.Field, value: Any, origin: str, *, from_text: bool = F
     if below is not None and value >= below:
         raise ConfigError(f"{origin}: {value!r} must be less than {below}")
     return value
+
+
+def split_list(value: str | None) -> tuple[str, ...]:
+    """A list setting's names: ``"a, b"`` or ``["a", "b"]`` -> ``("a", "b")``."""
+    if value is None:
+        return ()
+    if isinstance(value, list | tuple):
+        return tuple(str(v).strip() for v in value if str(v).strip())
+    return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
 def read_text(path: Path) -> str:

@@ -31,7 +31,7 @@ from ..job_output import open_output
 from ..planning.plan import Plan, is_small_job, unit_layout
 from ..planning.probes import probe
 from ..planning.sizing import CostModel, ProbeSample, fit_costs
-from ..storage import open_store
+from ..storage import is_remote, open_store
 from ..summary import TaskTime, count
 from ..workload import Workload, unit_label
 from .prices import worker_price
@@ -57,7 +57,7 @@ class Estimate:
 
 
 class _NoBar:
-    def update(self, n: int) -> None:
+    def update(self, units: int, failed: int = 0) -> None:
         pass
 
 
@@ -67,7 +67,7 @@ def scratch_output(output: str) -> Iterator[str]:
     on leaving. Enter it before the cluster it is written from, so that it is deleted
     after the cluster stops: tasks still running at an interrupt would write into it
     again."""
-    if output.startswith("s3://"):
+    if is_remote(output):
         url = f"{output.rstrip('/')}/_pipeline-estimate-{uuid.uuid4().hex[:12]}"
         try:
             yield url
@@ -157,7 +157,7 @@ def estimate(
         units = max(1, sum(r.units for r in done))
         probing = receipts[: len(receipts) - len(full)]
         sized = [r for r in receipts[len(probing) :] if r.complete]
-        s3 = opts.output.startswith("s3://")
+        s3 = is_remote(opts.output)
         sample = JobSample(
             model,
             sum(r.units for r in probing),

@@ -21,7 +21,7 @@ the largest of four floors on the wall time:
 - S3: the objects written, at :data:`S3_PUTS_PER_SECOND` per prefix (a job
   writes under one prefix; one that writes no output has no such floor);
 - the scheduler: its seconds per task, one task after another: on this cluster
-  what the probes measured (a burst of no-op tasks), on a fleet
+  what the probes measured (the scheduler's CPU while they ran), on a fleet
   :data:`SCHEDULER_SECONDS_PER_TASK` (its scheduler has an instance of its own).
 """
 

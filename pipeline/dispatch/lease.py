@@ -5,10 +5,13 @@ closes, as it does when a load balancer fails over: the tasks queued are dropped
 those running are done for nothing. So the runner has each of its tasks wanted also
 by a holder, a name the scheduler keeps for the driver's client
 (``pipeline-holder-<client id>``), and lets go of a task's hold when its receipt
-comes. :class:`RunLease`, a scheduler plug-in, lets go of the holder's tasks once the
-driver has been gone for ``grace`` seconds (its client reconnects within its own
-connect timeout, shorter), and a rerun of the job lets go of them as it starts
-(:func:`release_job`): a driver that was killed leaves no tasks running on.
+comes (or when it submits the task again under a new key). :class:`RunLease`, a
+scheduler plug-in, lets go of the holder's tasks once the driver has been gone for
+its own ``grace`` seconds (its client reconnects within its own connect timeout,
+shorter), and unregisters the worker plug-ins registered for it (a shipped
+workload); a rerun of the job lets go of them as it starts (:func:`release_job`): a
+driver that was killed leaves no tasks running on, and nothing sent to the workers
+that join later.
 """
 
 from __future__ import annotations
@@ -20,14 +23,27 @@ import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-__all__ = ["RunLease", "ensure_lease", "hold", "holder_of", "release", "release_job"]
+__all__ = [
+    "RunLease",
+    "ensure_lease",
+    "hold",
+    "holder_of",
+    "own_plugin",
+    "release",
+    "release_job",
+]
 
-log = logging.getLogger("pipeline.dispatch.lease")
+log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "pipeline-run-lease"
 HOLDER_PREFIX = "pipeline-holder-"
 #: The scheduler's handler a driver calls to let go of a job's tasks left held.
 RELEASE_HANDLER = "pipeline_release_prefix"
+#: The scheduler's handler a driver calls to have its tasks held, with its grace.
+HOLD_HANDLER = "pipeline_lease_hold"
+#: The scheduler's handler a driver calls to have a worker plug-in of its unregistered
+#: when its lease expires.
+PLUGINS_HANDLER = "pipeline_lease_plugin"
 
 
 def holder_of(client_id: str) -> str:
@@ -36,22 +52,40 @@ def holder_of(client_id: str) -> str:
 
 
 class RunLease(SchedulerPlugin):
-    """Scheduler: release a client's held tasks ``grace`` seconds after it left, unless
-    it came back."""
+    """Scheduler: release a driver's held tasks, and unregister the worker plug-ins
+    registered for it, its own ``grace`` seconds after it left, unless it came back."""
 
     name = PLUGIN_NAME
     #: One per scheduler: a later run's registration keeps the one running (and its
-    #: pending releases).
+    #: pending releases); each driver gives its own grace (:data:`HOLD_HANDLER`).
     idempotent = True
 
-    def __init__(self, grace: float):
-        self.grace = grace
+    def __init__(self):
+        #: A driver's grace, by its client id.
+        self._graces: dict[str, float] = {}
+        #: The worker plug-ins registered for a driver, by its client id.
+        self._plugins: dict[str, set[str]] = {}
         self._pending: dict[str, asyncio.TimerHandle] = {}
+        self._unregistering: set[asyncio.Future] = set()
         self._scheduler = None
 
     async def start(self, scheduler) -> None:
         self._scheduler = scheduler
         scheduler.handlers[RELEASE_HANDLER] = self.release_prefix
+        scheduler.handlers[HOLD_HANDLER] = self.hold
+        scheduler.handlers[PLUGINS_HANDLER] = self.own_plugin
+
+    def hold(self, client: str, grace: float) -> str:
+        """Hold ``client``'s tasks for ``grace`` seconds after it leaves (from now, and
+        anew after a reconnection); the holder's name."""
+        holder = holder_of(client)
+        self._graces[client] = float(grace)
+        self._scheduler.client_desires_keys(keys=[], client=holder)  # the holder exists
+        return holder
+
+    def own_plugin(self, client: str, name: str) -> None:
+        """Unregister worker plug-in ``name`` when ``client``'s lease expires."""
+        self._plugins.setdefault(client, set()).add(name)
 
     def release_prefix(self, prefix: str) -> int:
         """Let go of every held task whose key starts with ``prefix`` (a job's tasks left
@@ -76,26 +110,32 @@ class RunLease(SchedulerPlugin):
             handle.cancel()
 
     def remove_client(self, scheduler, client: str) -> None:
-        holder = holder_of(client)
-        if holder not in scheduler.clients or client in self._pending:
+        grace = self._graces.get(client)
+        if grace is None or client in self._pending:
             return
         loop = asyncio.get_running_loop()
-        self._pending[client] = loop.call_later(self.grace, self._release, scheduler, client)
+        self._pending[client] = loop.call_later(grace, self._release, scheduler, client)
 
     def _release(self, scheduler, client: str) -> None:
         self._pending.pop(client, None)
+        grace = self._graces.pop(client, 0.0)
         holder = holder_of(client)
         held = scheduler.clients.get(holder)
-        if held is None:
-            return
-        keys = [ts.key for ts in held.wants_what]
-        log.info("client %s gone for %g s: releasing the %d tasks it held", client,
-                 self.grace, len(keys))  # fmt: skip
+        keys = [ts.key for ts in held.wants_what] if held is not None else []
         if keys:
+            log.warning("client %s gone for %g s: releasing the %d tasks it held", client,
+                        grace, len(keys))  # fmt: skip
             scheduler.client_releases_keys(
                 keys=keys, client=holder, stimulus_id=f"pipeline-lease-expired-{time.time()}"
             )
         scheduler.clients.pop(holder, None)
+        plugins = [p for p in self._plugins.pop(client, ()) if p in scheduler.worker_plugins]
+        for name in plugins:
+            log.warning("client %s gone for %g s: unregistering worker plug-in %s", client,
+                        grace, name)  # fmt: skip
+            task = asyncio.ensure_future(_unregister(scheduler, name))
+            self._unregistering.add(task)
+            task.add_done_callback(self._unregistering.discard)
 
     async def close(self) -> None:
         for handle in self._pending.values():
@@ -104,15 +144,25 @@ class RunLease(SchedulerPlugin):
         self._pending.clear()
 
 
+async def _unregister(scheduler, name: str) -> None:
+    """Scheduler: unregister worker plug-in ``name`` from it and every worker (nothing if
+    it went meanwhile)."""
+    with contextlib.suppress(Exception):
+        await scheduler.unregister_worker_plugin(comm=None, name=name)
+
+
 def ensure_lease(client, grace: float, *, again: bool = False) -> str | None:
-    """The holder of ``client``'s tasks, once the scheduler runs :class:`RunLease`;
-    None (tasks not held) where the scheduler cannot run it (this package is not
-    installed where it runs). ``again``: registered anew (a client reconnected, maybe
-    to a new scheduler behind the same address)."""
+    """The holder of ``client``'s tasks, released ``grace`` seconds after the client
+    left (this driver's own grace), once the scheduler runs :class:`RunLease`; None
+    (tasks not held) where the scheduler cannot run it (this package is not installed
+    where it runs). ``again``: registered anew (a client reconnected, maybe to a new
+    scheduler behind the same address: the plug-in and the holder are made there)."""
     if again or getattr(client, "_pipeline_lease", None) is None:
         try:
-            client.register_plugin(RunLease(grace), name=PLUGIN_NAME)
-            client._pipeline_lease = holder_of(client.id)
+            client.register_plugin(RunLease(), name=PLUGIN_NAME)
+            holder = client.sync(getattr(client.scheduler, HOLD_HANDLER),
+                                 client=client.id, grace=grace)  # fmt: skip
+            client._pipeline_lease = holder
         except Exception as exc:
             log.warning(
                 "the scheduler cannot hold this run's tasks while its connection to the "
@@ -121,6 +171,15 @@ def ensure_lease(client, grace: float, *, again: bool = False) -> str | None:
             )  # fmt: skip
             client._pipeline_lease = ""
     return client._pipeline_lease or None
+
+
+def own_plugin(client, name: str) -> None:
+    """Have worker plug-in ``name`` (registered for this driver) unregistered when the
+    driver's lease expires: a killed driver's plug-ins are not sent to every worker
+    that joins for ever. Nothing where the scheduler holds no lease for it."""
+    if getattr(client, "_pipeline_lease", None):
+        with contextlib.suppress(Exception):
+            client.sync(getattr(client.scheduler, PLUGINS_HANDLER), client=client.id, name=name)
 
 
 def release_job(client, prefix: str) -> None:

@@ -39,7 +39,7 @@ from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 #: Times a task that failed at the Dask level (not KilledWorker) is submitted again.
 DASK_LEVEL_RETRIES = 2
@@ -173,6 +173,9 @@ class TaskRunner:
             )
             keys = [f.key for f in futures]
             lease.hold(self.client, self._holder, keys)
+            # A task submitted again under a new key: its old key is held no more.
+            self._unheld.extend(old for t, key in zip(batch, keys, strict=True)
+                                if (old := run.keys.get(t.index)) not in (None, key))  # fmt: skip
             run.keys.update(zip((t.index for t in batch), keys, strict=True))
             run.futures.update(zip((t.index for t in batch), futures, strict=True))
 
@@ -183,7 +186,8 @@ class TaskRunner:
             while run.pending or run.ready:
                 if run.ready:
                     receipt = run.ready.popleft()
-                    self.bar.update(receipt.units)
+                    failed = len(receipt.failures) + len(receipt.recorded or ())
+                    self.bar.update(receipt.units, failed=failed)
                     yield receipt
                     continue
                 if (
@@ -347,7 +351,6 @@ class TaskRunner:
             time.sleep(0.1)
         send_promptly(self.client)
         lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0, again=True)
-        lease.hold(self.client, self._holder, [])  # (the holder again, had it expired)
         self._topic.resubscribe()
         self._catch_up()
         self._generation += 1

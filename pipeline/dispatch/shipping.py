@@ -18,6 +18,7 @@ import xxhash
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..errors import ClusterError
+from . import lease
 
 __all__ = ["INLINE_BYTES", "Shipped", "WorkloadArg", "resolve", "ship", "unship"]
 
@@ -61,9 +62,14 @@ def pickled_size(workload) -> tuple[int, bytes]:
 
 
 def ship(client, data: bytes) -> Shipped:
-    """Send a workload's pickle to every worker, now and as they join."""
-    name = f"pipeline-workload-{xxhash.xxh3_64_hexdigest(data)}"
+    """Send a workload's pickle to every worker, now and as they join, until this driver
+    frees them of it (:func:`unship`) or its lease expires (a killed driver's).
+
+    Named for the driver too: another driver running the same workload frees the
+    workers of its own copy only."""
+    name = f"pipeline-workload-{xxhash.xxh3_64_hexdigest(data)}-{client.id}"
     client.register_plugin(WorkloadPlugin(name, data), name=name)
+    lease.own_plugin(client, name)
     return Shipped(name)
 
 

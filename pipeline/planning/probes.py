@@ -8,7 +8,6 @@ import itertools
 import logging
 import math
 import statistics
-import time
 from dataclasses import asdict
 
 from ..config import RunOptions
@@ -24,9 +23,11 @@ from .plan import (
     next_large_probe,
     probe_limit,
     probe_round,
+    round_up,
     save_plan,
     unit_layout,
 )
+from .scheduler_cpu import SchedulerCpu
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     SCHEDULER_SECONDS_PER_TASK,
@@ -41,7 +42,7 @@ from .sizing import (
 
 __all__ = ["probe"]
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 
 def probe(
@@ -60,8 +61,8 @@ def probe(
     task also loads its inputs, so the first round of this run starts with one small
     task per worker, a warm-up left out of the fit (each worker's first task to
     start is), then a large and a small task for every other worker; the later
-    rounds give each worker a large task. The scheduling cost per task is measured
-    by a burst of no-op tasks (:func:`_task_overhead`) where it could bind.
+    rounds give each worker a large task. The scheduler's CPU per task is read while
+    the first round runs (:class:`SchedulerCpu`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
     ``min_rounds``: measured rounds before the probes may stop (an estimate, whose
     probes' work is not kept, takes one when it measured enough).
@@ -84,15 +85,10 @@ def probe(
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     overhead = SCHEDULER_SECONDS_PER_TASK
-    if overhead_can_bind(n_workers, options.task_seconds):
-        t0 = time.perf_counter()
-        overhead = _task_overhead(run.client, n_workers)
-        log.info(
-            "scheduling: %.3g ms of the scheduler's CPU per task (a burst of no-op tasks, %.1f s)",
-            overhead * 1e3,
-            time.perf_counter() - t0,
-        )
+    # Measured while the first round runs, where it could bind (no tasks of its own).
+    clock = SchedulerCpu(run.client, overhead_can_bind(n_workers, options.task_seconds))
     model, rounds, first_round, cut, handover = None, 0, True, False, 0.0
+    followers: list[int] = []  # the streamed first round's, after its small probes
     streamed = False  # the first round read as it comes (see _streamed_first_round)
     while True:
         left = n - sum(plan.head)
@@ -118,22 +114,37 @@ def probe(
                 rest = left - sum(warm_ups)
                 larges = probe_round(None, large, n_workers, rest)
                 smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
-                sizes = warm_ups + larges + smalls
                 # Read as it comes where half of each size may be stuck behind slow
                 # probes and the other half still measures the model.
                 streamed = large > g and min(len(larges), len(smalls)) >= 2 * MANY_SAMPLES
+                if streamed:
+                    # Twice MANY_SAMPLES small probes are enough to fit (each a task
+                    # more, whose hand-over costs its worker as much as a large one's);
+                    # and a follower of half the large size for every worker: the
+                    # workers keep at the job's units while the round's receipts come
+                    # back, the rest is cut and its tasks reach them. (Dask hands the
+                    # followers to whichever worker is free first, so some take two
+                    # and some none: half a large probe is what that leaves between
+                    # the workers where they start on the rest.)
+                    # (No followers where no rest is started: an estimate's.)
+                    smalls = smalls[: 2 * MANY_SAMPLES]
+                    used = sum(warm_ups) + sum(larges) + sum(smalls)
+                    if start_rest:
+                        half = max(g, round_up(large // 2, g))
+                        followers = probe_round(None, half, n_workers, left - used)
+                sizes = warm_ups + larges + smalls + followers
             round_ = plan.add_probes(sizes)
             save_plan(workload, run.store, plan)
         ranges = {t.index: (t.start, t.stop) for t in round_}
         if first_round and streamed:
             got, started = _streamed_first_round(
-                run, plan, round_, layout, overhead, n_workers, options, start_rest
+                run, plan, round_, layout, clock, n_workers, options, start_rest, len(followers)
             )
             if started is not False:
                 return receipts + got, started
         elif first_round or resumed:
             # Waited for whole: each worker's first task is told apart by its start.
-            got = run(round_)
+            got = _gathered(run, round_, clock)
         else:
             got, counted = [], False
             # The later rounds are read as they come: once a probe settles the cut,
@@ -161,6 +172,8 @@ def probe(
             continue
         receipts += got
         timed = [r for r in got if r.complete and r.units]
+        if clock.enabled:
+            overhead = _measured_overhead(clock, overhead)
         if first_round:
             # Cold, so slower than the rest will be: left out of the fit, and only a
             # fallback should no other task be measured (a small job used up).
@@ -192,26 +205,30 @@ def _streamed_first_round(
     plan: Plan,
     round_: list,
     layout: UnitLayout,
-    overhead: float,
+    clock: SchedulerCpu,
     n_workers: int,
     options: RunOptions,
     start_rest: bool,
+    n_followers: int = 0,
 ):
     """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each size
     at least), read as it comes: each worker's first task to report is cold, left out;
     once the others hold MANY_SAMPLES of each size and half the large probes have
     reported, the rest is cut and started, to run behind the round's last probes
-    rather than after the slowest of them.
+    rather than after the slowest of them. The round's last ``n_followers`` tasks
+    follow the large probes (counted as samples, not as large probes to wait for);
+    the scheduler's CPU per task is read from ``clock`` at the cut.
     Returns the round's receipts and the rest's (None without ``start_rest``), or
     False where the round ended before it was measured (the caller reads it whole)."""
     ranges = {t.index: (t.start, t.stop) for t in round_}
     smallest = min(t.stop - t.start for t in round_)
-    larges = {t.index for t in round_ if t.stop - t.start > smallest}
+    probes = round_[: len(round_) - n_followers]  # (the followers last)
+    larges = {t.index for t in probes if t.stop - t.start > smallest}
     got: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     warm: set[tuple[str, int, str]] = set()  # workers (_worker) heard from
     larges_done, rest = 0, False
-    for r in run.launch(round_):
+    for r in _launched(run, round_, clock):
         got.append(r)
         larges_done += r.index in larges
         worker = _worker(r)
@@ -223,6 +240,7 @@ def _streamed_first_round(
         # Half the large probes in: the hand-over is then that of the round's typical
         # worker (the first to report are those that waited least between tasks).
         if _many(samples) and 2 * larges_done >= len(larges):
+            overhead = _measured_overhead(clock, SCHEDULER_SECONDS_PER_TASK)
             model = fit_costs(samples, overhead, _handover(got))
             _cut(run, plan, model, layout, n_workers, options)
             rest = _start(run, plan, layout) if start_rest else None
@@ -319,9 +337,11 @@ def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
 
 
 def _handover(receipts: list[TaskReceipt]) -> float:
-    """The median of a worker's idle seconds between one of ``receipts`` and its
+    """The mean of a worker's idle seconds between one of ``receipts`` and its
     next, over the workers that ran several (a round submitted at once, so each
-    worker's next task was waiting for it); 0.0 where none did."""
+    worker's next task was waiting for it); 0.0 where none did. The mean: what a task
+    costs its worker on average (the first to report are the workers that waited
+    least, and a median of them said 0.11 s where the round's was 0.40)."""
     runs: dict[tuple[str, int, str], list[TaskReceipt]] = collections.defaultdict(list)
     for r in receipts:
         if r.started and r.worker_address:
@@ -330,50 +350,34 @@ def _handover(receipts: list[TaskReceipt]) -> float:
     for ran in runs.values():
         ran.sort(key=lambda r: r.started)
         gaps += [max(0.0, b.started - a.started - a.seconds) for a, b in itertools.pairwise(ran)]
-    return statistics.median(gaps) if gaps else 0.0
+    return statistics.fmean(gaps) if gaps else 0.0
 
 
-def _noop(_i: int) -> None:
-    return None
+def _launched(run: TaskRunner, tasks: list, clock: SchedulerCpu):
+    """``run.launch(tasks)``, the scheduler's CPU read as their receipts come."""
+    clock.submitted(len(tasks))
+    for r in run.launch(tasks):
+        clock.reported()
+        yield r
 
 
-#: The most no-op tasks :func:`_task_overhead` runs.
-BURST_TASKS = 1000
+def _gathered(run: TaskRunner, tasks: list, clock: SchedulerCpu) -> list[TaskReceipt]:
+    return list(_launched(run, tasks, clock))
 
 
-def _task_overhead(client, n_workers: int) -> float:
-    """The scheduler's seconds of CPU per task on this cluster: a burst of no-op tasks,
-    4 per worker (8 at least, :data:`BURST_TASKS` at most: the heartbeats during the
-    burst, about a tenth of a core, then weigh 0.1 ms a task at most, and a fleet's
-    run does not wait seconds for it), submitted at once and waited for (nothing fetched); the
-    scheduler's CPU time over the burst per task (where the scheduler runs functions
-    for its clients), else the burst's wall time per task, which holds the round trips
-    too. (On a few workers the figure cannot bind: 8 no-ops cost 15 ms where 20 cost
-    37, before every probed run.)"""
-    from distributed import wait
-
-    count = min(BURST_TASKS, max(8, 4 * n_workers))
-    try:
-        cpu0 = _scheduler_cpu(client)
-        t0 = time.perf_counter()
-        futures = client.map(_noop, range(count), pure=False)
-        wait(futures)
-        wall = time.perf_counter() - t0
-        cpu1 = _scheduler_cpu(client)
-        del futures
-    except Exception:  # the cluster failing: the probes will say so
-        return 0.0
-    if cpu0 is None or cpu1 is None:
-        return wall / count
-    return max(cpu1 - cpu0, 0.0) / count
-
-
-def _scheduler_cpu(client) -> float | None:
-    """The scheduler process's CPU seconds, None where it runs no client's function."""
-    try:
-        return float(client.run_on_scheduler(time.process_time))
-    except Exception:
-        return None
+def _measured_overhead(clock: SchedulerCpu, assumed: float) -> float:
+    """The scheduler's CPU per task over the readings so far, else ``assumed``; no
+    readings after this one."""
+    measured = clock.per_task()
+    clock.enabled = False
+    if measured is None:
+        return assumed
+    log.info(
+        "scheduling: %.3g ms of the scheduler's CPU per task (read while %d probes ran)",
+        measured * 1e3,
+        round(clock.tasks),
+    )
+    return measured
 
 
 def _describe_model(model: CostModel | None, unit: str) -> str:

@@ -17,7 +17,7 @@ so that (a) tasks last about ``task_seconds``; (b) at the task rate this gives,
 ``workers / target`` tasks a second, the scheduler spends at most
 ``SCHEDULER_SHARE`` (25 %) of one core on them: at 1 ms a task, 2 workers need
 tasks of 8 ms, 1,000 workers tasks of 4 s; (c) what every task costs whatever its
-size is at most ``PER_TASK_SHARE`` (a fifth) of a worker's time. A job too small
+size is at most ``PER_TASK_SHARE`` (a tenth) of a worker's time. A job too small
 to give each worker :data:`MIN_TASKS_PER_WORKER` such tasks is cut into up to that
 many rounds of shorter tasks (at least :data:`SHORT_TASK_SECONDS` and 4x the
 per-task costs; one round when a worker's share
@@ -42,8 +42,10 @@ import numpy as np
 #: The most of one scheduler core the job's tasks may take, at the planned task rate.
 SCHEDULER_SHARE = 0.25
 #: The most of a worker's time its tasks' own costs (fixed part, hand-over) may take:
-#: 0.8 of it at least goes to the units.
-PER_TASK_SHARE = 0.2
+#: 0.9 of it at least goes to the units. (At a fifth, a fleet whose workers waited 1 s
+#: between tasks lost a sixth of the run's tasks' time to the waits, whatever else
+#: went well: no run could reach 0.8 of the ideal.)
+PER_TASK_SHARE = 0.1
 #: Enough tasks per worker that uneven tasks do not leave workers idle at the end.
 MIN_TASKS_PER_WORKER = 4
 #: A small job's tasks last at least this (and 4x their fixed cost): shorter ones cost

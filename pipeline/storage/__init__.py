@@ -19,6 +19,7 @@ from .base import (
     write_parquet,
 )
 from .local import LocalStore
+from .schemes import is_remote, scheme_of, store_class
 
 __all__ = [
     "LocalStore",
@@ -32,12 +33,16 @@ __all__ = [
     "read_parquet_object",
     "read_parquet_schema",
     "read_parquet_tables",
+    "is_remote",
+    "scheme_of",
+    "store_class",
     "write_parquet",
 ]
 
 
 def open_store(url: str) -> Store:
-    """The store for ``url``: a local path, ``file://`` path or ``s3://bucket/prefix``.
+    """The store for ``url``: a local path, ``file://`` path, ``s3://bucket/prefix``,
+    or a URL of a scheme a package adds (:mod:`.schemes`).
 
     Cached per process so that each worker keeps one client per store.
     """
@@ -46,18 +51,13 @@ def open_store(url: str) -> Store:
 
 @functools.lru_cache(maxsize=16)
 def _open_store(url: str) -> Store:
-    if url.startswith("s3://"):
-        try:
-            from .s3 import S3Store
-        except ImportError as exc:  # pragma: no cover - boto3 is a core dependency
-            raise ConfigError(f"{url}: S3 needs boto3: pip install boto3") from exc
-        return S3Store(url)
-    if "://" in url and not url.startswith("file://"):
-        scheme = url.split("://", 1)[0]
-        raise ConfigError(
-            f"output/input URL {url!r}: unsupported scheme {scheme!r}, "
-            "expected a local path, file:// or s3://"
-        )
+    scheme = scheme_of(url)
+    try:
+        cls = store_class(scheme)
+    except ConfigError as exc:
+        raise ConfigError(f"output/input URL {url!r}: {exc}") from None
+    if scheme != "file":
+        return cls.from_url(url)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", url):
         # s3:/bucket/x: a URL missing a slash would be a local folder named "s3:"
         fixed = re.sub(r":/", "://", url, count=1)
@@ -65,7 +65,7 @@ def _open_store(url: str) -> Store:
             f"output/input {url!r} reads as a URL missing a '/' (did you mean {fixed!r}?); "
             "a local folder whose name ends in ':' can be given as ./" + url
         )
-    return LocalStore(url.removeprefix("file://"))
+    return cls.from_url(url)
 
 
 def open_file(path, mode: str = "rb", encoding: str | None = None):
@@ -78,11 +78,14 @@ def open_file(path, mode: str = "rb", encoding: str | None = None):
     if mode not in ("rb", "r"):
         raise ConfigError(f"open_file({path!r}): mode {mode!r}; expected 'rb' or 'r' (reading)")
     path = str(path)
-    if not path.startswith("s3://"):
-        return open(path, mode, encoding=encoding if mode == "r" else None)
+    if not is_remote(path):
+        return open(path.removeprefix("file://"), mode, encoding=encoding if mode == "r" else None)
     folder, _, name = path.rpartition("/")
-    if folder == "s3:/" or not name:
-        raise ConfigError(f"open_file({path!r}): expected s3://bucket/key, the URL of an object")
+    if "/" not in path.partition("://")[2] or not name:
+        scheme = scheme_of(path)
+        raise ConfigError(
+            f"open_file({path!r}): expected {scheme}://bucket/key, the URL of an object"
+        )
     raw = open_store(folder).open_input(name)
     if mode == "rb":
         return io.BufferedReader(raw)

@@ -31,6 +31,11 @@ class Store(ABC):
     #: Reads wait on a network (so many may be in flight); a local disk's do not.
     remote: bool = True
 
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        """The store whose root is ``url`` (of this class's scheme)."""
+        return cls(url)
+
     #: The root, e.g. ``/data/out`` or ``s3://bucket/prefix``.
     url: str
 
@@ -61,6 +66,15 @@ class Store(ABC):
     @abstractmethod
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key under ``prefix``; return how many were deleted."""
+
+    def listed_versions(self, start: str = "", limit: int | None = None) -> list[tuple[str, str]]:
+        """``(key, version)`` of the objects whose key begins with ``start`` (any
+        text, not only a folder's: ``logs/2024-01-`` lists only those), in key order,
+        at most ``limit``. A store whose listing gives versions overrides this to
+        save a :meth:`version` call an object."""
+        folder = start.rpartition("/")[0]
+        keys = [k for k in self.list(folder) if k.startswith(start)]
+        return [(k, self.version(k)) for k in keys[:limit]]
 
     def discard_incomplete(self, prefix: str) -> int:
         """Remove what writers killed mid-write left under ``prefix``; return how many.

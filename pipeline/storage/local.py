@@ -73,6 +73,10 @@ def file_version(path: str | os.PathLike) -> str:
 class LocalStore(Store):
     remote = False
 
+    @classmethod
+    def from_url(cls, url: str) -> LocalStore:
+        return cls(url.removeprefix("file://"))
+
     def __init__(self, root: str | os.PathLike):
         # normpath: `../out` from a subfolder is the same folder, and messages say so
         self.root = Path(os.path.normpath(Path(root).expanduser().absolute()))

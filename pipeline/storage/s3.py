@@ -15,7 +15,7 @@ Credentials come only from the standard AWS chain (environment, ``AWS_PROFILE`` 
 ``~/.aws``, SSO, container or instance role). They are never arguments and never
 appear in messages or reprs.
 
-Every botocore failure goes through one table, :data:`_ERRORS`, that turns an S3
+Every botocore failure goes through one table, :data:`ERRORS`, that turns an S3
 error code into the exception callers see: ``FileNotFoundError`` for a missing
 object, :class:`S3PermissionError` for a refusal, and :class:`StorageError`
 naming the bucket and the endpoint for everything else.
@@ -52,16 +52,16 @@ from .s3_client import (
     transfer_config,
 )
 from .s3_errors import (
-    _ERRORS,
-    _NO_BUCKET,
-    _NOT_FOUND,
-    _OTHER,
+    ERRORS,
+    NO_BUCKET,
+    NOT_FOUND,
+    OTHER,
     S3PermissionError,
-    _detail,
-    _error_code,
-    _safe_url,
+    detail_of,
+    error_code,
+    safe_url,
 )
-from .s3_io import _byte_view, _ChunksReader, _S3InputFile
+from .s3_io import ChunksReader, S3InputFile, byte_view
 from .s3_lease import lease
 
 __all__ = ["S3PermissionError", "S3Store"]
@@ -102,7 +102,7 @@ class S3Store(Store):
         endpoint = (endpoint_url or settings.s3_endpoint_url or "").strip() or None
         if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
             raise ConfigError(
-                f"S3 endpoint {_safe_url(endpoint)!r} (from endpoint_url or "
+                f"S3 endpoint {safe_url(endpoint)!r} (from endpoint_url or "
                 f"{ENV_ENDPOINT_URL}) must be an http:// or https:// URL"
             )
         self.endpoint_url = endpoint
@@ -137,7 +137,7 @@ class S3Store(Store):
 
     def __repr__(self) -> str:
         if self.endpoint_url:
-            return f"S3Store({self.url!r}, endpoint_url={_safe_url(self.endpoint_url)!r})"
+            return f"S3Store({self.url!r}, endpoint_url={safe_url(self.endpoint_url)!r})"
         return f"S3Store({self.url!r})"
 
     def _uses_custom_endpoint(self) -> bool:
@@ -181,11 +181,11 @@ class S3Store(Store):
         """The endpoint for messages (never with credentials)."""
         client = self._client_obj
         if client is not None:
-            return _safe_url(client.meta.endpoint_url)
+            return safe_url(client.meta.endpoint_url)
         if self.endpoint_url:
-            return _safe_url(self.endpoint_url)
+            return safe_url(self.endpoint_url)
         env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return _safe_url(env) if env else "the default AWS S3 endpoint"
+        return safe_url(env) if env else "the default AWS S3 endpoint"
 
     def _key(self, key: str) -> str:
         rel = str(key).strip("/")
@@ -200,12 +200,12 @@ class S3Store(Store):
 
     def _error(self, exc: BaseException, key: str | None = None) -> OSError:
         """The exception to raise (``from exc``) for a botocore failure on ``key``."""
-        code = _error_code(exc)
-        rule = _ERRORS.get(code, _OTHER)
+        code = error_code(exc)
+        rule = ERRORS.get(code, OTHER)
         target = self.describe(key) if key else self.url
-        if rule is _NOT_FOUND:
+        if rule is NOT_FOUND:
             if key is None:
-                rule = _NO_BUCKET
+                rule = NO_BUCKET
             else:
                 return FileNotFoundError(errno.ENOENT, "No such object", target)
         message = rule.message.format(
@@ -213,7 +213,7 @@ class S3Store(Store):
             bucket=self.bucket,
             code=code,
             endpoint=self.endpoint_display(),
-            detail=_detail(exc, code),
+            detail=detail_of(exc, code),
         )
         err = rule.exc(message)
         err.errno = rule.errno
@@ -233,7 +233,7 @@ class S3Store(Store):
         try:
             return self._client().head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as exc:
-            if _ERRORS.get(_error_code(exc)) is _NOT_FOUND:
+            if ERRORS.get(error_code(exc)) is NOT_FOUND:
                 self._check_bucket()
             raise self._error(exc, key) from exc
         except BotoCoreError as exc:
@@ -260,7 +260,7 @@ class S3Store(Store):
 
     def write(self, key: str, chunks: Iterable[Buffer]) -> int:
         full = self._key(key)
-        views = [_byte_view(chunk) for chunk in chunks]
+        views = [byte_view(chunk) for chunk in chunks]
         size = sum(v.nbytes for v in views)
         client = self._client()
         try:
@@ -277,7 +277,7 @@ class S3Store(Store):
                 # Multipart: the object appears only when the upload completes, and
                 # the transfer manager aborts the upload if a part fails.
                 client.upload_fileobj(
-                    _ChunksReader(views), self.bucket, full, Config=transfer_config()
+                    ChunksReader(views), self.bucket, full, Config=transfer_config()
                 )
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, key) from exc
@@ -288,7 +288,7 @@ class S3Store(Store):
 
     def open_input(self, key: str) -> BinaryIO:
         head = self._head(key)
-        return _S3InputFile(self, key, head["ContentLength"], head.get("ETag"))  # type: ignore[return-value]
+        return S3InputFile(self, key, head["ContentLength"], head.get("ETag"))  # type: ignore[return-value]
 
     def open_ranges(self, key: str, spans: list[tuple[int, int]]) -> BinaryIO:
         f = self.open_input(key)

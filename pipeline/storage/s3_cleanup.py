@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .base import join
 
-if TYPE_CHECKING:
-    from .s3 import S3Store
+
+class Bucket(Protocol):
+    """What cleaning up needs of its store (``S3Store`` is one)."""
+
+    bucket: str
+    prefix: str
+
+    def _client(self) -> Any: ...
+
+    def _error(self, exc: BaseException, key: str | None = None) -> OSError: ...
+
+    def _relative(self, full_key: str) -> str: ...
+
 
 __all__ = ["DELETE_BATCH", "abort_uploads", "delete_keys"]
 
@@ -17,7 +28,7 @@ __all__ = ["DELETE_BATCH", "abort_uploads", "delete_keys"]
 DELETE_BATCH = 1000
 
 
-def delete_keys(store: S3Store, keys: list[str], where: str | None) -> int:
+def delete_keys(store: Bucket, keys: list[str], where: str | None) -> int:
     """Delete ``keys`` (full keys) in batches of :data:`DELETE_BATCH`; the count deleted.
     A failed deletion raises the store's error for the first key that failed."""
     deleted = 0
@@ -48,7 +59,7 @@ def delete_keys(store: S3Store, keys: list[str], where: str | None) -> int:
     return deleted
 
 
-def abort_uploads(store: S3Store, rel: str) -> int:
+def abort_uploads(store: Bucket, rel: str) -> int:
     """Abort the multipart uploads left open under ``rel``; their count."""
     full = join(store.prefix, rel)
     client = store._client()

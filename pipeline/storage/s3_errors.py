@@ -22,7 +22,16 @@ from botocore.exceptions import (
 
 from ..errors import StorageError
 
-__all__ = ["S3PermissionError"]
+__all__ = [
+    "ERRORS",
+    "NOT_FOUND",
+    "NO_BUCKET",
+    "OTHER",
+    "S3PermissionError",
+    "detail_of",
+    "error_code",
+    "safe_url",
+]
 
 
 class S3PermissionError(StorageError, PermissionError):
@@ -40,8 +49,8 @@ class _Rule:
     message: str
 
 
-_NOT_FOUND = _Rule(FileNotFoundError, errno.ENOENT, "No such object")
-_NO_BUCKET = _Rule(
+NOT_FOUND = _Rule(FileNotFoundError, errno.ENOENT, "No such object")
+NO_BUCKET = _Rule(
     StorageError,
     errno.ENOENT,
     "S3 bucket {bucket!r} does not exist at endpoint {endpoint} (needed for {target})",
@@ -75,17 +84,17 @@ _UNREACHABLE = _Rule(
     "({target}): {detail}; check PIPELINE_S3_ENDPOINT_URL or "
     "AWS_ENDPOINT_URL and the network",
 )
-_OTHER = _Rule(
+OTHER = _Rule(
     StorageError, errno.EIO, "{target}: S3 request to endpoint {endpoint} failed: {detail}"
 )
 
 #: The one table from S3 error codes (and pseudo-codes for botocore's own
-#: exceptions, see :func:`_error_code`) to the exceptions callers see.
-_ERRORS: dict[str, _Rule] = {
-    "NoSuchBucket": _NO_BUCKET,
-    "NoSuchKey": _NOT_FOUND,
-    "NotFound": _NOT_FOUND,
-    "404": _NOT_FOUND,  # HEAD responses carry no error body
+#: exceptions, see :func:`error_code`) to the exceptions callers see.
+ERRORS: dict[str, _Rule] = {
+    "NoSuchBucket": NO_BUCKET,
+    "NoSuchKey": NOT_FOUND,
+    "NotFound": NOT_FOUND,
+    "404": NOT_FOUND,  # HEAD responses carry no error body
     "AccessDenied": _DENIED,
     "AllAccessDisabled": _DENIED,
     "403": _Rule(
@@ -122,7 +131,7 @@ _QUIET_CODES = {
 }
 
 
-def _error_code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -134,7 +143,7 @@ def _error_code(exc: BaseException) -> str:
     return ""
 
 
-def _detail(exc: BaseException, code: str) -> str:
+def detail_of(exc: BaseException, code: str) -> str:
     if isinstance(exc, ClientError):
         if code in _QUIET_CODES:
             return code
@@ -150,7 +159,7 @@ def _detail(exc: BaseException, code: str) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
     """``url`` without user info, query or fragment."""
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]

@@ -6,13 +6,19 @@ from __future__ import annotations
 import bisect
 import io
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import StorageError
 from .base import Buffer
 
-if TYPE_CHECKING:
-    from .s3 import S3Store
+
+class ObjectSource(Protocol):
+    """What a ranged reader needs of its store (``S3Store`` is one)."""
+
+    def describe(self, key: str) -> str: ...
+
+    def _get(self, key: str, **kwargs: Any) -> bytes: ...
+
 
 MiB = 1024 * 1024
 #: Smallest ranged GET of open_input(); sequential reading grows the read-ahead.
@@ -25,7 +31,7 @@ MAX_HOLE = 1 * MiB
 MAX_SPAN = 64 * MiB
 
 
-def _byte_view(chunk: Buffer) -> memoryview:
+def byte_view(chunk: Buffer) -> memoryview:
     """A flat unsigned-byte view of ``chunk``, without copying when contiguous."""
     view = memoryview(chunk)
     if view.format == "B" and view.ndim == 1 and view.c_contiguous:
@@ -60,7 +66,7 @@ class _Seekable(io.RawIOBase):
         return self._pos
 
 
-class _ChunksReader(_Seekable):
+class ChunksReader(_Seekable):
     """A seekable read-only file over a list of byte views (no up-front copy)."""
 
     def __init__(self, views: list[memoryview]):
@@ -105,7 +111,7 @@ class _ChunksReader(_Seekable):
         return done
 
 
-class _S3InputFile(_Seekable):
+class S3InputFile(_Seekable):
     """A seekable read-only file over one object, read with ranged GETs.
 
     Each read fetches what it needs (at least :data:`MIN_FETCH`), so a parquet
@@ -115,7 +121,7 @@ class _S3InputFile(_Seekable):
     open, so an object replaced meanwhile fails instead of mixing versions.
     """
 
-    def __init__(self, store: S3Store, key: str, size: int, etag: str | None):
+    def __init__(self, store: ObjectSource, key: str, size: int, etag: str | None):
         self._store = store
         self._key = key
         self._size = int(size)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import click
 
-from ...errors import PipelineError
-
 __all__ = ["frames_command"]
 
 
@@ -27,11 +25,8 @@ def frames_command(count, rows, cols, out, seed, overwrite) -> None:
     from ...storage import open_store
     from .frames import write_frames
 
-    try:
-        store = open_store(out)
-        keys = write_frames(
-            store, "", count=count, rows=rows, cols=cols, seed=seed, overwrite=overwrite
-        )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
+    store = open_store(out)
+    keys = write_frames(
+        store, "", count=count, rows=rows, cols=cols, seed=seed, overwrite=overwrite
+    )
     click.echo(f"wrote {len(keys)} frames of {rows}x{cols} to {store.url}")

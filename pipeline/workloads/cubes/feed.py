@@ -46,7 +46,7 @@ from .host_memory import HostMemory
 
 __all__ = ["to_device"]
 
-log = logging.getLogger("pipeline.cubes")
+log = logging.getLogger(__name__)
 
 #: Batches moved and waiting for the consumer.
 DEPTH = 2

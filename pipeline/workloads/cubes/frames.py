@@ -21,7 +21,7 @@ import xxhash
 from ...errors import ConfigError, InputError, StorageError
 from ...storage import Store, join, open_store
 
-log = logging.getLogger("pipeline.cubes")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FrameSet",

@@ -40,7 +40,7 @@ from ...errors import ConfigError
 from .draws import ColumnDraws, draw_processes
 from .workload import CubeWorkload
 
-__all__ = ["DeviceCubes", "check_fits", "device_batches", "resolve_device"]
+__all__ = ["DeviceCubes", "byte_size", "check_fits", "device_batches", "resolve_device"]
 
 #: Batches the device must have room for beside the frames: one being gathered,
 #: one the consumer holds, one it has not yet dropped.
@@ -93,17 +93,17 @@ def check_fits(
     device's free memory."""
     if frames_bytes + batches_bytes <= free_bytes:
         return
-    total = f" (of {_size(total_bytes)})" if total_bytes else ""
+    total = f" (of {byte_size(total_bytes)})" if total_bytes else ""
     raise ConfigError(
-        f"the job's frames take {_size(frames_bytes)} on {device} and "
-        f"{BATCHES_IN_MEMORY} batches of cubes {_size(batches_bytes)}, but {device} has "
-        f"{_size(free_bytes)} free{total}: use fewer or narrower frames, a smaller "
+        f"the job's frames take {byte_size(frames_bytes)} on {device} and "
+        f"{BATCHES_IN_MEMORY} batches of cubes {byte_size(batches_bytes)}, but {device} has "
+        f"{byte_size(free_bytes)} free{total}: use fewer or narrower frames, a smaller "
         "batch_size or dtype='float32', or build='cpu' (cubes built by the CPUs and "
         "copied to the device)"
     )
 
 
-def _size(n: int) -> str:
+def byte_size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 

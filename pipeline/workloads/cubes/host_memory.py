@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from .gather import _size
+from .gather import byte_size
 
 __all__ = ["PINNED_ENV", "HostMemory", "pinned_limit"]
 
-log = logging.getLogger("pipeline.cubes")
+log = logging.getLogger(__name__)
 
 #: cudaHostRegisterPortable: page-locked for every CUDA context, as torch's own helper.
 _REGISTER_PORTABLE = 1
@@ -53,7 +53,7 @@ def pinned_limit(gib: float | None = None) -> tuple[int, str]:
         import psutil
 
         ram = psutil.virtual_memory().total
-        return int(ram * PINNED_SHARE_OF_RAM), f"a quarter of this host's {_size(ram)} of RAM"
+        return int(ram * PINNED_SHARE_OF_RAM), f"a quarter of this host's {byte_size(ram)} of RAM"
     try:
         value = float(gib)
     except (TypeError, ValueError):
@@ -86,11 +86,11 @@ class HostMemory:
         buffers of ``nbytes`` beyond the cap."""
         if not self.page_locked or self.pinned + count * nbytes <= self.limit:
             return
-        held = f", beside {_size(self.pinned)} page-locked already" if self.pinned else ""
+        held = f", beside {byte_size(self.pinned)} page-locked already" if self.pinned else ""
         raise ConfigError(
-            f"{count} page-locked {what} of {_size(nbytes)} each would take "
-            f"{_size(count * nbytes)}{held}, beyond the page-locked memory limit of "
-            f"{_size(self.limit)} ({self.limit_source}): use a smaller batch_size, "
+            f"{count} page-locked {what} of {byte_size(nbytes)} each would take "
+            f"{byte_size(count * nbytes)}{held}, beyond the page-locked memory limit of "
+            f"{byte_size(self.limit)} ({self.limit_source}): use a smaller batch_size, "
             f"dtype='float32' or fewer builders, or raise the limit (pinned_gib=, or "
             f"{PINNED_ENV})"
         )
@@ -108,7 +108,7 @@ class HostMemory:
             log.warning(
                 "page-locked memory limit of %s (%s) reached: further batch buffers "
                 "are ordinary memory, copied to %s at the pageable rate",
-                _size(self.limit),
+                byte_size(self.limit),
                 self.limit_source,
                 self.device,
             )

@@ -64,7 +64,7 @@ class CubeShards(Dataset):
         for key in shards:
             per_shard[key] = per_shard.get(key, 0) + 1
         self._cubes_in = per_shard
-        self._local = not store.url.startswith("s3://")
+        self._local = not store.remote
         self._store = None  # reopened in each loader process (boto3 clients do not fork)
         self._maps: dict[str, np.ndarray] = {}
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ...errors import ConfigError, InputError
-from ...storage import open_store
+from ...storage import is_remote, open_store
 from ...storage.globs import fixed_start, has_magic, hidden, matches, split
 from ...storage.local import file_version
 
@@ -25,7 +25,7 @@ def list_files(where: str) -> list[tuple[str, str]]:
     """``(path, version)`` of each file ``where`` names, in path order; an error that
     says what was looked for when there is none."""
     try:
-        found = _on_s3(where) if where.startswith("s3://") else _local(where)
+        found = _in_object_store(where) if is_remote(where) else _local(where)
     except OSError as exc:  # (StorageError too)
         raise InputError(f"files = {where!r}: cannot list it: {exc}") from exc
     return found
@@ -52,10 +52,10 @@ def _local(where: str) -> list[tuple[str, str]]:
     return [(p, file_version(p)) for p in paths]
 
 
-def _on_s3(where: str) -> list[tuple[str, str]]:
+def _in_object_store(where: str) -> list[tuple[str, str]]:
     if has_magic(where):
         folder, segments = split(where)
-        if not folder[len("s3://") :]:
+        if not folder.partition("://")[2]:
             raise ConfigError(
                 f"files = {where!r}: the bucket of an s3:// glob is named as it is; the "
                 "wildcards go in the keys (s3://bucket/texts/*.txt)"
@@ -79,7 +79,7 @@ def _on_s3(where: str) -> list[tuple[str, str]]:
     if found:
         return found
     parent, _, name = store.url.rpartition("/")
-    if parent == "s3:/":  # the bucket itself
+    if parent.endswith(":/"):  # the bucket itself
         raise InputError(f"files = {where!r}: no files there (the bucket holds no objects)")
     # Not a folder: an object of that name, or a name other objects begin with
     beside = open_store(parent).listed_versions(name, limit=3)

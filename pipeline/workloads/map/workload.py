@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...cluster.shipped_code import add_import_paths
-from ...config.settings import RowsFile
+from ...config.settings import RowsFile, split_list
 from ...errors import ConfigError, InputError
 from ...layout import part_key
 from ...manifest import consolidate_manifest
@@ -132,7 +132,6 @@ class MapWorkload(Workload):
             self._by_name = True
         elif not callable(self.fn):
             raise ConfigError(f"map: {self.fn!r} is not callable")
-        from ..regressions.spec import split_list
 
         if isinstance(job.grid, RowsFile):
             grid = PointsFileInput(job.grid, self.output)

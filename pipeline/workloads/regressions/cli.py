@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import click
 
-from ...errors import PipelineError
-
 __all__ = ["regressions_data_command"]
 
 
@@ -22,10 +20,7 @@ def regressions_data_command(chunks, rows, features, out, seed) -> None:
     from ...storage import open_store
     from .generate import write_regression_data
 
-    try:
-        facts = write_regression_data(
-            open_store(out), "", chunks=chunks, rows=rows, features=features, seed=seed
-        )
-    except PipelineError as exc:
-        raise click.ClickException(str(exc)) from exc
+    facts = write_regression_data(
+        open_store(out), "", chunks=chunks, rows=rows, features=features, seed=seed
+    )
     click.echo(f"wrote {chunks} chunks of {rows} rows to {out}; model: {facts['formula']}")

@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ...config import check_settings, setting
+from ...config import check_settings, setting, split_list
 from ...errors import ConfigError
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "eval_env",
     "model_desc",
     "parse_fit_options",
-    "split_list",
 ]
 
 MODELS = ("ols", "wls", "glm", "logit", "probit", "poisson", "quantreg", "rlm")
@@ -141,14 +140,6 @@ class RegressionJob:
     plots: bool = setting(
         False, bool, "Write a diagnostic PDF per chunk and a summary figure of the coefficients."
     )
-
-
-def split_list(value: str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, list | tuple):
-        return tuple(str(v).strip() for v in value if str(v).strip())
-    return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
 def parse_fit_options(text: str | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from ...config import split_list
 from ...errors import ConfigError, InputError
 from ...inputs.chunks import ChunkIndex, plan_chunks
 from ...inputs.dataset import Dataset, check_columns, discover
@@ -35,7 +36,7 @@ from .chunkfit import ChunkFit
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
 from .options import check_fit_options, check_trial_fit
-from .spec import FormulaInfo, ModelSpec, RegressionJob, split_list
+from .spec import FormulaInfo, ModelSpec, RegressionJob
 from .taskfits import COEF_COLUMNS, TaskFits, models_schema
 from .taskio import decimals_as_floats, parquet_bytes, plot_name, text_columns
 from .verify import CHUNK_RANGE

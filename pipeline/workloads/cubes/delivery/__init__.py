@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ....config import RunOptions, names_in_scope
 from ....errors import ClusterError, ConfigError
 from ..sharding import Share
 from ..workload import CubeJob, CubeWorkload, ensure_auto_frames
@@ -45,7 +46,7 @@ LOCAL_BATCH_BYTES = 8 << 20
 WAIT_FOR_WORKERS = 60
 #: Run settings of a remote cluster, which the embedded one ``iter_cubes`` starts
 #: ignores.
-_REMOTE = ("scheduler", "tls_ca_file", "tls_cert", "tls_key")
+_REMOTE = names_in_scope(RunOptions, "remote")
 
 
 def batch_cubes_for(dim: int, dtype: str, batch_bytes: int = BATCH_BYTES) -> int:
@@ -116,7 +117,7 @@ def iter_cube_batches(
     threads' buffers; ``memory.register(array)`` is told of each shared-memory buffer,
     after ``memory.reserve(count, nbytes, what)`` of those a path starts with)."""
     from ....cluster.connect import connect
-    from ....config import RunOptions, env_name, resolve, settings_of
+    from ....config import env_name, resolve, settings_of
 
     if delivery not in DELIVERIES:
         raise ConfigError(f"iter_cubes: delivery={delivery!r}; expected one of {DELIVERIES}")
