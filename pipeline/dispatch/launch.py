@@ -32,6 +32,16 @@ class Launch:
     #: Each submitted task's key, by index.
     keys: dict[int, str] = field(default_factory=dict)
     #: Since when the run is down to its last tasks (monotonic), and the copies of
-    #: each task submitted for being overdue (:mod:`.stragglers`).
+    #: each task submitted, backups or for being lost (:mod:`.stragglers`).
     tail_since: float | None = None
     copies: collections.Counter = field(default_factory=collections.Counter)
+    #: The copies of a task on the cluster beside its first submission, by index
+    #: (:mod:`.copies`), and the workers the scheduler sent each task to.
+    extra: dict[int, list] = field(default_factory=dict)
+    tried: dict[int, set] = field(default_factory=dict)
+    #: The run's task times (from receipts), and its number of tasks.
+    times: list[float] = field(default_factory=list)
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.size = self.size or len(self.pending)

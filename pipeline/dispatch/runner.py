@@ -31,10 +31,10 @@ from ..errors import ClusterError
 from ..storage import Store
 from ..workload import Task, TaskReceipt, Workload
 from . import lease, shipping
+from .copies import Copies
 from .launch import Launch
 from .receipts import ReceiptTopic, decode
 from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
-from .stragglers import Stragglers
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
@@ -82,11 +82,13 @@ class TaskRunner:
         self._workerless_since: float | None = None
         self._checked = time.monotonic()
         self._holder = lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0)
-        self._stragglers = Stragglers()
         self._threads = 1
         url = self.store.url if self.store is not None else None
         self._job_prefix = job_prefix(self.workload, url)
         self._unheld: list[str] = []  # keys whose hold to let go of
+        again = lambda: self._call(1, True)  # noqa: E731 (what a copy runs with)
+        keys = f"{self._job_prefix}{self._token}-"
+        self._copies = Copies(self.client, keys, again, self._holder, self._unheld.extend)
 
     def __enter__(self) -> TaskRunner:
         return self
@@ -100,12 +102,14 @@ class TaskRunner:
         and free the workers of its workload."""
         for run in list(self._launches):
             self._abandon(run)
+        self._copies.close()
         self._let_go()
         self._topic.close(self._token)
         self._workload.close()
 
     def _abandon(self, run: Launch) -> None:
         futures = [f for i, f in run.futures.items() if i in run.pending]
+        futures += self._copies.futures(run)
         if futures and self.client.status == "running":
             with contextlib.suppress(Exception):
                 self.client.cancel(futures, force=True)
@@ -149,12 +153,15 @@ class TaskRunner:
             count = min(SUBMIT_BATCH, run.window - len(run.futures), len(run.waiting))
             self._submit(run, [run.waiting.popleft() for _ in range(count)])
 
+    def _call(self, count: int, again: bool) -> TaskCall:
+        store_url = self.store.url if self.store is not None else None
+        return TaskCall(self._workload.for_tasks(count), store_url, self.profile,
+                        self._topic.topic, self._token, again)  # fmt: skip
+
     def _submit(self, run: Launch, tasks: list[Task], *, again: bool = False) -> None:
         if not tasks:
             return
-        store_url = self.store.url if self.store is not None else None
-        call = TaskCall(self._workload.for_tasks(len(tasks)), store_url, self.profile,
-                        self._topic.topic, self._token, again)  # fmt: skip
+        call = self._call(len(tasks), again)
         for first in range(0, len(tasks), SUBMIT_BATCH):
             batch = tasks[first : first + SUBMIT_BATCH]
             futures = self.client.map(
@@ -200,6 +207,7 @@ class TaskRunner:
             for future in run.futures.values():
                 future.release()
             run.futures.clear()
+            self._copies.forget(run)
 
     def _pump(self) -> None:
         """Route the next receipt to its run, waiting for it at most :data:`CHECK_SECONDS`;
@@ -232,14 +240,13 @@ class TaskRunner:
         """Let go of the holds on the tasks whose receipts came (their results, None, can
         leave the workers' memory)."""
         if self._unheld:
-            lease.release(self.client, self._holder, self._unheld)
-            self._unheld = []
+            lease.release(self.client, self._holder, list(self._unheld))
+            self._unheld.clear()
 
     def _done(self, run: Launch, receipt: TaskReceipt) -> None:
-        self._stragglers.record(receipt)
         key = run.keys.pop(receipt.index, None)
-        if key is not None:
-            self._unheld.append(key)
+        first = [key] if key is not None else []
+        self._unheld += self._copies.settle(run, receipt.index, receipt.seconds, first)
         del run.pending[receipt.index]
         self._owner.pop(receipt.index, None)
         run.unreceipted.pop(receipt.index, None)
@@ -269,17 +276,13 @@ class TaskRunner:
                     return
                 elif status == "finished":
                     self._unreceipted(run, run.pending[index])
-            for task in self._stragglers.overdue(run, self._threads):
-                log.warning("task %d not heard from in %.0f s, the run's last: running a copy",
-                            task.index, self._stragglers.limit())  # fmt: skip
-                self._unheld.append(run.keys.pop(task.index))
-                run.futures.pop(task.index).release()
-                run.attempts[task.index] += 1
-                self._submit(run, [task], again=True)
+        self._copies.check(self._launches, self._threads)  # backups, lost tasks' copies
 
     def _given_up(self, run: Launch, task: Task, error: BaseException) -> None:
         """A task Dask gave up on: run again (alone, if its workers died), or failed."""
         del run.futures[task.index]
+        if self._copies.promote(run, task.index):
+            return  # a copy of it on the cluster takes its place
         killed = type(error).__name__ == "KilledWorker"
         if killed:
             run.named[task.index] += 1
@@ -358,6 +361,7 @@ class TaskRunner:
             tasks = [t for t in run.pending.values() if t not in run.suspects and t not in queued]
             for t in tasks:
                 run.futures.pop(t.index, None)
+            self._copies.forget(run)
             self._submit(run, tasks, again=True)
             again += len(tasks)
         log.warning("reconnected to the scheduler; %d tasks not heard from submitted again "
