@@ -29,7 +29,7 @@ from .task import run_task
 
 __all__ = ["Copies", "Copy"]
 
-log = logging.getLogger("pipeline.runner")
+log = logging.getLogger(__name__)
 
 #: Workers the survey proposes for copies, at most (copies spread over them).
 SPARE_WORKERS = 64

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Placed", "Survey", "survey_scheduler", "take_survey"]
 
-log = logging.getLogger("pipeline.dispatch.survey")
+log = logging.getLogger(__name__)
 
 #: Seconds the driver waits for the scheduler's answer before doing without it.
 SURVEY_TIMEOUT = 10.0
