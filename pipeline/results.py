@@ -360,7 +360,7 @@ def summarize(output: str, table: str | None = None, job: str | None = None) -> 
         units = "unit" if failed == 1 else "units"
         lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
     if rows:
-        lines.append(head.to_pandas().to_string(max_cols=12))
+        lines.append(head.to_pandas(use_threads=False).to_string(max_cols=12))
     return "\n".join(lines)
 
 

@@ -95,9 +95,10 @@ def _forms(outputs: dict[str, Path], scratch: Path) -> list[tuple[str, list[str]
     forms = []
     for workload, out in outputs.items():
         table = 1 if workload == "cubes" else 0
+        to = scratch / f"{workload}.parquet"
         forms += [
             (f"results {workload}", ["results", str(out)], table),
-            (f"results {workload} --out", ["results", str(out), "--out", str(scratch / f"{workload}.parquet")], table),  # fmt: skip
+            (f"results {workload} --out", ["results", str(out), "--out", str(to)], table),
             (f"verify {workload}", ["verify", str(out)], 0),
         ]
     return forms
