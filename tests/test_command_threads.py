@@ -89,7 +89,7 @@ def outputs(tmp_path_factory, client, frames_dir) -> dict[str, Path]:
     return {"map": root / "map", "regressions": root / "regressions", "cubes": root / "cubes"}
 
 
-def _forms(outputs: dict[str, Path], scratch: Path) -> list[tuple[str, list[str], int]]:
+def _forms(outputs: dict, scratch: Path) -> list[tuple[str, list[str], int]]:
     """(name, arguments, expected exit status) of every command form: a cubes job has no
     table (its index is the manifest), which ``results`` says with exit 1."""
     forms = []
@@ -105,8 +105,29 @@ def _forms(outputs: dict[str, Path], scratch: Path) -> list[tuple[str, list[str]
 
 
 def test_results_and_verify_leave_no_thread_running_at_exit(outputs, tmp_path):
+    assert _threads_left(_forms(outputs, tmp_path), tmp_path) == {}
+
+
+def test_results_and_verify_of_s3_outputs_leave_no_thread_running_at_exit(
+    outputs, tmp_path, s3, s3_bucket
+):
+    # The same outputs, copied object for object into the bucket (the S3 store's
+    # client and its threads are what differs).
+    bucket, prefix = s3_bucket.removeprefix("s3://").split("/", 1)
+    client, on_s3 = s3.client(), {}
+    for workload, out in outputs.items():
+        for path in out.rglob("*"):
+            if path.is_file():
+                key = f"{prefix}/{workload}/{path.relative_to(out)}"
+                client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+        on_s3[workload] = f"{s3_bucket}/{workload}"
+    assert _threads_left(_forms(on_s3, tmp_path), tmp_path) == {}
+
+
+def _threads_left(forms, tmp_path) -> dict:
+    """Each form's threads left running after the command, where it left any."""
     left = {}
-    for name, args, expected in _forms(outputs, tmp_path):
+    for name, args, expected in forms:
         census = tmp_path / "census.json"
         done = subprocess.run(
             [sys.executable, "-c", CENSUS, *args],
@@ -121,7 +142,7 @@ def test_results_and_verify_leave_no_thread_running_at_exit(outputs, tmp_path):
         if found["new_threads"]:
             left[name] = found["new_threads"]
         census.unlink()
-    assert left == {}, left
+    return left
 
 
 def test_every_conversion_to_pandas_in_the_package_runs_on_the_calling_thread():
