@@ -62,9 +62,19 @@ n = [100, 1000, 10000]
 """
 
 
+#: ``python -m pipeline`` with the finalization hold of --widen-us imported first.
+HELD = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import exit_widen_hold; "
+    "sys.argv[0] = 'pipeline'; runpy.run_module('pipeline', run_name='__main__', alter_sys=True)"
+)
+
+
 def _pipeline(args: list[str], env: dict, cwd: Path, timeout: float = 600):
+    start = ["-m", "pipeline"]
+    if "LD_PRELOAD" in env:
+        start = ["-c", HELD, str(WIDEN_SOURCE.parent)]
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
+        [sys.executable, *start, *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

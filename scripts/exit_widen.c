@@ -12,6 +12,10 @@
    exception"). So a rare abort becomes a near-certain one wherever such a late GIL
    request exists, and none appears where none exists.
 
+   A request still waiting as the interpreter finalizes is waited for there by
+   scripts/exit_widen_hold.py (exit_widen_pending() counts them), so that it lands
+   while the interpreter is finalizing rather than after the process is gone.
+
    WIDEN_LOG=1 writes a line to stderr for each such call, saying whether the
    interpreter was finalizing. */
 #define _GNU_SOURCE
@@ -23,6 +27,9 @@
 #include <unistd.h>
 
 typedef int (*ensure_fn)(void);
+static int pending;
+
+int exit_widen_pending(void) { return __atomic_load_n(&pending, __ATOMIC_SEQ_CST); }
 extern int _Py_IsFinalizing(void);
 
 int PyGILState_Ensure(void) {
@@ -37,7 +44,9 @@ int PyGILState_Ensure(void) {
     if (tid != getpid()) {
         if (delay_us > 0) {
             struct timespec ts = {delay_us / 1000000, (delay_us % 1000000) * 1000};
+            __atomic_add_fetch(&pending, 1, __ATOMIC_SEQ_CST);
             nanosleep(&ts, NULL);
+            __atomic_sub_fetch(&pending, 1, __ATOMIC_SEQ_CST);
         }
         if (getenv("WIDEN_LOG")) {
             char line[96];
