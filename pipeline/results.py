@@ -376,7 +376,7 @@ def summarize(
         units = "unit" if failed == 1 else "units"
         lines.append(f"failed: {failed:,} {units}, not in this table (--table failures)")
     if rows:
-        lines.append(head.to_pandas().to_string(max_cols=12))
+        lines.append(head.to_pandas(use_threads=False).to_string(max_cols=12))
     return "\n".join(lines)
 
 

@@ -251,7 +251,7 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     key = consolidated_manifest_key(job_id)
     if store.exists(key):
         try:
-            return read_parquet_object(store, key).to_pandas()
+            return read_parquet_object(store, key).to_pandas(use_threads=False)
         except UnreadableObject as exc:
             # Damaged after its run: the tasks' entries still say what was written; the
             # next run (after --repair removes it) writes it again from them.
@@ -273,7 +273,7 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
     entries = []
     for p in parts:
         try:
-            entries.append(read_parquet_object(store, p).to_pandas())
+            entries.append(read_parquet_object(store, p).to_pandas(use_threads=False))
         except UnreadableObject as exc:
             # (its task's units are then missing: --repair removes it to run the task again)
             check.corrupt.append(str(exc))

@@ -171,11 +171,15 @@ def per_object(store: Store, fn, items, *, heavy: bool = False) -> list:
 def read_parquet(source, columns: list[str] | None = None):
     """One parquet file (its bytes, or a file object) as a ``pyarrow.Table``.
 
-    Through ``ParquetFile``, never ``pq.read_table``, and on the calling thread: a
-    thread of pyarrow's pools (the dataset scanner's, or the CPU pool that decodes
-    columns with ``use_threads``) still alive as the interpreter exits aborts the
+    Through ``ParquetFile``, never ``pq.read_table``, and on the calling thread (as is
+    every ``to_pandas``: ``use_threads=False``): a task of pyarrow's pools (the dataset
+    scanner's, or the CPU pool's that decodes columns with ``use_threads``) can drop the
+    last reference to the Python bytes it read from after the call returned; if the
+    interpreter is finalizing by then, taking the GIL ends that thread with
+    ``pthread_exit``, and its unwinding through Arrow's ``noexcept`` frames aborts the
     process ("terminate called without an active exception", exit 134) after the
-    command's work is done; a read on the calling thread starts no pool thread."""
+    command's work is done (``scripts/exit_stress.py --widen-us`` reproduces it). A read
+    on the calling thread starts no pool thread."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -124,7 +124,7 @@ class DataInput:
                 reads[0] += rows.bytes_read
                 reads[1] += rows.bytes_needed
                 reads[2] += time.perf_counter() - t0
-            frame = rows.table.to_pandas()
+            frame = rows.table.to_pandas(use_threads=False)
             for i, unit in enumerate(range(first, last)):
                 a, b = int(rows.offsets[i]), int(rows.offsets[i + 1])
                 yield unit, (frame.iloc[a:b].reset_index(drop=True),), {}

@@ -379,4 +379,4 @@ def patsy_frame(table):
     not pandas' nullable types that the files' pandas metadata asks for (patsy fails
     on a nullable boolean: "Cannot interpret 'BooleanDtype' as a data type"); a null
     is then None, or NaN in a number column, which patsy takes as missing."""
-    return table.to_pandas(ignore_metadata=True)
+    return table.to_pandas(ignore_metadata=True, use_threads=False)

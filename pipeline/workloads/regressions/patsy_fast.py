@@ -210,7 +210,7 @@ def coded_columns(table) -> dict:
         elif col.null_count == 0 and pa.types.is_dictionary(t) and _is_text(t.value_type):
             out[name] = _dictionary_categorical(col)
         else:
-            out[name] = col.to_pandas()
+            out[name] = col.to_pandas(use_threads=False)
     return out
 
 

@@ -65,7 +65,7 @@ def write_summary_figure(store: Store, job_id: str) -> str:
         for k in store.list(join(job_id, "coefficients"))
         if k.endswith(".parquet")
     ]
-    table = pa.concat_tables(parts).to_pandas() if parts else None
+    table = pa.concat_tables(parts).to_pandas(use_threads=False) if parts else None
     plt = _plt()
     terms = list(dict.fromkeys(table["term"])) if table is not None else []
     cols = min(4, max(1, len(terms)))

@@ -37,7 +37,7 @@ def assemble(store, job_id: str, table: str, result: pa.Table, tables: dict) -> 
 def summary_text(table: str, result: pa.Table) -> str | None:
     if table not in TABLES:
         return None
-    frame = result.to_pandas()
+    frame = result.to_pandas(use_threads=False)
     lines = []
     if table == "models":
         failed = frame["error_type"].notna()
