@@ -16,6 +16,7 @@ from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from .dispatch.commit import next_rounds, sweep_leftovers
 from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
 from .job_output import _check_space, _completed, _consolidated, _held, _units_in, open_output
 from .layout import check_job_id
@@ -126,10 +127,12 @@ def _run_job(
     n_workers = _wait_for_a_worker(client)
     known = plan.tasks(workload.n_units)
     kept: dict[int, int] = {}  # units of a task to retry that it keeps, by task
+    rounds: dict[int, int] = {}  # the entry round each task to retry commits
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
         retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
         done -= retry
+        rounds = next_rounds(store, workload.job_id, retry)
         if retry and workload.reruns_failed_units:  # only those units: the others are kept
             again = sorted((t for t in known if t.index in retry), key=lambda t: t.start)
             kept = {t.index: len(t.units) for t in again}
@@ -146,7 +149,9 @@ def _run_job(
     try:
         with (
             _progress(workload, options, _units_in(known, done)) as bar,
-            TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks)) as run,
+            TaskRunner(
+                workload, store, client, bar, profile=bool(options.profile_tasks), rounds=rounds
+            ) as run,
         ):
             layout = unit_layout(workload)
             receipts, rest = [], None
@@ -226,6 +231,9 @@ def _run_job(
             leftovers = store.discard_incomplete(workload.job_id)
             if leftovers:
                 log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+            swept = sweep_leftovers(store, workload)
+            if swept:
+                log.info("removed %d objects of task attempts that lost or failed", swept)
     else:
         # Not complete (a task failed whole): the units that failed inside this run's
         # completed tasks are failures too (they went unsaid beside a KilledWorker)

@@ -24,11 +24,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Task:
-    """Units ``start`` to ``stop - 1`` of a job; its ``index`` names its output keys."""
+    """Units ``start`` to ``stop - 1`` of a job; its ``index`` names its output keys.
+
+    ``attempt``: on a worker, the id of this run of the task (each run has its own:
+    a copy of a slow task, a rerun after a lost worker); the objects it writes are
+    named with it (:func:`pipeline.layout.attempt_key`), so that no run writes over
+    another's, and the first run to commit its entry wins. A workload that writes
+    objects itself names them with it too. ``round``: 0, or the how-manieth rerun of
+    a complete task whose units recorded as failed are called again (its entry then
+    supersedes the round before's)."""
 
     index: int
     start: int
     stop: int
+    attempt: str = ""
+    round: int = 0
 
     @property
     def units(self) -> range:
@@ -88,8 +98,10 @@ USER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 @dataclass(frozen=True)
 class OutputFile:
     """An object of a task that is no table (a figure, an array): ``data``, which the
-    runner writes at ``key``, or None for an object the task wrote there itself (the
-    runner then reads it back for its checksum). ``kind`` names it in the manifest;
+    runner writes at ``key`` named with the task's attempt
+    (:func:`pipeline.layout.attempt_key`), or None for an object the task wrote there
+    itself, named with ``Task.attempt`` likewise (the runner then reads it back for
+    its checksum). ``kind`` names it in the manifest;
     ``units`` are the units it holds: the task's (None), or a range that splits them."""
 
     key: str
@@ -173,6 +185,9 @@ class TaskReceipt:
     #: The Dask worker that ran it ('' outside Dask): workers can share a process (a
     #: LocalCluster's threads, the fleet simulation), where host and pid are not one.
     worker_address: str = ""
+    #: Another attempt of the task committed its entry first: this one removed what
+    #: it wrote, and the task is complete with the other's objects.
+    lost: bool = False
 
     @property
     def complete(self) -> bool:

@@ -23,7 +23,7 @@ import queue
 import secrets
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster.connect import worker_threads
@@ -69,6 +69,9 @@ class TaskRunner:
     client: Any
     bar: Any
     profile: bool = False
+    #: Task index -> the entry round it commits (a complete task rerun for its failed
+    #: units: :mod:`.commit`); 0 for the others.
+    rounds: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         send_promptly(self.client)
@@ -125,6 +128,8 @@ class TaskRunner:
         (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
         scheduler is waited out within the client's connect timeout, then is an
         error (every task that completed is stored: a rerun resumes)."""
+        tasks = [replace(t, round=self.rounds[t.index]) if t.index in self.rounds else t
+                 for t in tasks]  # fmt: skip
         run = Launch({t.index: t for t in tasks}, generation=self._generation)
         for t in tasks:
             self._owner[t.index] = run

@@ -15,10 +15,9 @@ Credentials come only from the standard AWS chain (environment, ``AWS_PROFILE`` 
 ``~/.aws``, SSO, container or instance role). They are never arguments and never
 appear in messages or reprs.
 
-Every botocore failure goes through one table, :data:`_ERRORS`, that turns an S3
-error code into the exception callers see: ``FileNotFoundError`` for a missing
-object, :class:`S3PermissionError` for a refusal, and :class:`StorageError`
-naming the bucket and the endpoint for everything else.
+Every botocore failure goes through one table, :data:`_ERRORS` (an S3 error code to
+``FileNotFoundError``, :class:`S3PermissionError`, or :class:`StorageError` naming
+the bucket and the endpoint).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from .s3_client import (
     object_version,
     transfer_config,
 )
+from .s3_create import put_if_absent
 from .s3_errors import (
     _ERRORS,
     _NO_BUCKET,
@@ -84,9 +84,6 @@ _STREAM_ERRORS = (
     ReadTimeoutError,
     ConnectionClosedError,
 )
-
-
-# --------------------------------------------------------------------------- store
 
 
 class S3Store(Store):
@@ -294,6 +291,9 @@ class S3Store(Store):
         f = self.open_input(key)
         f.prefetch(spans)  # type: ignore[attr-defined]
         return f
+
+    def create_once(self, key: str, data: Buffer) -> bool:
+        return put_if_absent(self, key, data)
 
     def exists(self, key: str) -> bool:
         try:
