@@ -15,6 +15,9 @@
 <job>/shards/NNNNNN.aXXXXXXXX.npy   cube shards, by attempt XXXXXXXX
 _locks/<job>                        held by the run writing <job> (outside it: an
                                     --overwrite empties <job> while holding it)
+_receipts/<job>/<run>/NNNNNN.json   the receipt of task NNNNNN's attempt that failed
+                                    units, for run <run>'s driver to find after a
+                                    reconnect (removed when the run ends)
 inputs/                             the cube jobs' default frames (made once)
 """
 
@@ -46,6 +49,8 @@ __all__ = [
     "current_entries",
     "shard_key",
     "lock_key",
+    "receipt_key",
+    "receipts_prefix",
 ]
 
 
@@ -216,6 +221,14 @@ def shard_key(job_id: str, shard: int) -> str:
 
 def lock_key(job_id: str) -> str:
     return join("_locks", job_id)
+
+
+def receipts_prefix(job_id: str, run: str = "") -> str:
+    return join("_receipts", job_id, run)
+
+
+def receipt_key(job_id: str, run: str, index: int) -> str:
+    return join("_receipts", job_id, run, f"{index:06d}.json")
 
 
 _TASK_KEY = re.compile(r"part-(\d{6,})(?:\.r\d+|\.a[0-9a-f]{8})?\.parquet")

@@ -24,6 +24,7 @@ before: that entry first, then the objects it listed that the new one does not.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import secrets
 from collections.abc import Iterable
@@ -43,6 +44,7 @@ __all__ = [
     "objects_of",
     "supersede",
     "sweep_leftovers",
+    "with_rounds",
 ]
 
 
@@ -84,6 +86,13 @@ def next_rounds(store: Store, job_id: str, indices) -> dict[int, int]:
         return {}
     current = entry_keys(store, job_id)
     return {i: entry_round(current[i]) + 1 for i in indices if i in current}
+
+
+def with_rounds(tasks, rounds: dict[int, int]) -> list[Task]:
+    """``tasks``, each in the round ``rounds`` gives its index (0 where none does): the
+    entry round it commits, a complete task rerun for its units recorded as failed."""
+    return [dataclasses.replace(t, round=rounds[t.index]) if t.index in rounds else t
+            for t in tasks]  # fmt: skip
 
 
 def entry_objects(store: Store, workload: Workload, task: Task, round: int) -> list[str] | None:

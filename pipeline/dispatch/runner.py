@@ -23,7 +23,7 @@ import queue
 import secrets
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster.connect import worker_threads
@@ -31,8 +31,10 @@ from ..errors import ClusterError
 from ..storage import Store
 from ..workload import Task, TaskReceipt, Workload
 from . import lease, shipping
+from .commit import with_rounds
 from .launch import Launch
 from .receipts import ReceiptTopic, decode
+from .recovery import forget_receipts, stored_receipts
 from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
 from .stragglers import Stragglers
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
@@ -69,9 +71,7 @@ class TaskRunner:
     client: Any
     bar: Any
     profile: bool = False
-    #: Task index -> the entry round it commits (a complete task rerun for its failed
-    #: units: :mod:`.commit`); 0 for the others.
-    rounds: dict[int, int] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)  # (:func:`.commit.with_rounds`)
 
     def __post_init__(self) -> None:
         send_promptly(self.client)
@@ -106,6 +106,7 @@ class TaskRunner:
         self._let_go()
         self._topic.close(self._token)
         self._workload.close()
+        forget_receipts(self.store, self.workload.job_id, self._token)
 
     def _abandon(self, run: Launch) -> None:
         futures = [f for i, f in run.futures.items() if i in run.pending]
@@ -128,8 +129,7 @@ class TaskRunner:
         (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
         scheduler is waited out within the client's connect timeout, then is an
         error (every task that completed is stored: a rerun resumes)."""
-        tasks = [replace(t, round=self.rounds[t.index]) if t.index in self.rounds else t
-                 for t in tasks]  # fmt: skip
+        tasks = with_rounds(tasks, self.rounds)
         run = Launch({t.index: t for t in tasks}, generation=self._generation)
         for t in tasks:
             self._owner[t.index] = run
@@ -328,7 +328,10 @@ class TaskRunner:
             try:
                 self._accept(decode(self._inbox.get_nowait()))
             except queue.Empty:
-                return
+                break
+        pending = {i: t for run in self._launches for i, t in run.pending.items()}
+        for receipt in stored_receipts(self.store, self.workload.job_id, self._token, pending):
+            self._accept(receipt)
 
     def _reconnected(self) -> None:
         """Wait for the client to reconnect, catch up and submit the tasks not heard

@@ -23,6 +23,7 @@ from . import shipping
 from .commit import commit_entry, discard, new_attempt, objects_of
 from .outputs import write_outputs
 from .receipts import encode
+from .recovery import keep_failed_receipt
 
 __all__ = [
     "TaskCall",
@@ -62,6 +63,10 @@ def run_task(task: Task, call: TaskCall) -> None:
     receipt = execute_task(workload, call.store_url, task, call.profile, call.skip_complete)
     worker = get_worker()
     receipt = dataclasses.replace(receipt, worker_address=worker.address)
+    if receipt.failures and call.store_url:
+        # No entry says it ran: its receipt is kept where the driver finds it should
+        # the event be lost (the scheduler keeps a topic's last events only).
+        keep_failed_receipt(open_store(call.store_url), workload.job_id, call.token, receipt)
     worker.log_event(call.topic, encode(receipt, call.token))
 
 
