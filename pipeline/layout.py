@@ -46,6 +46,7 @@ __all__ = [
     "part_key",
     "attempt_key",
     "attempt_of",
+    "written_by_attempt",
     "current_entries",
     "shard_key",
     "lock_key",
@@ -187,6 +188,20 @@ def attempt_of(key: str) -> str | None:
     """The id of the attempt that wrote ``key`` (:func:`attempt_key`), or None."""
     found = _ATTEMPT.search(key.rsplit("/", 1)[-1])
     return found.group(1) if found else None
+
+
+#: A task's object as 0.2.0 named it, before attempts named them: a table's part or a
+#: cube shard in a folder of the job (not its manifest).
+_UNNAMED = re.compile(r"[^/]+/(?!manifest/)[^/]+/(part-\d{6}\.parquet|\d{6}\.npy)")
+
+
+def written_by_attempt(job_id: str, key: str) -> bool:
+    """Whether ``key`` is the kind of object a task attempt writes (named by its
+    attempt, or as 0.2.0 named them): one no entry lists is then left by an attempt
+    that did not commit, not a stranger's."""
+    return attempt_of(key) is not None or (
+        key.startswith(f"{job_id}/") and _UNNAMED.fullmatch(key) is not None
+    )
 
 
 def entry_round(key: str) -> int:

@@ -26,7 +26,6 @@ from . import registry
 from .coverage import UnitRanges
 from .errors import InputError, UnreadableObject
 from .layout import (
-    attempt_of,
     consolidated_manifest_key,
     current_entries,
     job_folder,
@@ -36,6 +35,7 @@ from .layout import (
     read_job_record,
     task_index,
     task_parts,
+    written_by_attempt,
 )
 from .manifest import UNIT_RANGE
 from .storage import Store, join, open_store, read_parquet_object
@@ -119,8 +119,9 @@ def verify_output(
         _count_failures(workload, store, job_id, manifest, check)
         own = getattr(workload, "final_objects", ())
         unlisted = unlisted_objects(store, job_id, listed, own)
-        check.extra = [store.describe(k) for k in unlisted if attempt_of(k) is None]
-        check.leftovers = [store.describe(k) for k in unlisted if attempt_of(k) is not None]
+        left = [k for k in unlisted if written_by_attempt(job_id, k)]
+        check.extra = [store.describe(k) for k in unlisted if k not in left]
+        check.leftovers = [store.describe(k) for k in left]
         if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):
             check.repaired = repair_job(
                 store,

@@ -30,7 +30,7 @@ import secrets
 from collections.abc import Iterable
 
 from ..errors import UnreadableObject
-from ..layout import attempt_of, entry_round, manifest_key
+from ..layout import entry_round, manifest_key, written_by_attempt
 from ..storage import Store, read_parquet_object
 from ..workload import Task, Workload
 
@@ -124,10 +124,11 @@ def discard(store: Store, keys: Iterable[str]) -> None:
 
 
 def leftovers(store: Store, job_id: str, listed: set[str]) -> list[str]:
-    """The objects under the job named by an attempt (:func:`attempt_of`) that no
-    entry lists (``listed``: the keys the job's entries list): those of attempts that
-    lost or failed and ended before removing them."""
-    return [k for k in store.list(job_id) if k not in listed and attempt_of(k) is not None]
+    """The objects under the job written by task attempts (:func:`written_by_attempt`)
+    that no entry lists (``listed``: the keys the job's entries list): those of
+    attempts that lost or failed and ended before removing them (or, from an output
+    0.2.0 wrote, of a task that never committed)."""
+    return [k for k in store.list(job_id) if k not in listed and written_by_attempt(job_id, k)]
 
 
 def sweep_leftovers(store: Store, workload: Workload) -> int:
