@@ -12,7 +12,7 @@
                                     (regressions' coefficients, models, timings; map
                                     results, failures; a plug-in's own), written by
                                     its attempt XXXXXXXX (0.2.0 wrote part-NNNNNN.parquet)
-<job>/shards/NNNNNN.aXXXXXXXX.npy   cube shards, by attempt XXXXXXXX
+<job>/shards/NNNNNN.npy             cube shards (every attempt writes the same bytes)
 _locks/<job>                        held by the run writing <job> (outside it: an
                                     --overwrite empties <job> while holding it)
 _receipts/<job>/<run>/NNNNNN.json   the receipt of task NNNNNN's attempt that failed

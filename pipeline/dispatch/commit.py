@@ -4,8 +4,10 @@ A task can run more than once at the same time or one after another: a copy of a
 task overdue (its original still running: a Dask task's thread cannot be stopped), a
 rerun after its worker or its driver was lost while the first still runs, a
 function that is not deterministic. So each run of a task (an *attempt*) names the
-objects it writes with an id of its own (:func:`pipeline.layout.attempt_key`): no
-attempt writes over another's. Its manifest entry, which lists them, is then
+objects the runner writes with an id of its own
+(:func:`pipeline.layout.attempt_key`): no attempt writes over another's. (Objects a
+workload writes itself under names of its own, cube shards, are the same bytes from
+every attempt, written atomically; a losing attempt leaves them.) Its manifest entry, which lists them, is then
 created once (:meth:`Store.create_once`: an exclusive link on a local disk,
 ``If-None-Match: *`` on S3), so of the attempts that complete, the first to commit
 wins: its entry names objects all written by it, and nothing another attempt does
@@ -30,7 +32,7 @@ import secrets
 from collections.abc import Iterable
 
 from ..errors import UnreadableObject
-from ..layout import entry_round, manifest_key, written_by_attempt
+from ..layout import attempt_of, entry_round, manifest_key, written_by_attempt
 from ..storage import Store, read_parquet_object
 from ..workload import Task, Workload
 
@@ -112,12 +114,20 @@ def supersede(store: Store, workload: Workload, task: Task, keep: set[str]) -> N
         if listed is None:
             continue
         store.delete_prefix(manifest_key(workload.job_id, task.index, round))
-        discard(store, (k for k in listed if k not in keep))
+        job = workload.job_id
+        _delete(store, (k for k in listed if k not in keep and written_by_attempt(job, k)))
 
 
 def discard(store: Store, keys: Iterable[str]) -> None:
-    """Delete ``keys`` (an attempt's own objects, which no entry lists), as far as it
-    can: one it cannot delete is a leftover the next complete run sweeps."""
+    """Delete those of ``keys`` named by an attempt (an attempt's own objects, which no
+    entry lists), as far as it can: one it cannot delete is a leftover the next
+    complete run sweeps. An object a workload wrote under a name of its own (cube
+    shards) may be another attempt's too, so it stays: its attempts must write the
+    same bytes there."""
+    _delete(store, (k for k in keys if attempt_of(k) is not None))
+
+
+def _delete(store: Store, keys: Iterable[str]) -> None:
     for key in keys:
         with contextlib.suppress(OSError):
             store.delete_prefix(key)
@@ -143,5 +153,5 @@ def sweep_leftovers(store: Store, workload: Workload) -> int:
     except (FileNotFoundError, UnreadableObject):
         return 0
     found = leftovers(store, workload.job_id, set(objects_of(workload, manifest)))
-    discard(store, found)
+    _delete(store, found)
     return len(found)
