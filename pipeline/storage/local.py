@@ -134,7 +134,9 @@ class LocalStore(Store):
                 _write_chunk(f, data)
             os.link(tmp, target)
         except FileExistsError:
-            return False
+            if target.is_file():
+                return False
+            raise StorageError(f"cannot write {target}: a folder is there") from None
         except OSError as exc:
             raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
         finally:
