@@ -30,9 +30,9 @@ class Task:
     a copy of a slow task, a rerun after a lost worker); the objects it writes are
     named with it (:func:`pipeline.layout.attempt_key`), so that no run writes over
     another's, and the first run to commit its entry wins. A workload that writes
-    objects itself names them with it too, or writes the same bytes from every run. ``round``: 0, or the how-manieth rerun of
-    a complete task whose units recorded as failed are called again (its entry then
-    supersedes the round before's)."""
+    objects itself names them with it too, or writes the same bytes from every run.
+    ``round``: 0, or the how-manieth rerun of a complete task whose units recorded as
+    failed are called again (its entry then supersedes the round before's)."""
 
     index: int
     start: int

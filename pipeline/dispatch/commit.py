@@ -7,11 +7,12 @@ function that is not deterministic. So each run of a task (an *attempt*) names t
 objects the runner writes with an id of its own
 (:func:`pipeline.layout.attempt_key`): no attempt writes over another's. (Objects a
 workload writes itself under names of its own, cube shards, are the same bytes from
-every attempt, written atomically; a losing attempt leaves them.) Its manifest entry, which lists them, is then
-created once (:meth:`Store.create_once`: an exclusive link on a local disk,
-``If-None-Match: *`` on S3), so of the attempts that complete, the first to commit
-wins: its entry names objects all written by it, and nothing another attempt does
-afterwards touches them. An attempt that loses (or fails units, so commits
+every attempt, written atomically; a losing attempt leaves them.) Its manifest
+entry, which lists them, is then created once (:meth:`Store.create_once`: an
+exclusive link on a local disk, ``If-None-Match: *`` on S3), so of the attempts
+that complete, the first to commit wins: its entry names objects all written by
+it, and nothing another attempt does afterwards touches them. An attempt that
+loses (or fails units, so commits
 nothing) removes what it wrote; its receipt says it lost.
 
 An attempt killed between writing and committing leaves objects no entry lists;
