@@ -34,7 +34,7 @@ def _race(url: str, key: str) -> list[bool]:
             [sys.executable, "-c", RACE, url, key, f"w{i}", start],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(WRITERS)
     ]
     return [p.communicate(timeout=60)[0].strip() == "True" for p in procs]
