@@ -223,3 +223,25 @@ def test_a_blip_longer_than_the_schedulers_event_log_runs_no_task_twice(tmp_path
     assert not (tmp_path / "out" / "_receipts" / "sq").exists() or not list(
         (tmp_path / "out" / "_receipts" / "sq").rglob("*.json")
     )
+
+
+def test_leftovers_of_an_attempt_killed_before_cleaning_up_are_named_then_swept(tmp_path, client):
+    # An attempt that lost (or failed units) and was killed before removing what it
+    # wrote leaves objects no entry lists: verify names them, not as damage; the job's
+    # next run that completes it removes them.
+    (tmp_path / "log").mkdir()
+    (tmp_path / "gate").touch()
+    run_job(_workload(tmp_path, "same"), _options(tmp_path), client, echo=lambda m: None)
+    results = tmp_path / "out" / "m" / "results"
+    (stray,) = results.glob("part-000001.*parquet")
+    left = results / "part-000001.a0badbad.parquet"
+    left.write_bytes(b"what a killed attempt wrote")
+    shown = _pipeline("verify", str(tmp_path / "out"))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "0 extra" in shown.stdout and "leftovers: 1 object" in shown.stdout, shown.stdout
+    (tmp_path / "out" / "m" / "manifest.parquet").unlink()
+    (tmp_path / "out" / "m" / "manifest" / "part-000002.parquet").unlink()
+    s = run_job(_workload(tmp_path, "same"), _options(tmp_path), client, echo=lambda m: None)
+    assert s.complete and s.units_run == 2
+    assert not left.exists() and stray.exists()
+    assert _check(tmp_path)[2]["v"] == 4
