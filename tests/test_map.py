@@ -965,7 +965,7 @@ def test_damaged_manifest_pages_and_missing_parts_are_named_not_tracebacks(tmp_p
     # garbage inside the consolidated manifest's data, its footer intact
     manifest = tmp_path / "m" / "manifest.parquet"
     data = bytearray(manifest.read_bytes())
-    data[50:57] = b"garbage"
+    data[4:11] = b"garbage"  # (its first page header)
     manifest.write_bytes(bytes(data))
     (check,) = verify_output(str(tmp_path))
     assert check.damaged_manifest and "not a readable table" in check.corrupt[0], check

@@ -864,7 +864,7 @@ def test_plots_are_written(dataset, tmp_path, client):
     data, _ = dataset
     s = run(client, tmp_path / "out", data, units_per_task=4, plots=True)
     pdfs = sorted((tmp_path / "out/reg/plots").glob("*.pdf"))
-    assert len(pdfs) == 8 and pdfs[0].name == "0000000-chunk=0.pdf"
+    assert len(pdfs) == 8 and stored.unnamed(pdfs[0].name) == "0000000-chunk=0.pdf"
     assert pdfs[0].read_bytes().startswith(b"%PDF")
     assert (tmp_path / "out/reg/coefficients-summary.pdf").exists()
     assert s.details["summary_figure"].endswith("coefficients-summary.pdf")
