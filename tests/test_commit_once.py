@@ -125,7 +125,7 @@ def test_a_killed_drivers_task_finishing_after_the_reruns_loses(tmp_path):
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=30)
         s = run_job(_workload(tmp_path, "fails"), _options(tmp_path), client, echo=lambda m: None)
-        assert s.complete and s.units_ok == UNITS and not s.failures
+        assert s.complete and not s.failures  # (driver 1 may have completed tasks 0, 2)
         assert len(_ended(tmp_path, 2)) == 1
         (tmp_path / "gate").touch()
         wait_for("driver 1's attempt to end", lambda: len(_ended(tmp_path, 2)) == 2)
