@@ -234,7 +234,7 @@ def test_leftovers_of_an_attempt_killed_before_cleaning_up_are_named_then_swept(
     run_job(_workload(tmp_path, "same"), _options(tmp_path), client, echo=lambda m: None)
     results = tmp_path / "out" / "m" / "results"
     (stray,) = results.glob("part-000001.*parquet")
-    left = results / "part-000001.a0badbad.parquet"
+    left = results / "part-000001.adeadbeef.parquet"
     left.write_bytes(b"what a killed attempt wrote")
     shown = _pipeline("verify", str(tmp_path / "out"))
     assert shown.returncode == 0, shown.stdout + shown.stderr
