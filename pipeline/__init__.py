@@ -19,8 +19,8 @@ from .errors import (
     WorkloadError,
 )
 from .jobs import Job, load_jobs
-from .layout import part_key
-from .manifest import checksum
+from .layout import attempt_key, part_key
+from .manifest import checksum, listed_parts
 from .results import IncompleteJob, results_table
 from .runner import run_job
 from .storage import (
@@ -114,7 +114,9 @@ __all__ = [
     "UnitFailure",
     "Workload",
     "check_settings",
+    "attempt_key",
     "checksum",
+    "listed_parts",
     "part_key",
     "setting",
     # built-in workloads (imported on first use)

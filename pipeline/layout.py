@@ -2,19 +2,28 @@
 
 <job>/job.json                      the job's record: workload, settings, plan
 <job>/manifest/part-NNNNNN.parquet  task NNNNNN's entry, written last, only when
-                                    all of its data is written
+                                    all of its data is written, created once: the
+                                    first attempt of the task to commit wins
+<job>/manifest/part-NNNNNN.rR.parquet  its entry of round R: a rerun of the task
+                                    (its units recorded as failed called again)
+                                    that supersedes the round before
 <job>/manifest.parquet              every entry, once every task is complete
-<job>/<table>/part-NNNNNN.parquet   task NNNNNN's part of a table (regressions'
-                                    coefficients, models, timings; map results,
-                                    failures; a plug-in's own)
-<job>/shards/NNNNNN.npy             cube shards
+<job>/<table>/part-NNNNNN.aXXXXXXXX.parquet  task NNNNNN's part of a table
+                                    (regressions' coefficients, models, timings; map
+                                    results, failures; a plug-in's own), written by
+                                    its attempt XXXXXXXX (0.2.0 wrote part-NNNNNN.parquet)
+<job>/shards/NNNNNN.npy             cube shards (every attempt writes the same bytes)
 _locks/<job>                        held by the run writing <job> (outside it: an
                                     --overwrite empties <job> while holding it)
+_receipts/<job>/<run>/NNNNNN.json   the receipt of task NNNNNN's attempt that failed
+                                    units, for run <run>'s driver to find after a
+                                    reconnect (removed when the run ends)
 inputs/                             the cube jobs' default frames (made once)
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .errors import ConfigError, InputError
@@ -35,8 +44,14 @@ __all__ = [
     "manifest_prefix",
     "consolidated_manifest_key",
     "part_key",
+    "attempt_key",
+    "attempt_of",
+    "written_by_attempt",
+    "current_entries",
     "shard_key",
     "lock_key",
+    "receipt_key",
+    "receipts_prefix",
 ]
 
 
@@ -146,8 +161,65 @@ def manifest_prefix(job_id: str) -> str:
     return join(job_id, "manifest")
 
 
-def manifest_key(job_id: str, index: int) -> str:
-    return join(job_id, "manifest", f"part-{index:06d}.parquet")
+def manifest_key(job_id: str, index: int, round: int = 0) -> str:
+    """Task ``index``'s entry; of ``round`` > 0: a rerun of a complete task that
+    supersedes the entry of the round before."""
+    name = f"part-{index:06d}.r{round}.parquet" if round else f"part-{index:06d}.parquet"
+    return join(job_id, "manifest", name)
+
+
+def attempt_key(key: str, attempt: str) -> str:
+    """``key`` as written by task attempt ``attempt``: its id before the name's
+    extension (``part-000003.parquet`` -> ``part-000003.a1b2c3d4.parquet``), so
+    that no attempt writes over another's objects."""
+    if not attempt:
+        return key
+    folder, _, name = key.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    name = f"{stem}.a{attempt}{dot}{ext}"
+    return f"{folder}/{name}" if folder else name
+
+
+#: An attempt's id in an object's name: 8 hex digits after ".a", before the extension.
+_ATTEMPT = re.compile(r"\.a([0-9a-f]{8})(?:\.|$)")
+
+
+def attempt_of(key: str) -> str | None:
+    """The id of the attempt that wrote ``key`` (:func:`attempt_key`), or None."""
+    found = _ATTEMPT.search(key.rsplit("/", 1)[-1])
+    return found.group(1) if found else None
+
+
+#: A task's object as 0.2.0 named it, before attempts named them: a table's part or a
+#: cube shard in a folder of the job (not its manifest).
+_UNNAMED = re.compile(r"[^/]+/(?!manifest/)[^/]+/(part-\d{6}\.parquet|\d{6}\.npy)")
+
+
+def written_by_attempt(job_id: str, key: str) -> bool:
+    """Whether ``key`` is the kind of object a task attempt writes (named by its
+    attempt, or as 0.2.0 named them): one no entry lists is then left by an attempt
+    that did not commit, not a stranger's."""
+    return attempt_of(key) is not None or (
+        key.startswith(f"{job_id}/") and _UNNAMED.fullmatch(key) is not None
+    )
+
+
+def entry_round(key: str) -> int:
+    """The round of an entry's key (:func:`manifest_key`)."""
+    found = re.search(r"\.r(\d+)\.parquet$", key)
+    return int(found.group(1)) if found else 0
+
+
+def current_entries(keys) -> dict[int, str]:
+    """Task index -> its current entry (its latest round), of the entries' ``keys``."""
+    current: dict[int, str] = {}
+    for key in keys:
+        index = task_index(key)
+        if index is not None and (
+            index not in current or entry_round(key) > entry_round(current[index])
+        ):
+            current[index] = key
+    return current
 
 
 def consolidated_manifest_key(job_id: str) -> str:
@@ -166,14 +238,22 @@ def lock_key(job_id: str) -> str:
     return join("_locks", job_id)
 
 
+def receipts_prefix(job_id: str, run: str = "") -> str:
+    return join("_receipts", job_id, run)
+
+
+def receipt_key(job_id: str, run: str, index: int) -> str:
+    return join("_receipts", job_id, run, f"{index:06d}.json")
+
+
+_TASK_KEY = re.compile(r"part-(\d{6,})(?:\.r\d+|\.a[0-9a-f]{8})?\.parquet")
+
+
 def task_index(key: str) -> int | None:
-    """The task a ``.../part-NNNNNN.parquet`` key is of (an entry, a table's part), or
-    None for another key."""
-    name = key.rsplit("/", 1)[-1]
-    digits = name[5:-8]
-    if name.startswith("part-") and name.endswith(".parquet") and digits.isdigit():
-        return int(digits)
-    return None
+    """The task a ``.../part-NNNNNN[.rR|.aXXXXXXXX].parquet`` key is of (an entry, a
+    table's part), or None for another key."""
+    found = _TASK_KEY.fullmatch(key.rsplit("/", 1)[-1])
+    return int(found.group(1)) if found else None
 
 
 def task_parts(store, job_id: str, indices: set[int]) -> list[str]:

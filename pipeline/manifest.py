@@ -27,8 +27,14 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from .coverage import unit_coverage, units_text
-from .layout import consolidated_manifest_key, manifest_key
-from .storage import Store, read_parquet_object, read_parquet_tables, write_parquet
+from .layout import (
+    consolidated_manifest_key,
+    current_entries,
+    manifest_key,
+    manifest_prefix,
+    task_index,
+)
+from .storage import Store, join, read_parquet_object, read_parquet_tables, write_parquet
 
 
 class Task(Protocol):
@@ -48,6 +54,9 @@ __all__ = [
     "consolidate_manifest",
     "entry_codes",
     "made_by",
+    "entry_keys",
+    "entry_parts",
+    "listed_parts",
     "manifest_entries",
     "stamp_entry",
     "stored_checksum",
@@ -110,12 +119,55 @@ def stored_checksum(store: Store, key: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def entry_keys(store: Store, job_id: str) -> dict[int, str]:
+    """Task index -> the key of its current entry (its latest round), from one listing."""
+    return current_entries(store.list(manifest_prefix(job_id)))
+
+
+def listed_parts(store: Store, job_id: str, kind: str, indices) -> dict[int, str]:
+    """Task index -> the part of table ``kind`` its current entry lists, for the tasks
+    ``indices`` that have one. Parts are named by the attempt that wrote them, and a
+    leftover of an attempt that lost may lie beside one: the entry says which. Only
+    the entries of tasks with a part of that table are read."""
+    wanted = set(indices)
+    candidates = {task_index(k) for k in store.list(join(job_id, kind))} & wanted
+    if not candidates:
+        return {}
+    entries = entry_keys(store, job_id)
+    found: dict[int, str] = {}
+    have = sorted(i for i in candidates if i in entries)
+    tables = read_parquet_tables(store, [entries[i] for i in have])
+    for index, entry in zip(have, tables, strict=True):
+        obj = _parts_of(entry).get(kind)
+        if obj is not None:
+            found[index] = obj
+    return found
+
+
+def entry_parts(store: Store, key: str) -> dict[str, str]:
+    """Kind -> object, of the entry at ``key`` (generic entries: ``object``, ``kind``);
+    empty when there is no entry there."""
+    try:
+        return _parts_of(read_parquet_object(store, key))
+    except FileNotFoundError:
+        return {}
+
+
+def _parts_of(entry) -> dict[str, str]:
+    if "kind" not in entry.column_names or "object" not in entry.column_names:
+        return {}
+    kinds, objects = entry.column("kind").to_pylist(), entry.column("object").to_pylist()
+    return dict(zip(kinds, objects, strict=True))
+
+
 def manifest_entries(store: Store, job_id: str, tasks: list[Task], order: str = UNIT_RANGE[1]):
-    """Every task's manifest entry as one table, in the order of its ``order`` column
-    (an entry's first unit) when it has one."""
+    """Every task's current manifest entry as one table, in the order of its ``order``
+    column (an entry's first unit) when it has one."""
     import pyarrow as pa
 
-    parts = read_parquet_tables(store, [manifest_key(job_id, t.index) for t in tasks])
+    current = entry_keys(store, job_id)
+    keys = [current.get(t.index, manifest_key(job_id, t.index)) for t in tasks]
+    parts = read_parquet_tables(store, keys)
     manifest = pa.concat_tables(parts, promote_options="permissive")
     if order in manifest.column_names:
         return manifest.sort_by([(order, "ascending")])
@@ -261,8 +313,9 @@ def stamp_entry(workload, store: Store | None, task, entry):
     if version is None or entry is None or CODE_COLUMN in entry.column_names:
         return entry
     codes = {version}
-    if workload.code_changed_before and store is not None:
-        key = manifest_key(workload.job_id, task.index)
+    rerun = getattr(task, "round", 0)  # a task run again for its failed units
+    if workload.code_changed_before and store is not None and rerun:
+        key = manifest_key(workload.job_id, task.index, rerun - 1)
         if store.exists(key):
             earlier = read_parquet_object(store, key)
             if CODE_COLUMN in earlier.column_names:

@@ -26,6 +26,7 @@ from .errors import ConfigError, InputError, UnreadableObject
 from .layout import (
     completed_tasks,
     consolidated_manifest_key,
+    current_entries,
     job_folder,
     job_record_key,
     job_records,
@@ -89,9 +90,7 @@ def job_tables(
     (a figure, an array: ``TaskOutput.files``) are no table. With ``code``, only the
     tasks whose entry names that code version (:mod:`pipeline.manifest`)."""
     by_kind: dict[str, list[tuple[int, str]]] = {}
-    for entry in store.list(join(job_id, "manifest")):
-        if not entry.endswith(".parquet"):
-            continue
+    for entry in sorted(current_entries(store.list(join(job_id, "manifest"))).values()):
         manifest = read_parquet_object(store, entry)
         names = manifest.column_names
         objects, start = columns[0], columns[1]

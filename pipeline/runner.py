@@ -8,14 +8,16 @@ import logging
 import time
 from dataclasses import asdict, replace
 
-from .cluster.connect import worker_threads
 from .config import RunOptions
 from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
 from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from .dispatch.commit import next_rounds, sweep_leftovers
 from .dispatch.progress import Progress
-from .errors import ClusterError, Interrupted, StorageError, UnreadableObject
+from .dispatch.receipts import TaskReceipt
+from .dispatch.workers import first_workers
+from .errors import Interrupted, StorageError, UnreadableObject
 from .job_output import (
     _check_space,
     _completed,
@@ -35,7 +37,7 @@ from .planning.sizing import longest_first
 from .report import task_timings
 from .storage import Store, is_remote, open_store
 from .summary import RunSummary, TaskTime
-from .workload import Task, TaskReceipt, UnitFailure, Workload
+from .workload import Task, UnitFailure, Workload
 
 __all__ = ["completed_job", "open_output", "run_job", "run_validated_job"]
 
@@ -77,27 +79,6 @@ def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> Run
 #: Seconds a run waits for a first worker to join a scheduler that has none (the
 #: same wait as for workers gone mid-run).
 WAIT_FOR_WORKERS = WORKERLESS_SECONDS
-
-
-def _wait_for_a_worker(client) -> int:
-    """The cluster's worker threads, once it has one. A scheduler without workers (none
-    started yet, or all gone) is an error before any task, not a wait on every task
-    and every unit failed with the same advice minutes later."""
-    workers = worker_threads(client)
-    if workers:
-        return workers
-    log.warning("no worker on the scheduler yet; waiting up to %d s for one", WAIT_FOR_WORKERS)
-    deadline = time.monotonic() + WAIT_FOR_WORKERS
-    while not workers:
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"no worker joined the scheduler at {client.scheduler.address} within "
-                f"{WAIT_FOR_WORKERS} s: start workers against it (docs/remote.md), or check "
-                "that they can reach it"
-            )
-        time.sleep(0.5)
-        workers = worker_threads(client)
-    return workers
 
 
 def _finished(workload: Workload, store: Store, plan: Plan, done: set[int]) -> RunSummary | None:
@@ -164,13 +145,15 @@ def _run_job(
         finished = _finished(workload, store, plan, done)
         if finished is not None:
             return finished
-    n_workers = _wait_for_a_worker(client)
+    n_workers = first_workers(client, WAIT_FOR_WORKERS)
     known = plan.tasks(workload.n_units)
     kept: dict[int, int] = {}  # units of a task to retry that it keeps, by task
+    rounds: dict[int, int] = {}  # the entry round each task to retry commits
     if store is not None and done:
         # Complete tasks with units recorded as failed that a rerun calls again.
         retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
         done -= retry
+        rounds = next_rounds(store, workload.job_id, retry)
         if retry and workload.reruns_failed_units:  # only those units: the others are kept
             again = sorted((t for t in known if t.index in retry), key=lambda t: t.start)
             kept = {t.index: len(t.units) for t in again}
@@ -187,7 +170,9 @@ def _run_job(
     try:
         with (
             _progress(workload, options, _units_in(known, done)) as bar,
-            TaskRunner(workload, store, client, bar, profile=bool(options.profile_tasks)) as run,
+            TaskRunner(
+                workload, store, client, bar, profile=bool(options.profile_tasks), rounds=rounds
+            ) as run,
         ):
             layout = unit_layout(workload)
             receipts, rest = [], None
@@ -257,6 +242,9 @@ def _run_job(
             leftovers = store.discard_incomplete(workload.job_id)
             if leftovers:
                 log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+            swept = sweep_leftovers(store, workload)
+            if swept:
+                log.info("removed %d objects of task attempts that lost or failed", swept)
             summary.finalize_seconds = time.perf_counter() - t_final
     else:
         # Not complete (a task failed whole): the units that failed inside this run's

@@ -27,6 +27,7 @@ from .coverage import UnitRanges
 from .errors import InputError, UnreadableObject
 from .layout import (
     consolidated_manifest_key,
+    current_entries,
     job_folder,
     job_records,
     lock_key,
@@ -34,6 +35,7 @@ from .layout import (
     read_job_record,
     task_index,
     task_parts,
+    written_by_attempt,
 )
 from .manifest import UNIT_RANGE, tasks_by_code
 from .storage import Store, join, open_store, read_parquet_object
@@ -74,6 +76,10 @@ class JobCheck:
     reruns_failed_units: bool = False
     #: Tasks by the code version(s) their entry names (:mod:`pipeline.manifest`).
     code_versions: dict[str, int] = field(default_factory=dict)
+    #: Objects named by a task attempt that no entry lists: left by attempts that lost
+    #: (or failed) and ended before removing them; not damage (``ok`` stands), and the
+    #: next complete run of the job removes them.
+    leftovers: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -115,7 +121,10 @@ def verify_output(
         _count_failures(workload, store, job_id, manifest, check)
         check.code_versions = tasks_by_code(manifest, workload.manifest_columns)
         own = getattr(workload, "final_objects", ())
-        check.extra = [store.describe(k) for k in unlisted_objects(store, job_id, listed, own)]
+        unlisted = unlisted_objects(store, job_id, listed, own)
+        left = [k for k in unlisted if written_by_attempt(job_id, k)]
+        check.extra = [store.describe(k) for k in unlisted if k not in left]
+        check.leftovers = [store.describe(k) for k in left]
         if repair and (check.damaged_units or check.damaged_manifest or check.damaged_entries):
             check.repaired = repair_job(
                 store,
@@ -187,6 +196,10 @@ def repair_job(
     by_index = {t.index: t for t in tasks}
     unread = [by_index[i] for i in map(task_index, entries) if i in by_index]
     owner = f"pipeline verify --repair, pid {os.getpid()} on {socket.gethostname()}"
+
+    def entries_of(index: int) -> list[str]:  # every round's
+        return [k for k in store.list(join(job_id, "manifest")) if task_index(k) == index]
+
     try:
         with store.hold(lock_key(job_id), owner):
             store.delete_prefix(consolidated_manifest_key(job_id))
@@ -199,7 +212,8 @@ def repair_job(
             for task in sorted(hit, key=lambda t: t.index):
                 # The entry first: a repair stopped midway leaves a task to rerun, never
                 # an entry that lists deleted objects.
-                store.delete_prefix(manifest_key(job_id, task.index))
+                for entry in entries_of(task.index):
+                    store.delete_prefix(entry)
                 mine = manifest[(manifest[unit] >= task.start) & (manifest[unit] < task.stop)]
                 for key in sorted(set(mine[keys])):
                     store.delete_prefix(key)
@@ -237,7 +251,7 @@ def unlisted_objects(store: Store, job_id: str, listed: set[str], own=()) -> lis
     """Every object under the job's prefix that no manifest lists and that is not the
     job's own bookkeeping (its record, its manifests, ``own`` names), sorted."""
     names = {join(job_id, name) for name in (*_BOOKKEEPING, *own)}
-    parts = re.compile(re.escape(join(job_id, "manifest")) + r"/part-\d{6}\.parquet")
+    parts = re.compile(re.escape(join(job_id, "manifest")) + r"/part-\d{6}(\.r\d+)?\.parquet")
     return [
         k
         for k in store.list(job_id)
@@ -257,7 +271,7 @@ def read_manifest(store: Store, job_id: str, check: JobCheck):
             # next run (after --repair removes it) writes it again from them.
             check.corrupt.append(str(exc))
             check.damaged_manifest = True
-    parts = store.list(join(job_id, "manifest"))
+    parts = sorted(current_entries(store.list(join(job_id, "manifest"))).values())
     if check.damaged_manifest:
         parts = [p for p in parts if p != key]
     if not check.damaged_manifest:

@@ -14,48 +14,32 @@ __all__ = [
     "OutputFile",
     "Task",
     "TaskOutput",
-    "TaskReceipt",
     "UnitFailure",
     "Workload",
-    "plan_tasks",
-    "tasks_from_stops",
 ]
 
 
 @dataclass(frozen=True)
 class Task:
-    """Units ``start`` to ``stop - 1`` of a job; its ``index`` names its output keys."""
+    """Units ``start`` to ``stop - 1`` of a job; its ``index`` names its output keys.
+
+    ``attempt``: on a worker, the id of this run of the task (each run has its own:
+    a copy of a slow task, a rerun after a lost worker); the objects it writes are
+    named with it (:func:`pipeline.layout.attempt_key`), so that no run writes over
+    another's, and the first run to commit its entry wins. A workload that writes
+    objects itself names them with it too, or writes the same bytes from every run.
+    ``round``: 0, or the how-manieth rerun of a complete task whose units recorded as
+    failed are called again (its entry then supersedes the round before's)."""
 
     index: int
     start: int
     stop: int
+    attempt: str = ""
+    round: int = 0
 
     @property
     def units(self) -> range:
         return range(self.start, self.stop)
-
-
-def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = ()) -> list[Task]:
-    """Tasks of ``head[i]`` units first (the probes that measured the rate), then of
-    ``units_per_task`` up to ``n_units`` (none while that is not known yet)."""
-    tasks, start = [], 0
-    for size in head:
-        tasks.append(Task(len(tasks), start, start + size))
-        start += size
-    if units_per_task:
-        for first in range(start, n_units, units_per_task):
-            tasks.append(Task(len(tasks), first, min(n_units, first + units_per_task)))
-    return tasks
-
-
-def tasks_from_stops(head: Sequence[int], stops: Sequence[int]) -> list[Task]:
-    """Tasks of ``head[i]`` units first (the probes), then tasks ending at ``stops``."""
-    tasks = plan_tasks(sum(head), None, head)
-    start = sum(head)
-    for stop in stops:
-        tasks.append(Task(len(tasks), start, stop))
-        start = stop
-    return tasks
 
 
 @dataclass(frozen=True)
@@ -88,8 +72,10 @@ USER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 @dataclass(frozen=True)
 class OutputFile:
     """An object of a task that is no table (a figure, an array): ``data``, which the
-    runner writes at ``key``, or None for an object the task wrote there itself (the
-    runner then reads it back for its checksum). ``kind`` names it in the manifest;
+    runner writes at ``key`` named with the task's attempt
+    (:func:`pipeline.layout.attempt_key`), or None for an object the task wrote there
+    itself, named with ``Task.attempt`` likewise (the runner then reads it back for
+    its checksum). ``kind`` names it in the manifest;
     ``units`` are the units it holds: the task's (None), or a range that splits them."""
 
     key: str
@@ -142,46 +128,6 @@ class TaskOutput:
     #: A small value the task sends back in its receipt (bytes; the joblib backend's
     #: pickled results): it travels with the receipt's event, never fetched from a worker.
     value: bytes | None = None
-
-
-@dataclass(frozen=True)
-class TaskReceipt:
-    """The small summary of a task that travels back to the driver."""
-
-    index: int
-    units: int
-    failures: tuple[UnitFailure, ...]
-    bytes_written: int
-    seconds: float
-    busy_seconds: float
-    worker: str
-    fingerprint: str | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    profile: bytes | None = None  # marshalled cProfile statistics (profile_tasks)
-    bytes_read: int = 0
-    bytes_needed: int = 0
-    read_seconds: float = 0.0
-    #: When the task started (time.time() on its worker) and the worker process's id:
-    #: the report page's timeline.
-    started: float = 0.0
-    pid: int = 0
-    #: TaskOutput.recorded_failures: None when the task did not say.
-    recorded: tuple[UnitFailure, ...] | None = None
-    #: CPU time of the worker process during the task: against ``seconds``, whether
-    #: the task computed or waited (sleep, network, disk).
-    cpu_seconds: float = 0.0
-    #: Seconds the task's thread was runnable but waiting for a core (the machine's
-    #: cores busy with other work); None where not measured (not Linux).
-    runq_seconds: float | None = None
-    #: The Dask worker that ran it ('' outside Dask): workers can share a process (a
-    #: LocalCluster's threads, the fleet simulation), where host and pid are not one.
-    worker_address: str = ""
-    #: TaskOutput.value: the task's small value back to the driver (None for most).
-    value: bytes | None = None
-
-    @property
-    def complete(self) -> bool:
-        return not self.failures
 
 
 class Workload(ABC):

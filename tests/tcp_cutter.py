@@ -3,7 +3,8 @@
 ``TcpCutter(target_port)`` listens on a free loopback port and forwards every
 connection to ``127.0.0.1:target_port`` byte for byte (TLS passes through untouched).
 :meth:`cut` closes every connection open now, as a network blip or a failover
-would; new connections are forwarded as before.
+would; new connections are forwarded as before. :meth:`hold` cuts them and closes
+each new one at once until :meth:`release`: a blip as long as the test wants.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class TcpCutter:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._held = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="tcp-cutter", daemon=True)
         self._thread.start()
 
@@ -53,6 +55,9 @@ class TcpCutter:
         sel.close()
 
     def _open(self, sel, client: socket.socket) -> None:
+        if self._held.is_set():
+            client.close()
+            return
         try:
             server = socket.create_connection(self.target, timeout=5)
         except OSError:
@@ -88,6 +93,15 @@ class TcpCutter:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
         return len(pairs)
+
+    def hold(self) -> int:
+        """Cut every connection, and close each new one at once until :meth:`release`;
+        how many were cut."""
+        self._held.set()
+        return self.cut()
+
+    def release(self) -> None:
+        self._held.clear()
 
     def close(self) -> None:
         self._stop.set()

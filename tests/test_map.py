@@ -4,6 +4,7 @@ the guarantees of the built-in workloads (resume, failures as data, verify)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from map_jobs import FN, run
 from mapfns import userfns
+from stored import part
 
 import pipeline
 from pipeline import (
@@ -289,8 +291,8 @@ def test_units_that_return_none_complete_with_no_rows(tmp_path, client):
 def test_verify_counts_only_the_units_whose_objects_are_intact(tmp_path, client):
     run(client, tmp_path, function=f"{FN}:double", grid={"x": list(range(6))})
     results = tmp_path / "m" / "results"
-    (results / "part-000001.parquet").open("ab").write(b"garbage")
-    (results / "part-000002.parquet").unlink()
+    part(results, 1).open("ab").write(b"garbage")
+    part(results, 2).unlink()
     (check,) = verify_output(str(tmp_path))
     assert not check.ok and len(check.corrupt) == 1 and len(check.missing) == 1
     assert check.units_ok == 2, check  # damaged units do not count as verified
@@ -303,8 +305,9 @@ def test_a_results_part_lost_before_the_job_completes_is_said_with_its_repair(tm
     run(client, tmp_path, **settings)
     clean = results_table(str(tmp_path)).to_pandas()
     (tmp_path / "m" / "manifest.parquet").unlink()
-    (tmp_path / "m" / "results" / "part-000001.parquet").unlink()
-    with pytest.raises(pipeline.errors.StorageError, match=r"part-000001\.parquet") as err:
+    lost = part(tmp_path / "m" / "results", 1)
+    lost.unlink()
+    with pytest.raises(pipeline.errors.StorageError, match=re.escape(lost.name)) as err:
         run(client, tmp_path, **settings)
     assert f"pipeline verify {tmp_path} --repair" in str(err.value)
     verify_output(str(tmp_path), repair=True)
@@ -962,13 +965,14 @@ def test_damaged_manifest_pages_and_missing_parts_are_named_not_tracebacks(tmp_p
     # garbage inside the consolidated manifest's data, its footer intact
     manifest = tmp_path / "m" / "manifest.parquet"
     data = bytearray(manifest.read_bytes())
-    data[50:57] = b"garbage"
+    data[4:11] = b"garbage"  # (its first page header)
     manifest.write_bytes(bytes(data))
     (check,) = verify_output(str(tmp_path))
     assert check.damaged_manifest and "not a readable table" in check.corrupt[0], check
-    (tmp_path / "m" / "results" / "part-000002.parquet").unlink()
-    with pytest.raises(InputError, match=r"part-000002.parquet, listed in its job's manifest, is "
-                       "missing: `pipeline verify .* --repair`"):  # fmt: skip
+    lost = part(tmp_path / "m" / "results", 2)
+    lost.unlink()
+    with pytest.raises(InputError, match=re.escape(lost.name) + ", listed in its job's manifest, "
+                       "is missing: `pipeline verify .* --repair`"):  # fmt: skip
         results_table(str(tmp_path))
 
 

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
+import stored
 from regression_fits import FORMULA, assert_same, fit_all, workload
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
@@ -753,21 +754,22 @@ def test_run_resume_results_and_verify(tmp_path, client):
     assert check.ok and check.units_ok == 7, check
     assert (check.failed_units, check.failures_table) == (4, "models")
     # Resume: remove task 1's entry and tables; only it runs again, same bytes.
-    before = (out / "reg/coefficients/part-000001.parquet").read_bytes()
+    before = stored.part(out / "reg/coefficients", 1).read_bytes()
     (out / "reg/manifest/part-000001.parquet").unlink()
-    (out / "reg/coefficients/part-000001.parquet").unlink()
+    stored.part(out / "reg/coefficients", 1).unlink()
     (out / "reg/manifest.parquet").unlink()
     s2 = run(client, out, data)
     assert s2.tasks_skipped == 2 and s2.units_run == 3 and s2.complete
-    assert (out / "reg/coefficients/part-000001.parquet").read_bytes() == before
+    assert stored.part(out / "reg/coefficients", 1).read_bytes() == before  # (a new name)
     assert s2.units_failed == 4 and s2.units_failed_in_run == 2  # skipped tasks count too
-    before_models = (out / "reg/models/part-000002.parquet").read_bytes()
-    (out / "reg/models/part-000002.parquet").write_bytes(b"garbage")
+    models = stored.part(out / "reg/models", 2)
+    before_models = models.read_bytes()
+    models.write_bytes(b"garbage")
     (check,) = verify_output(str(out))
     assert not check.ok and check.corrupt
     assert check.units_ok == 6  # task 2's chunk is not verified (it counted, before)
     # Anything no manifest lists is extra, wherever it is under the job's prefix.
-    (out / "reg/models/part-000002.parquet").write_bytes(before_models)
+    models.write_bytes(before_models)
     (out / "reg/stray-notes.txt").write_text("notes")
     (out / "reg/manifest/notes.txt").write_text("notes")
     (check,) = verify_output(str(out))
@@ -817,14 +819,11 @@ def test_same_job_same_bytes(dataset, tmp_path, client):
     data, _ = dataset
     run(client, tmp_path / "a", data, units_per_task=3)
     run(client, tmp_path / "b", data, units_per_task=3)
-    for table in ("coefficients", "models"):
-        parts = sorted((tmp_path / "a" / "reg" / table).iterdir())
-        assert parts
-        for part in parts:
-            twin = tmp_path / "b" / "reg" / table / part.name
-            assert part.read_bytes() == twin.read_bytes(), part
-    timings = sorted((tmp_path / "a" / "reg" / "timings").iterdir())
-    assert [p.name for p in timings] == [p.name for p in parts]
+    for table in ("coefficients", "models"):  # (their names carry their attempts)
+        parts = stored.contents(tmp_path / "a" / "reg" / table)
+        assert parts and parts == stored.contents(tmp_path / "b" / "reg" / table)
+    timings = stored.contents(tmp_path / "a" / "reg" / "timings")
+    assert sorted(timings) == sorted(parts)
 
 
 def test_chunk_plan_reads_only_the_row_groups_of_a_task(tmp_path):
@@ -865,7 +864,7 @@ def test_plots_are_written(dataset, tmp_path, client):
     data, _ = dataset
     s = run(client, tmp_path / "out", data, units_per_task=4, plots=True)
     pdfs = sorted((tmp_path / "out/reg/plots").glob("*.pdf"))
-    assert len(pdfs) == 8 and pdfs[0].name == "0000000-chunk=0.pdf"
+    assert len(pdfs) == 8 and stored.unnamed(pdfs[0].name) == "0000000-chunk=0.pdf"
     assert pdfs[0].read_bytes().startswith(b"%PDF")
     assert (tmp_path / "out/reg/coefficients-summary.pdf").exists()
     assert s.details["summary_figure"].endswith("coefficients-summary.pdf")

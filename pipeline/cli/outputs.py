@@ -153,6 +153,12 @@ def verify_command(output, jobs, repair) -> None:
                 click.echo(f"  ... {len(items) - 10} more {label}")
         if c.incomplete:
             click.echo(f"  incomplete: {c.incomplete}")
+        if c.leftovers:
+            click.echo(
+                f"  leftovers: {count(len(c.leftovers), 'object')} written by task attempts "
+                "that lost or failed and ended before removing them (no entry lists them; "
+                f"not damage): the job's next complete run removes them, e.g. {c.leftovers[0]}"
+            )
         if c.repaired:
             spans = ", ".join(f"{t.start}-{t.stop - 1}" for t in c.repaired[:10])
             more = f" and {len(c.repaired) - 10} more" if len(c.repaired) > 10 else ""

@@ -32,7 +32,7 @@ class TaskTime:
 
     @classmethod
     def of(cls, receipts, s3: bool) -> TaskTime:
-        """The sums over task receipts (:class:`pipeline.workload.TaskReceipt`)."""
+        """The sums over task receipts (:class:`pipeline.dispatch.receipts.TaskReceipt`)."""
         phases: dict[str, float] = {}
         for r in receipts:
             for phase, value in r.phases.items():

@@ -1,5 +1,6 @@
-"""Receipts on their way back: a worker publishes each task's receipt as an event on
-the client's own topic, and the driver routes it to the run that sent the task.
+"""A task's receipt (:class:`TaskReceipt`) and its way back: a worker publishes each
+task's receipt as an event on the client's own topic, and the driver routes it to the
+run that sent the task.
 
 An event travels on the worker's stream to the scheduler (the one its heartbeats and
 "task finished" messages take), and the scheduler forwards it on the client's stream:
@@ -16,11 +17,56 @@ import contextlib
 import dataclasses
 import queue
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..workload import TaskReceipt, UnitFailure
+from ..workload import UnitFailure
 
-__all__ = ["ReceiptTopic", "decode", "encode"]
+__all__ = ["ReceiptTopic", "TaskReceipt", "decode", "encode"]
+
+
+@dataclass(frozen=True)
+class TaskReceipt:
+    """The small summary of a task that travels back to the driver."""
+
+    index: int
+    units: int
+    failures: tuple[UnitFailure, ...]
+    bytes_written: int
+    seconds: float
+    busy_seconds: float
+    worker: str
+    fingerprint: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    profile: bytes | None = None  # marshalled cProfile statistics (profile_tasks)
+    bytes_read: int = 0
+    bytes_needed: int = 0
+    read_seconds: float = 0.0
+    #: When the task started (time.time() on its worker) and the worker process's id:
+    #: the report page's timeline.
+    started: float = 0.0
+    pid: int = 0
+    #: TaskOutput.recorded_failures: None when the task did not say.
+    recorded: tuple[UnitFailure, ...] | None = None
+    #: CPU time of the worker process during the task: against ``seconds``, whether
+    #: the task computed or waited (sleep, network, disk).
+    cpu_seconds: float = 0.0
+    #: Seconds the task's thread was runnable but waiting for a core (the machine's
+    #: cores busy with other work); None where not measured (not Linux).
+    runq_seconds: float | None = None
+    #: The Dask worker that ran it ('' outside Dask): workers can share a process (a
+    #: LocalCluster's threads, the fleet simulation), where host and pid are not one.
+    worker_address: str = ""
+    #: TaskOutput.value: the task's small value back to the driver (None for most).
+    value: bytes | None = None
+    #: Another attempt of the task committed its entry first: this one removed what
+    #: it wrote, and the task is complete with the other's objects.
+    lost: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.failures
+
 
 #: The key of a receipt's event message (other events on the topic are Dask's).
 MARK = "pipeline-receipt"

@@ -23,19 +23,21 @@ import queue
 import secrets
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..cluster.connect import worker_threads
 from ..errors import ClusterError
 from ..storage import Store
-from ..workload import Task, TaskReceipt, Workload
+from ..workload import Task, Workload
 from . import lease, shipping
+from .commit import with_rounds
 from .copies import Copies
 from .launch import Launch
-from .receipts import ReceiptTopic, decode
+from .receipts import ReceiptTopic, TaskReceipt, decode
+from .recovery import forget_receipts, stored_receipts
 from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
 from .task import TaskCall, failed_receipt, killed_receipt, run_task
+from .workers import WORKERLESS_SECONDS, Workerless
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
 
@@ -46,8 +48,6 @@ DASK_LEVEL_RETRIES = 2
 #: Times a task Dask gave up on (its workers kept dying) runs again, alone, after the
 #: others: one whose code ends its process does not take the rest along.
 SUSPECT_RETRIES = 1
-#: Seconds a run waits, with tasks left, on a cluster that has no worker.
-WORKERLESS_SECONDS = 60
 #: Tasks per message to the scheduler: one message of thousands of tasks holds its
 #: event loop (heartbeats, other clients) for seconds.
 SUBMIT_BATCH = 500
@@ -69,6 +69,7 @@ class TaskRunner:
     client: Any
     bar: Any
     profile: bool = False
+    rounds: dict[int, int] = field(default_factory=dict)  # (:func:`.commit.with_rounds`)
 
     def __post_init__(self) -> None:
         send_promptly(self.client)
@@ -79,7 +80,7 @@ class TaskRunner:
         self._owner: dict[int, Launch] = {}
         self._generation = 0
         self._workload = shipping.WorkloadArg(self.client, self.workload)
-        self._workerless_since: float | None = None
+        self._workerless = Workerless(self.client)
         self._checked = time.monotonic()
         self._holder = lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0)
         self._threads = 1
@@ -106,6 +107,7 @@ class TaskRunner:
         self._let_go()
         self._topic.close(self._token)
         self._workload.close()
+        forget_receipts(self.store, self.workload.job_id, self._token)
 
     def _abandon(self, run: Launch) -> None:
         futures = [f for i, f in run.futures.items() if i in run.pending]
@@ -129,12 +131,13 @@ class TaskRunner:
         (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
         scheduler is waited out within the client's connect timeout, then is an
         error (every task that completed is stored: a rerun resumes)."""
+        tasks = with_rounds(tasks, self.rounds)
         run = Launch({t.index: t for t in tasks}, generation=self._generation)
         for t in tasks:
             self._owner[t.index] = run
         self._launches.append(run)
         run.waiting.extend(tasks)
-        self._threads = self._wait_for_a_worker()
+        self._threads = self._workerless.wait(WORKERLESS_SECONDS)
         run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._threads)
         self._refill(run)
         return self._receipts(run)
@@ -261,7 +264,7 @@ class TaskRunner:
         if self.client.status != "running":
             self._reconnected()
             return
-        self._stalled()
+        self._workerless.check(WORKERLESS_SECONDS)
         for run in list(self._launches):
             for index, future in list(run.futures.items()):
                 if index not in run.pending:
@@ -330,7 +333,10 @@ class TaskRunner:
             try:
                 self._accept(decode(self._inbox.get_nowait()))
             except queue.Empty:
-                return
+                break
+        pending = {i: t for run in self._launches for i, t in run.pending.items()}
+        for receipt in stored_receipts(self.store, self.workload.job_id, self._token, pending):
+            self._accept(receipt)
 
     def _reconnected(self) -> None:
         """Wait for the client to reconnect, catch up and submit the tasks not heard
@@ -366,34 +372,3 @@ class TaskRunner:
             again += len(tasks)
         log.warning("reconnected to the scheduler; %d tasks not heard from submitted again "
                     "(those running or done meanwhile are not run twice)", again)  # fmt: skip
-
-    def _wait_for_a_worker(self) -> int:
-        """The cluster's worker threads, once it has one."""
-        while not (workers := worker_threads(self.client)):
-            self._stalled()  # raises after WORKERLESS_SECONDS
-            time.sleep(1.0)
-        return workers
-
-    def _stalled(self) -> None:
-        """A cluster that has had no worker for :data:`WORKERLESS_SECONDS` ends the run
-        (every worker gone, none restarted: the driver waited, silent, for ever)."""
-        if self.client.status != "running":
-            return
-        try:
-            workers = worker_threads(self.client)
-        except Exception:  # the connection failing between the two: the next look says
-            return
-        if workers:
-            self._workerless_since = None
-            return
-        now = time.monotonic()
-        if self._workerless_since is None:
-            self._workerless_since = now
-            log.warning("the cluster has no worker left; waiting up to %d s for one",
-                        WORKERLESS_SECONDS)  # fmt: skip
-        elif now - self._workerless_since > WORKERLESS_SECONDS:
-            raise ClusterError(
-                f"the cluster at {self.client.scheduler.address} has had no worker for "
-                f"{WORKERLESS_SECONDS} s, in the middle of the run; every task that completed "
-                "is stored: start workers, then run the same command again to resume"
-            )

@@ -1,6 +1,7 @@
 """The task a worker runs: one :class:`~pipeline.workload.Task` of a workload, its
-outputs checked and written (:mod:`.outputs`), its manifest entry last, and its
-receipt published.
+outputs checked and written (:mod:`.outputs`), its manifest entry committed last
+(:mod:`.commit`: the first attempt of the task to commit wins), and its receipt
+published.
 
 A task never raises: what its units raise is recorded as their failures, so nothing a
 unit does ends the run; only the worker process dying (or the cluster failing under
@@ -17,11 +18,13 @@ import time
 from ..contract import check_entry, check_output
 from ..layout import manifest_key
 from ..manifest import stamp_entry
-from ..storage import open_store, write_parquet
-from ..workload import USER_ERRORS, Task, TaskOutput, TaskReceipt, UnitFailure, Workload
+from ..storage import open_store
+from ..workload import USER_ERRORS, Task, TaskOutput, UnitFailure, Workload
 from . import shipping
+from .commit import commit_entry, discard, new_attempt, objects_of
 from .outputs import write_outputs
-from .receipts import encode
+from .receipts import TaskReceipt, encode
+from .recovery import keep_failed_receipt
 
 __all__ = [
     "TaskCall",
@@ -61,6 +64,10 @@ def run_task(task: Task, call: TaskCall) -> None:
     receipt = execute_task(workload, call.store_url, task, call.profile, call.skip_complete)
     worker = get_worker()
     receipt = dataclasses.replace(receipt, worker_address=worker.address)
+    if receipt.failures and call.store_url:
+        # No entry says it ran: its receipt is kept where the driver finds it should
+        # the event be lost (the scheduler keeps a topic's last events only).
+        keep_failed_receipt(open_store(call.store_url), workload.job_id, call.token, receipt)
     worker.log_event(call.topic, encode(receipt, call.token))
 
 
@@ -80,9 +87,11 @@ def execute_task(
         return dataclasses.replace(receipt, profile=stats)
     started, t0, cpu0 = time.time(), time.perf_counter(), time.process_time()
     queued0 = run_queue_seconds()
+    task = dataclasses.replace(task, attempt=new_attempt())
+    lost = False
     try:
         store = open_store(store_url) if store_url else None
-        entry = manifest_key(workload.job_id, task.index)
+        entry = manifest_key(workload.job_id, task.index, task.round)
         if skip_complete and store is not None and store.exists(entry):
             # Complete already: what it wrote is what it would write again.
             host = socket.gethostname()
@@ -91,21 +100,7 @@ def execute_task(
         out = workload.run_task(task, store)
         check_output(workload, task, out, writes=store is not None)
         if store is not None:
-            t_write = time.perf_counter()
-            # Its objects even when units failed (then without an entry), as a task
-            # that writes its own does.
-            write_outputs(workload, task, out, store)
-            if not out.failures:
-                check_entry(workload, task, out.manifest)
-                out.manifest = stamp_entry(workload, store, task, out.manifest)
-                # Last, so that an entry exists only for a task whose data is all written.
-                out.bytes_written += write_parquet(
-                    store, manifest_key(workload.job_id, task.index), out.manifest
-                )
-            seconds = time.perf_counter() - t_write
-            out.phases["writing"] = out.phases.get("writing", 0.0) + seconds
-            if out.busy_seconds is not None:  # its phases are all the task's busy time
-                out.busy_seconds += seconds
+            lost = _store_outputs(workload, task, out, store)
     except USER_ERRORS as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
@@ -129,7 +124,35 @@ def execute_task(
         pid=os.getpid(),
         recorded=None if out.recorded_failures is None else tuple(out.recorded_failures),
         value=out.value,
+        lost=lost,
     )
+
+
+def _store_outputs(workload: Workload, task: Task, out: TaskOutput, store) -> bool:
+    """Write the task's objects and commit its entry (:mod:`.commit`); whether another
+    attempt had committed first (this one's objects then removed, and its output
+    made that of a complete task whose units the winner's entry holds)."""
+    t_write = time.perf_counter()
+    written = write_outputs(workload, task, out, store)
+    lost = False
+    if out.failures:
+        # No entry lists them: what it wrote goes (a rerun writes its own).
+        discard(store, {*written, *objects_of(workload, out.manifest)})
+    else:
+        check_entry(workload, task, out.manifest)
+        out.manifest = stamp_entry(workload, store, task, out.manifest)
+        committed = commit_entry(store, workload, task, out.manifest)
+        out.bytes_written += committed
+        if not committed:
+            discard(store, {*written, *objects_of(workload, out.manifest)})
+            lost = True
+            # The winner's entry is the task's: its recorded failures are read there.
+            out.recorded_failures, out.fingerprint = None, None
+    seconds = time.perf_counter() - t_write
+    out.phases["writing"] = out.phases.get("writing", 0.0) + seconds
+    if out.busy_seconds is not None:  # its phases are all the task's busy time
+        out.busy_seconds += seconds
+    return lost
 
 
 def run_queue_seconds() -> float | None:

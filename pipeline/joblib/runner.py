@@ -16,9 +16,10 @@ import contextlib
 from collections.abc import Sequence
 
 from ..dispatch.launch import Launch
-from ..dispatch.receipts import encode
+from ..dispatch.receipts import TaskReceipt, encode
 from ..dispatch.runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
-from ..workload import Task, TaskReceipt
+from ..dispatch.workers import WORKERLESS_SECONDS
+from ..workload import Task
 
 __all__ = ["CallRunner"]
 
@@ -38,7 +39,7 @@ class CallRunner(TaskRunner):
         super().__init__(workload, None, client, _NoBar(), profile)
         self._run = Launch({}, generation=self._generation)
         self._launches.append(self._run)
-        self._threads = self._wait_for_a_worker()
+        self._threads = self._workerless.wait(WORKERLESS_SECONDS)
         self._run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._threads)
         self._wake_message = encode(TaskReceipt(_WAKE_INDEX, 0, (), 0, 0.0, 0.0, ""), self._token)
 

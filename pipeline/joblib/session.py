@@ -22,8 +22,8 @@ import threading
 from typing import Any
 
 from ..config import CONNECTION_SETTINGS, connection_options
+from ..dispatch.receipts import TaskReceipt
 from ..storage import open_store
-from ..workload import TaskReceipt
 from . import values
 from .calls import CallBatch, CallsWorkload, CallTask, pickle_batch
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..errors import ConfigError
 from ..layout import completed_tasks, job_record_key, read_job_record
 from ..manifest import code_changes, code_version, versions_record
 from ..storage import Store
-from ..workload import Task, Workload, plan_tasks, tasks_from_stops
+from ..workload import Task, Workload
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     CostModel,
@@ -38,6 +39,30 @@ from .sizing import (
     make_layout,
     task_rounds,
 )
+
+
+def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = ()) -> list[Task]:
+    """Tasks of ``head[i]`` units first (the probes that measured the rate), then of
+    ``units_per_task`` up to ``n_units`` (none while that is not known yet)."""
+    tasks, start = [], 0
+    for size in head:
+        tasks.append(Task(len(tasks), start, start + size))
+        start += size
+    if units_per_task:
+        for first in range(start, n_units, units_per_task):
+            tasks.append(Task(len(tasks), first, min(n_units, first + units_per_task)))
+    return tasks
+
+
+def tasks_from_stops(head: Sequence[int], stops: Sequence[int]) -> list[Task]:
+    """Tasks of ``head[i]`` units first (the probes), then tasks ending at ``stops``."""
+    tasks = plan_tasks(sum(head), None, head)
+    start = sum(head)
+    for stop in stops:
+        tasks.append(Task(len(tasks), start, stop))
+        start = stop
+    return tasks
+
 
 #: Probing stops once the large probes' per-unit part lasts this long (and the fixed part).
 PROBE_SECONDS = 0.1

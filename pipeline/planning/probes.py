@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from ..config import RunOptions
 from ..dispatch import TaskRunner
-from ..workload import TaskReceipt
+from ..dispatch.receipts import TaskReceipt
 from .plan import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,

@@ -84,6 +84,12 @@ class Store(ABC):
         """
         return 0
 
+    def create_once(self, key: str, data: Buffer) -> bool:
+        """Write ``data`` to ``key`` atomically only where no object is there; whether
+        this call made it. Of writers racing on one key exactly one gets True, and
+        nothing overwrites the object it made (how a task's entry is committed once)."""
+        raise NotImplementedError(f"{type(self).__name__} has no create-once write")
+
     def size(self, key: str) -> int:
         return len(self.read_bytes(key))
 

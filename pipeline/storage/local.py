@@ -127,6 +127,27 @@ class LocalStore(Store):
             raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
         return size
 
+    def create_once(self, key: str, data: Buffer) -> bool:
+        # Written whole beside the target, then linked to its name: link(2) fails
+        # where the name exists, so of racing writers one makes it, and a reader sees
+        # the whole object or none.
+        target = self.path(key)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}{_TEMPORARY_SUFFIX}")
+        try:
+            with self._create(tmp) as f:
+                _write_chunk(f, data)
+            os.link(tmp, target)
+        except FileExistsError:
+            if target.is_file():
+                return False
+            raise StorageError(f"cannot write {target}: a folder is there") from None
+        except OSError as exc:
+            raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        return True
+
     @staticmethod
     def _create(path: Path) -> BinaryIO:
         retries = 2

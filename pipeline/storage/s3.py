@@ -51,6 +51,7 @@ from .s3_client import (
     object_version,
     transfer_config,
 )
+from .s3_create import put_if_absent
 from .s3_errors import (
     ERRORS,
     NO_BUCKET,
@@ -84,9 +85,6 @@ _STREAM_ERRORS = (
     ReadTimeoutError,
     ConnectionClosedError,
 )
-
-
-# --------------------------------------------------------------------------- store
 
 
 class S3Store(Store):
@@ -294,6 +292,9 @@ class S3Store(Store):
         f = self.open_input(key)
         f.prefetch(spans)  # type: ignore[attr-defined]
         return f
+
+    def create_once(self, key: str, data: Buffer) -> bool:
+        return put_if_absent(self, key, data)
 
     def exists(self, key: str) -> bool:
         try:

@@ -1,7 +1,7 @@
 """A ``map`` task on a worker: its units' calls, their rows, and its parts.
 
 Task ``i`` returns the rows of its units, in unit order, as its part of the table
-``results`` (``<job>/results/part-NNNNNN.parquet``, which the runner writes) and the
+``results`` (``<job>/results/part-NNNNNN.aXXXXXXXX.parquet``, which the runner writes) and the
 units that raised (after ``retries`` more tries) as its part of ``failures``. A task
 run again after some of its units failed calls those units alone, reads the input
 of those alone (a dataset's row groups of the others are not read), and keeps the
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...layout import part_key
+from ...layout import manifest_key
+from ...manifest import entry_parts
 from ...storage import Store, read_parquet_object
 from ...workload import USER_ERRORS, Task, TaskOutput, UnitFailure
 from .usercode import unit_seed
@@ -76,18 +77,19 @@ def _call_again(workload, unit: int, args: tuple, kwargs: dict, error):
 
 
 def _previous(store: Store | None, job_id: str, task: Task):
-    """An earlier attempt's rows, as tables of consecutive kept units (by their first
-    unit), and the units it recorded as failed; or ({}, None) when there is none
-    (then every unit runs)."""
-    if store is None:
+    """The round before's rows (a task rerun for its failed units: ``task.round`` > 0),
+    as tables of consecutive kept units (by their first unit), and the units it
+    recorded as failed; or ({}, None) when there is none (then every unit runs)."""
+    if store is None or not task.round:
         return {}, None
-    failures_key = part_key(job_id, "failures", task.index)
-    if not store.exists(failures_key):
+    parts = entry_parts(store, manifest_key(job_id, task.index, task.round - 1))
+    failures_key = parts.get("failures")
+    if failures_key is None:
         return {}, None
     retry = set(read_parquet_object(store, failures_key).column("unit").to_pylist())
     kept: dict[int, pa.Table] = {}
-    results_key = part_key(job_id, "results", task.index)
-    if store.exists(results_key):
+    results_key = parts.get("results")
+    if results_key is not None:
         rows = read_parquet_object(store, results_key)
         units = rows.column("unit").to_numpy()  # ascending: a part is in unit order
         # Cut before each unit to run again (and after it): the stretches between

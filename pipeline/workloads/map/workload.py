@@ -22,8 +22,7 @@ import pyarrow.compute as pc
 from ...cluster.shipped_code import add_import_paths
 from ...config.settings import RowsFile, split_list
 from ...errors import ConfigError, InputError
-from ...layout import part_key
-from ...manifest import consolidate_manifest
+from ...manifest import consolidate_manifest, listed_parts
 from ...results import differing_units
 from ...storage import Store, join, per_object, read_parquet_schema, read_parquet_tables
 from ...workload import Task, TaskOutput, UnitFailure, Workload
@@ -211,8 +210,7 @@ class MapWorkload(Workload):
     # -- after the run --------------------------------------------------------------------
 
     def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
-        present = set(store.list(join(self.job_id, "failures")))
-        return {t.index for t in tasks if part_key(self.job_id, "failures", t.index) in present}
+        return set(listed_parts(store, self.job_id, "failures", {t.index for t in tasks}))
 
     #: Units recorded as failed are called again by the next run of the same command.
     reruns_failed_units = True
@@ -224,9 +222,8 @@ class MapWorkload(Workload):
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
-        keys = [
-            part_key(self.job_id, "failures", t) for t in sorted(self.tasks_to_retry(store, tasks))
-        ]
+        parts = listed_parts(store, self.job_id, "failures", {t.index for t in tasks})
+        keys = [parts[i] for i in sorted(parts)]
         for table in read_parquet_tables(store, keys):
             failed += [recorded_failure(r, self.rows.row_label(r)) for r in table.to_pylist()]
         return failed

@@ -28,7 +28,7 @@ from ...inputs.chunks import ChunkIndex, plan_chunks
 from ...inputs.dataset import Dataset, check_columns, discover
 from ...inputs.task_rows import read_task_rows
 from ...layout import part_key
-from ...manifest import consolidate_manifest
+from ...manifest import consolidate_manifest, listed_parts
 from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
 from ...workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
@@ -326,7 +326,8 @@ class RegressionWorkload(Workload):
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []
-        keys = [part_key(self.job_id, "models", t.index) for t in tasks]
+        parts = listed_parts(store, self.job_id, "models", {t.index for t in tasks})
+        keys = [parts[t.index] for t in tasks if t.index in parts]
         for models in read_parquet_tables(store, keys, ["chunk_id", "error_type", "error_message"]):
             errors = models.column("error_type").to_pylist()
             for cid, et, msg in zip(

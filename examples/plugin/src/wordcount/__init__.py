@@ -83,11 +83,12 @@ class WordCountWorkload(Workload):
     def recorded_failures(self, store, tasks) -> list[UnitFailure]:
         """The unreadable files of earlier runs' tasks, read back from their output."""
         failed = []
-        for task in tasks:
-            key = pipeline.part_key(self.job_id, "failures", task.index)
-            if store.exists(key):
-                rows = pipeline.read_parquet_object(store, key).to_pylist()
-                failed += [UnitFailure(r["unit"], r["error_type"], r["message"]) for r in rows]
+        # Each task's part of "failures" that its entry lists (parts are named by the
+        # attempt that wrote them: the entry says which one counts).
+        parts = pipeline.listed_parts(store, self.job_id, "failures", {t.index for t in tasks})
+        for index in sorted(parts):
+            rows = pipeline.read_parquet_object(store, parts[index]).to_pylist()
+            failed += [UnitFailure(r["unit"], r["error_type"], r["message"]) for r in rows]
         return failed
 
 
