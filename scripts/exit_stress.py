@@ -188,6 +188,8 @@ def main() -> None:
                    help="widen the race: delay other threads' GIL requests by US µs")  # fmt: skip
     p.add_argument("--workdir", help="where outputs go (kept; default: a temporary one)")
     p.add_argument("--json", help="write the counts here")
+    p.add_argument("--workloads", default="map,regressions,cubes",
+                   help="the jobs whose outputs the commands read (comma-separated)")  # fmt: skip
     args = p.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="exit-stress-")).resolve()
@@ -231,6 +233,8 @@ def main() -> None:
             outcome = classify(done.returncode, expected)
             return name, outcome, done.stderr[-400:], time.perf_counter() - t0
 
+        wanted = set(args.workloads.split(","))
+        forms = [f for f in forms if f[0].split()[2] in wanted]
         jobs = [f for f in forms for _ in range(args.calls)]
         counts = {name: Counter() for name, _, _ in forms}
         examples: dict[tuple[str, str], str] = {}
