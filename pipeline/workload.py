@@ -34,8 +34,9 @@ class Task:
     index: int
     start: int
     stop: int
-    attempt: str = ""
-    round: int = 0
+    # keywords alone: a subclass's own fields (a joblib batch's payload) come after
+    attempt: str = field(default="", kw_only=True)
+    round: int = field(default=0, kw_only=True)
 
     @property
     def units(self) -> range:
