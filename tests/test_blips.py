@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from tcp_cutter import TcpCutter
+from venv_commands import pipeline_command
 from waiting import wait_for
 from workloads import SquaresWorkload
 
@@ -110,24 +111,14 @@ class _Job:
         }  # fmt: skip
 
     def check_output(self) -> None:
-        ok = _pipeline(["verify", self.out])
+        ok = pipeline_command("verify", self.out)
         assert ok.returncode == 0, ok.stdout + ok.stderr
         table = self.tmp / "results.parquet"
-        shown = _pipeline(["results", self.out, "--out", table])
+        shown = pipeline_command("results", self.out, "--out", table)
         assert shown.returncode == 0, shown.stderr
         rows = pq.read_table(table).to_pylist()
         assert sorted(r["x"] for r in rows) == list(range(UNITS))
         assert all(r["y"] == 2 * r["x"] for r in rows)
-
-
-def _pipeline(args, timeout=120, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
-    )
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
+from waiting import wait_for
 
 from harness.cluster_procs import tls_cluster
 
@@ -210,11 +210,13 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 120
-    while len(remote.keys("run2/gated/manifest/")) < 5 or len(list(log.glob("started-*"))) < 7:
+
+    def five_done_seven_started() -> bool:
         assert driver.poll() is None, "the driver finished before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+        done = len(remote.keys("run2/gated/manifest/"))
+        return done >= 5 and len(list(log.glob("started-*"))) >= 7
+
+    wait_for("5 tasks done and 7 started", five_done_seven_started, 120, interval=0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     assert len(remote.keys("run2/gated/manifest/")) == 5
@@ -229,11 +231,11 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
     try:
         # The gate opens once the rerun has counted what is complete (the units the
         # killed driver left running, 5 and 6, are still waiting on it).
-        deadline = time.monotonic() + 120
-        while "resuming:" not in said.read_text():
+        def counted() -> bool:
             assert rerun.poll() is None, said.read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return "resuming:" in said.read_text()
+
+        wait_for("the rerun to count what is complete", counted, 120, interval=0.05)
         gate.touch()
         stdout, _ = rerun.communicate(timeout=180)
     finally:
@@ -285,8 +287,12 @@ def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch)
         parts_at_kill = []
 
         def kill_mid_run():
-            while len(remote.keys("faulted/cubes/manifest/")) < 5:
-                time.sleep(0.02)
+            wait_for(
+                "5 tasks of the faulted run",
+                lambda: len(remote.keys("faulted/cubes/manifest/")) >= 5,
+                300,
+                interval=0.02,
+            )
             remote.cluster.kill_worker(0)
             parts_at_kill.append(len(remote.keys("faulted/cubes/manifest/")))
 

@@ -312,10 +312,10 @@ def test_a_cluster_left_without_workers_mid_run_ends_the_run(tmp_path, monkeypat
 
     from distributed import Client, LocalCluster
 
-    import pipeline.dispatch.runner
+    import pipeline.dispatch.task_runner
     from pipeline import ClusterError
 
-    monkeypatch.setattr(pipeline.dispatch.runner, "WORKERLESS_SECONDS", 1)
+    monkeypatch.setattr(pipeline.dispatch.task_runner, "WORKERLESS_SECONDS", 1)
     with (
         LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
         Client(cluster) as client,

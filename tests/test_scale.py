@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from venv_commands import pipeline_command
 from waiting import wait_for
 
 from benchmarks.fleet.scale_logs import scan_logs
@@ -140,16 +141,6 @@ def test_the_log_scan_reads_asyncios_untimed_messages_as_records_of_their_own(tm
 # ---------------------------------------------------------------- scheduler loss
 
 
-def _pipeline(args, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        **kw,
-    )
-
-
 def _workers(address, certs) -> int:
     from distributed import Client
 
@@ -239,7 +230,7 @@ def test_scheduler_killed_mid_run_is_replaced_behind_the_same_address_and_the_ru
         ]  # fmt: skip
 
         gate.touch()
-        clean = _pipeline(["run", job, "--output", tmp_path / "clean", *flags], timeout=240)
+        clean = pipeline_command("run", job, "--output", tmp_path / "clean", *flags, timeout=240)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         gate.unlink()
         for f in log.iterdir():
@@ -277,11 +268,11 @@ def test_scheduler_killed_mid_run_is_replaced_behind_the_same_address_and_the_ru
     # found their stored output.
     calls = {int(f.name.split("-")[1]): f.read_text().count("1") for f in log.glob("called-*")}
     assert calls == dict.fromkeys(range(60), 1), calls
-    ok = _pipeline(["verify", lost])
+    ok = pipeline_command("verify", lost)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert _checksums(lost) == _checksums(tmp_path / "clean")
     table = tmp_path / "lost.parquet"
-    shown = _pipeline(["results", lost, "--out", table])
+    shown = pipeline_command("results", lost, "--out", table)
     assert shown.returncode == 0, shown.stderr
     assert sorted(pq.read_table(table).column("unit").to_pylist()) == list(range(60))
 

@@ -23,14 +23,20 @@ import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..cluster.connect import connect_seconds
+from ..workload import Workload
+
 __all__ = [
     "RunLease",
     "ensure_lease",
     "hold",
     "holder_of",
+    "job_prefix",
     "own_plugin",
+    "reconnect_seconds",
     "release",
     "release_job",
+    "release_left_tasks",
 ]
 
 log = logging.getLogger(__name__)
@@ -202,3 +208,26 @@ def release(client, holder: str | None, keys: list) -> None:
     """Let go of ``holder``'s want of ``keys`` (one message)."""
     if holder and keys and client.status == "running":
         client._send_to_scheduler({"op": "client-releases-keys", "keys": keys, "client": holder})
+
+
+def job_prefix(workload: Workload, output_url: str | None) -> str:
+    """The start of the keys of a job's tasks on the scheduler: the job and its output."""
+    import xxhash
+
+    where = f"{output_url or ''}/{workload.job_id}"
+    return f"pipeline-{workload.kind}-{xxhash.xxh3_64_hexdigest(where.encode())[:12]}-"
+
+
+def release_left_tasks(client, workload: Workload, output_url: str) -> None:
+    """Before a run of a job that writes its output (it holds the job's lock, so any
+    driver that ran it before is gone): the tasks such a driver left held on the
+    scheduler start no more (:func:`release_job`)."""
+    ensure_lease(client, reconnect_seconds(client) + 10.0)
+    release_job(client, job_prefix(workload, output_url))
+
+
+def reconnect_seconds(client) -> float:
+    """How long the client itself tries to reconnect (its ``timeout``), and a little:
+    it says so by closing."""
+    timeout = getattr(client, "_timeout", None)
+    return (float(timeout) if timeout else connect_seconds()) + 5.0

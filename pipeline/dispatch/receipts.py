@@ -20,9 +20,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..workload import UnitFailure
+from ..workload import Task, UnitFailure
 
-__all__ = ["ReceiptTopic", "TaskReceipt", "decode", "encode"]
+__all__ = [
+    "ReceiptTopic",
+    "TaskReceipt",
+    "decode",
+    "encode",
+    "failed_receipt",
+    "killed_receipt",
+]
 
 
 @dataclass(frozen=True)
@@ -176,3 +183,26 @@ class ReceiptTopic:
         for _time, message in events:
             self._route(message)
         return len(events)
+
+
+def killed_receipt(error: BaseException, task: Task) -> TaskReceipt:
+    """The receipt of a task Dask gave up on, its message saying what that means."""
+    if type(error).__name__ != "KilledWorker":
+        return failed_receipt(task, error)
+    tries = getattr(error, "allowed_failures", 3) + 1
+    message = (
+        f"the worker process running this task died each of the {tries} times it ran it "
+        f"(units {task.start}..{task.stop - 1}): killed (out of memory?) or ended by the "
+        "code it ran (a crash in compiled code, os._exit); the other tasks ran on"
+    )
+    return failed_receipt(task, error, UnitFailure(0, "KilledWorker", message))
+
+
+def failed_receipt(
+    task: Task, error: BaseException, failure: UnitFailure | None = None
+) -> TaskReceipt:
+    """The receipt of a task that did not run: each unit failed with ``error`` (or
+    with ``failure``'s type and message)."""
+    one = failure or UnitFailure.from_exception(0, error)
+    failures = tuple(dataclasses.replace(one, unit=u) for u in task.units)
+    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")

@@ -23,15 +23,13 @@ from ..workload import USER_ERRORS, Task, TaskOutput, UnitFailure, Workload
 from . import shipping
 from .commit import commit_entry, discard, new_attempt, objects_of
 from .outputs import write_outputs
+from .profiling import run_queue_seconds
 from .receipts import TaskReceipt, encode
 from .recovery import keep_failed_receipt
 
 __all__ = [
     "TaskCall",
     "execute_task",
-    "failed_receipt",
-    "killed_receipt",
-    "run_queue_seconds",
     "run_task",
 ]
 
@@ -153,39 +151,3 @@ def _store_outputs(workload: Workload, task: Task, out: TaskOutput, store) -> bo
     if out.busy_seconds is not None:  # its phases are all the task's busy time
         out.busy_seconds += seconds
     return lost
-
-
-def run_queue_seconds() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a core (Linux's
-    schedstat, its second field), None where the kernel does not say. Beside the
-    task's CPU time, it tells tasks that waited for the machine's cores (busy with
-    other work) from tasks that waited on I/O or locks: process time alone called
-    both "waiting". One read of a small file: a few microseconds."""
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def killed_receipt(error: BaseException, task: Task) -> TaskReceipt:
-    """The receipt of a task Dask gave up on, its message saying what that means."""
-    if type(error).__name__ != "KilledWorker":
-        return failed_receipt(task, error)
-    tries = getattr(error, "allowed_failures", 3) + 1
-    message = (
-        f"the worker process running this task died each of the {tries} times it ran it "
-        f"(units {task.start}..{task.stop - 1}): killed (out of memory?) or ended by the "
-        "code it ran (a crash in compiled code, os._exit); the other tasks ran on"
-    )
-    return failed_receipt(task, error, UnitFailure(0, "KilledWorker", message))
-
-
-def failed_receipt(
-    task: Task, error: BaseException, failure: UnitFailure | None = None
-) -> TaskReceipt:
-    """The receipt of a task that did not run: each unit failed with ``error`` (or
-    with ``failure``'s type and message)."""
-    one = failure or UnitFailure.from_exception(0, error)
-    failures = tuple(dataclasses.replace(one, unit=u) for u in task.units)
-    return TaskReceipt(task.index, len(task.units), failures, 0, 0.0, 0.0, "")

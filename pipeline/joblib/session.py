@@ -95,7 +95,7 @@ class Session:
         self.remote = bool(options.scheduler)
         self._scratch = None if self.remote else tempfile.mkdtemp(prefix="pipeline-joblib-")
         try:
-            from .runner import CallRunner
+            from .call_runner import CallRunner
 
             workload = CallsWorkload(job_id=f"joblib-{secrets.token_hex(6)}")
             self.runner = CallRunner(workload, self.client)

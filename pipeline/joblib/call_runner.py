@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from ..dispatch.launch import Launch
 from ..dispatch.receipts import TaskReceipt, encode
-from ..dispatch.runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
+from ..dispatch.task_runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
 from ..dispatch.workers import WORKERLESS_SECONDS
 from ..workload import Task
 

@@ -33,10 +33,11 @@ from . import lease, shipping
 from .commit import with_rounds
 from .copies import Copies
 from .launch import Launch
-from .receipts import ReceiptTopic, TaskReceipt, decode
+from .lease import job_prefix, reconnect_seconds
+from .receipts import ReceiptTopic, TaskReceipt, decode, failed_receipt, killed_receipt
 from .recovery import forget_receipts, stored_receipts
-from .session import INTERRUPTED, job_prefix, reconnect_seconds, send_promptly
-from .task import TaskCall, failed_receipt, killed_receipt, run_task
+from .session import INTERRUPTED, send_promptly
+from .task import TaskCall, run_task
 from .workers import WORKERLESS_SECONDS, Workerless
 
 __all__ = ["DASK_LEVEL_RETRIES", "WORKERLESS_SECONDS", "TaskRunner"]
