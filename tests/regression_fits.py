@@ -1,13 +1,35 @@
-"""Regressions for the tests: a workload on a dataset, its fits of every chunk in this
-process, and a chunk's coefficients compared with statsmodels' results."""
+"""Regressions for the tests: a panel of chunks written as a dataset, a workload on
+it, its fits of every chunk in this process, and a chunk's coefficients compared with
+statsmodels' results."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.workloads.regressions import RegressionJob, RegressionWorkload
+from pipeline.workloads.regressions.generate import chunk_frame
 
 FORMULA = "y ~ x1 + x2 + x3 + C(sector)"
+
+
+def panel(chunks=8, rows=120, seed=5) -> pd.DataFrame:
+    df = pd.concat(
+        [chunk_frame(seed, c, rows, 3).to_pandas() for c in range(chunks)], ignore_index=True
+    )
+    df["w"] = 1.0 + np.abs(df["x3"])
+    df["g"] = (df["t"] // 12).astype(np.int64)
+    df["x_pos"] = np.exp(df["x2"])
+    return df
+
+
+def write(df: pd.DataFrame, path, row_group_size=240):
+    path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path / "data.parquet",
+                   row_group_size=row_group_size)  # fmt: skip
+    return str(path)
 
 
 def workload(data, **settings) -> RegressionWorkload:

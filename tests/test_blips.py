@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from stored import unnamed
 from tcp_cutter import TcpCutter
 from venv_commands import pipeline_command
 from waiting import wait_for
@@ -334,6 +335,6 @@ def test_a_task_the_cluster_lost_track_of_is_run_again(tmp_path, monkeypatch, ca
     assert sorted(dropped.values()) == ["dropping", "dropping"]
     assert "task 3 not heard from" in caplog.text  # the copy ran, not the lost task
     assert s.complete and s.units_ok == 24 and s.units_run == 24, s.failures[:2]
-    assert sorted(p.name for p in (tmp_path / "sq" / "values").iterdir()) == [
+    assert sorted(unnamed(p.name) for p in (tmp_path / "sq" / "values").iterdir()) == [
         f"{u:05d}" for u in range(24)
     ]

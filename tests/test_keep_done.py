@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from regression_fits import FORMULA
-from test_regressions import panel, write
+import stored
+from regression_fits import FORMULA, panel, write
 
 from pipeline import ConfigError, RunOptions, run_job
 from pipeline.results import results_table
@@ -70,7 +70,7 @@ def test_a_fixed_function_keeps_the_units_done_and_runs_the_rest(tmp_path):
     # A run stopped before task 3 (units 12..15) wrote its entry: those units are missing.
     (job / "manifest" / "part-000003.parquet").unlink()
     (job / "manifest.parquet").unlink(missing_ok=True)
-    kept_part = (job / "results" / "part-000001.parquet").read_bytes()  # no failure in it
+    kept_part = stored.part(job / "results", 1).read_bytes()  # no failure in it
     old_code = _code(job / "manifest" / "part-000001.parquet")[0]
 
     (jobs / "flaky_fns.py").write_text(FIXED)
@@ -85,7 +85,7 @@ def test_a_fixed_function_keeps_the_units_done_and_runs_the_rest(tmp_path):
     assert "complete" in kept.stdout, kept.stdout
     again = sorted([*FAILING, 12, 13, 14, 15])
     assert _calls(calls) == sorted([*range(20), *again])  # failed and missing units alone
-    assert (job / "results" / "part-000001.parquet").read_bytes() == kept_part
+    assert stored.part(job / "results", 1).read_bytes() == kept_part
     assert not (job / "failures").exists() or not list((job / "failures").iterdir())
 
     record = json.loads((job / "job.json").read_text())
@@ -184,7 +184,7 @@ def test_a_regression_job_resumes_with_another_engine_not_another_model(tmp_path
     second = run_job(_regressions(data, "auto"), options(keep_done=True), client, **quiet)
     assert second.complete and second.units_run == 2 and second.units_skipped == 6, second
     for name, data_bytes in kept.items():
-        if name != "part-000002.parquet":
+        if stored.unnamed(name) != "part-000002.parquet":  # (task 2 ran again)
             assert (job / "coefficients" / name).read_bytes() == data_bytes, name
     models = results_table(str(out), "models").to_pandas()
     assert sorted(set(models.engine)) == ["batched", "statsmodels"]

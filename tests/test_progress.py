@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from mapfns import userfns
+from processes import command_line, descendants
 from waiting import wait_for
 
 import pipeline
@@ -180,6 +181,22 @@ def start_cli(*args, cwd) -> subprocess.Popen:
                             start_new_session=True)  # fmt: skip
 
 
+def _workers_ignoring_sigint(proc: subprocess.Popen) -> bool:
+    """Whether the command has a worker process (multiprocessing's spawn) and every such
+    process ignores SIGINT (its preload has run)."""
+    spawned = [p for p in descendants(proc.pid) if "spawn_main" in command_line(p)]
+    ignoring = []
+    for pid in spawned:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        mask = int(next(line.split()[1] for line in status.splitlines()
+                        if line.startswith("SigIgn:")), 16)  # fmt: skip
+        ignoring.append(bool(mask & (1 << (signal.SIGINT - 1))))
+    return bool(ignoring) and all(ignoring)
+
+
 def interrupt_at(proc: subprocess.Popen, gate: Path) -> tuple[str, str]:
     """Ctrl-C to the command's process group once it waits at ``gate``; its output."""
     try:
@@ -199,6 +216,9 @@ def test_ctrl_c_at_start_up_says_no_task_ran(tmp_path):
     proc = start_cli("run", "--workload", "squares", "--n-units", 8, "--workers", 1,
                      "--preflight-gate", gate, "--output", tmp_path / "out",
                      cwd=tmp_path)  # fmt: skip
+    # The Ctrl-C once the cluster's worker has started (it ignores SIGINT from its
+    # preload on): one still importing would be ended mid-import, with a traceback.
+    wait_for("the embedded cluster's worker to start", lambda: _workers_ignoring_sigint(proc), 180)
     _, err = interrupt_at(proc, gate)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == (

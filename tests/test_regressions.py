@@ -14,7 +14,7 @@ import pytest
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
 import stored
-from regression_fits import FORMULA, assert_same, fit_all, workload
+from regression_fits import FORMULA, assert_same, fit_all, panel, workload, write
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
 from pipeline.inputs.chunks import plan_chunks
@@ -27,23 +27,6 @@ from pipeline.workloads.regressions import (
     write_regression_data,
 )
 from pipeline.workloads.regressions.generate import chunk_frame
-
-
-def panel(chunks=8, rows=120, seed=5) -> pd.DataFrame:
-    df = pd.concat(
-        [chunk_frame(seed, c, rows, 3).to_pandas() for c in range(chunks)], ignore_index=True
-    )
-    df["w"] = 1.0 + np.abs(df["x3"])
-    df["g"] = (df["t"] // 12).astype(np.int64)
-    df["x_pos"] = np.exp(df["x2"])
-    return df
-
-
-def write(df: pd.DataFrame, path, row_group_size=240):
-    path.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path / "data.parquet",
-                   row_group_size=row_group_size)  # fmt: skip
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ TESTS = ROOT / "tests"
 #: ``sys.path`` edits outside the package, each with its reason.
 PATH_EDITS = {
     "benchmarks/bench_estimate.py": "the benchmark's job code, in a temporary folder",
+    "scripts/exit_stress.py": "the harness's SeaweedFS, from a script run by its path",
 }
 
 
