@@ -240,8 +240,11 @@ def main() -> None:
         examples: dict[tuple[str, str], str] = {}
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.parallel) as pool:
-            for name, outcome, stderr, _s in pool.map(call, jobs):
+            for done, (name, outcome, stderr, _s) in enumerate(pool.map(call, jobs), 1):
                 counts[name][outcome] += 1
+                if done % 100 == 0:  # a tally as it goes: a run stopped early still says
+                    bad = sum(n for c in counts.values() for k, n in c.items() if k != "expected")
+                    print(f"{done} of {len(jobs)} calls, {bad} not as expected", flush=True)
                 if outcome != "expected":
                     examples.setdefault((name, outcome), stderr)
         wall = time.perf_counter() - t0

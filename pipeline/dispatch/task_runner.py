@@ -194,14 +194,7 @@ class TaskRunner:
                     self.bar.update(receipt.units, failed=failed)
                     yield receipt
                     continue
-                if (
-                    run.suspects
-                    and not run.waiting
-                    and set(run.pending) == {t.index for t in run.suspects}
-                ):
-                    task = run.suspects.pop(0)  # the others are done: alone, in turn
-                    run.attempts[task.index] += 1
-                    self._submit(run, [task])
+                self._suspect_alone(run)
                 self._pump()
         finally:
             self._abandon(run)  # (read to the end: none is left)
@@ -212,6 +205,13 @@ class TaskRunner:
                 future.release()
             run.futures.clear()
             self._copies.forget(run)
+
+    def _suspect_alone(self, run: Launch) -> None:
+        """Once the others are done, a task Dask gave up on runs again, alone, in turn."""
+        if run.suspects and not run.waiting and set(run.pending) == {t.index for t in run.suspects}:
+            task = run.suspects.pop(0)
+            run.attempts[task.index] += 1
+            self._submit(run, [task])
 
     def _pump(self) -> None:
         """Route the next receipt to its run, waiting for it at most :data:`CHECK_SECONDS`;

@@ -62,14 +62,7 @@ class CallRunner(TaskRunner):
         :meth:`wake`); look at the tasks' futures (workers lost, the connection)."""
         run = self._run
         if not run.ready:
-            if (
-                run.suspects
-                and not run.waiting
-                and set(run.pending) == {t.index for t in run.suspects}
-            ):
-                task = run.suspects.pop(0)  # the others are done: alone, in turn
-                run.attempts[task.index] += 1
-                self._submit(run, [task])
+            self._suspect_alone(run)
             self._pump()
         receipts = list(run.ready)
         run.ready.clear()
