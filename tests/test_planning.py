@@ -16,15 +16,13 @@ from pipeline.errors import ConfigError
 from pipeline.inputs.chunks import chunk_boundaries, plan_chunks
 from pipeline.inputs.dataset import WHOLE_FILE_BYTES, discover
 from pipeline.inputs.task_rows import read_task_rows
-from pipeline.planning.plan import (
-    Plan,
+from pipeline.planning.plan import Plan, load_plan, save_plan
+from pipeline.planning.probe_sizes import (
     aligned_probes,
     cut_is_settled,
     is_small_job,
-    load_plan,
     next_large_probe,
     probe_round,
-    save_plan,
 )
 from pipeline.planning.scheduler_cpu import cpu_per_task
 from pipeline.planning.sizing import (

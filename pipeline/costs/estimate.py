@@ -28,7 +28,8 @@ from ..contract import preflight
 from ..dispatch import TaskRunner
 from ..errors import PipelineError
 from ..job_output import open_output
-from ..planning.plan import Plan, is_small_job, unit_layout
+from ..planning.plan import Plan, unit_layout
+from ..planning.probe_sizes import is_small_job
 from ..planning.probes import probe
 from ..planning.sizing import CostModel, ProbeSample, fit_costs
 from ..storage import is_remote, open_store

@@ -31,7 +31,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..planning.plan import Plan, is_small_job, requested_units_per_task
+from ..planning.plan import Plan, requested_units_per_task
+from ..planning.probe_sizes import is_small_job
 from ..planning.sizing import SCHEDULER_SECONDS_PER_TASK, CostModel, UnitLayout, cut_tasks, makespan
 from ..summary import (
     DAY_SECONDS,

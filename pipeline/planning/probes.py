@@ -13,10 +13,10 @@ from dataclasses import asdict
 from ..config import RunOptions
 from ..dispatch import TaskRunner
 from ..dispatch.receipts import TaskReceipt
-from .plan import (
+from .plan import Plan, save_plan, unit_layout
+from .probe_sizes import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
-    Plan,
     aligned_probes,
     cut_is_settled,
     is_small_job,
@@ -24,8 +24,6 @@ from .plan import (
     probe_limit,
     probe_round,
     round_up,
-    save_plan,
-    unit_layout,
 )
 from .scheduler_cpu import SchedulerCpu
 from .sizing import (
