@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from waiting import wait_for
-from workloads import SquaresWorkload
+from workloads import KillsItsWorkerOnce
 
 from harness.cluster_procs import (
     REPO_ROOT,
@@ -250,20 +250,6 @@ def test_a_driver_reconnected_to_a_replaced_scheduler_has_its_tasks_held_there(t
             scheduler.close()
 
 
-class _KillsItsWorkerOnce(SquaresWorkload):
-    """Unit ``kill_unit`` kills its worker the first time only (a lost machine)."""
-
-    def __init__(self, *args, kill_unit, marker, **kw):
-        super().__init__(*args, **kw)
-        self.kill_unit, self.marker = kill_unit, str(marker)
-
-    def run_task(self, task, store):
-        if self.kill_unit in task.units and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(3)
-        return super().run_task(task, store)
-
-
 def test_a_task_submitted_again_under_a_new_key_is_held_under_that_key_only(tmp_path):
     # Dask gives up on a task whose worker died (allowed-failures 0): the runner runs
     # it again under a new key, and lets go of the old one.
@@ -275,7 +261,7 @@ def test_a_task_submitted_again_under_a_new_key_is_held_under_that_key_only(tmp_
         connect(RunOptions(workers=2)) as client,
     ):
         s = run_job(
-            _KillsItsWorkerOnce("sq", 12, kill_unit=4, marker=tmp_path / "killed-once"),
+            KillsItsWorkerOnce("sq", 12, kill_unit=4, marker=tmp_path / "killed-once"),
             RunOptions(output=str(tmp_path / "out"), progress=False, units_per_task=3),
             client,
             echo=lambda m: None,

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import stored
-from workloads import SquaresWorkload, stopped_while_probing
+from workloads import KillsItsWorkerOnce, SquaresWorkload, stopped_while_probing
 
 from pipeline import RunOptions, connect, run_job
 from pipeline.planning.plan import plan_tasks
@@ -221,22 +221,6 @@ def test_probe_rounds_use_every_worker(tmp_path, client, monkeypatch):
         assert len({by_index[i] for i in r}) == 2, (list(r), by_index)
 
 
-class _KillsItsWorkerOnce(SquaresWorkload):
-    """Unit ``kill_unit`` kills its worker the first time only (a lost machine)."""
-
-    def __init__(self, *args, kill_unit, marker, **kw):
-        super().__init__(*args, **kw)
-        self.kill_unit, self.marker = kill_unit, str(marker)
-
-    def run_task(self, task, store):
-        import os
-
-        if self.kill_unit in task.units and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(3)
-        return super().run_task(task, store)
-
-
 def test_a_task_given_up_at_the_dask_level_runs_again(tmp_path):
     # The scheduler gives up on a task at its first worker death (allowed-failures 0),
     # which makes joblib abandon every task in flight; the runner runs the tasks not
@@ -249,7 +233,7 @@ def test_a_task_given_up_at_the_dask_level_runs_again(tmp_path):
         connect(RunOptions(workers=2)) as c,
     ):
         s = run_job(
-            _KillsItsWorkerOnce("sq", 12, kill_unit=4, marker=tmp_path / "killed-once"),
+            KillsItsWorkerOnce("sq", 12, kill_unit=4, marker=tmp_path / "killed-once"),
             options(tmp_path / "out", units_per_task=3),
             c,
             echo=lambda m: None,

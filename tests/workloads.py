@@ -240,3 +240,19 @@ class VersionedWorkload(SquaresWorkload):
 
     def fingerprint(self):
         return {"n_units": self.n_units, "version": self.version}
+
+
+class KillsItsWorkerOnce(SquaresWorkload):
+    """Unit ``kill_unit`` kills its worker the first time only (a lost machine)."""
+
+    def __init__(self, *args, kill_unit, marker, **kw):
+        super().__init__(*args, **kw)
+        self.kill_unit, self.marker = kill_unit, str(marker)
+
+    def run_task(self, task, store):
+        import os
+
+        if self.kill_unit in task.units and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        return super().run_task(task, store)
