@@ -15,6 +15,7 @@ import sys
 import threading
 
 import pytest
+from map_jobs import gated_job
 from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
 from waiting import wait_for
 
@@ -174,33 +175,14 @@ def test_cube_job_through_the_load_balancer_into_s3_verifies(remote):
     assert f"corrupt: {out}/cubes/shards/000002.npy[3] (cube 11)" in bad.stdout
 
 
-GATED = """
-import os, time
-
-
-def unit(x, gate, log):
-    with open(os.path.join(log, f"started-{x}"), "a") as f:
-        f.write("1\\n")
-    # Units 0-4 run at once; the others wait for the test's gate (at most 2 minutes).
-    deadline = time.monotonic() + 120
-    while x >= 5 and not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {"y": 2 * x}
-"""
-
-
 def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
     # The killed driver's tasks are held on the scheduler for its reconnection; the
     # rerun lets go of them as it starts, so it counts exactly the units stored
     # before the kill (0-4: the others wait on a gate) and runs only the rest.
     log, gate = tmp_path / "log", tmp_path / "gate"
     log.mkdir()
-    (tmp_path / "gated.py").write_text(GATED)
-    job = tmp_path / "gated.toml"
-    job.write_text(
-        f'workload = "map"\nfunction = "gated:unit"\ncode = "{tmp_path / "gated.py"}"\n'
-        f'[grid]\nx = {{stop = 40}}\ngate = ["{gate}"]\nlog = ["{log}"]\n'
-    )
+    # Units 0-4 run at once; the others wait for the test's gate.
+    job = gated_job(tmp_path, "x = {stop = 40}\nfree_below = [5]", gate, log)
     out = f"s3://{BUCKET}/run2"
     args = ["run", job, "--output", out, "--no-progress", "--units-per-task", 1,
             *remote.driver_flags]  # fmt: skip
