@@ -26,6 +26,7 @@ from .probe_sizes import (
     round_up,
 )
 from .scheduler_cpu import SchedulerCpu
+from .tail import tapered
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     SCHEDULER_SECONDS_PER_TASK,
@@ -298,7 +299,8 @@ def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> None
             layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
         )
     else:
-        plan.stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        plan.stops = tapered(layout, start, stops, model, n_workers)
         plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
     save_plan(workload, run.store, plan)
     log.info(
