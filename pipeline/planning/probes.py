@@ -26,7 +26,6 @@ from .probe_sizes import (
     round_up,
 )
 from .scheduler_cpu import SchedulerCpu
-from .tail import tapered
 from .sizing import (
     MIN_TASKS_PER_WORKER,
     SCHEDULER_SECONDS_PER_TASK,
@@ -38,6 +37,7 @@ from .sizing import (
     longest_first,
     overhead_can_bind,
 )
+from .tail import tapered
 
 __all__ = ["probe"]
 

@@ -47,7 +47,12 @@ def tapered(
     per_unit = model.per_unit + model.per_byte * layout.bytes(first, layout.n) / max(weight, 1e-12)
     floor = tail_floor_seconds(model, n_workers)
     sizes: list[float] = []
-    while len(sizes) < MAX_HALVINGS and model.fixed + per_unit * size / 2 >= floor:
+    # (two units or shards a task at least: halves of fewer would fall together)
+    while (
+        len(sizes) < MAX_HALVINGS
+        and size / 2 >= 2 * layout.granularity
+        and model.fixed + per_unit * size / 2 >= floor
+    ):
         size /= 2
         sizes.append(size)
     if not sizes:
