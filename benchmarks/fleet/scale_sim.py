@@ -55,14 +55,18 @@ from harness.cluster_procs import (
 from pipeline.cluster.environment import worker_env
 
 #: What a fleet of this size needs of the deployments' environment (pipeline/cluster/
-#: worker.env): TLS required, Dask's comm settings, the thread pinning. The simulated
-#: workers have no nanny and preload nothing; docs/scale.md.
+#: worker.env): TLS required, Dask's comm settings, the thread pinning, and the workers'
+#: preload (the modules every task uses, imported before the first task as on every
+#: deployment; without it each simulated process's first hundred tasks waited for them,
+#: 8-10 s each on 500 workers). The simulated workers have no nanny; docs/scale.md.
 FLEET_ENV = {
     **ENCRYPTION_ENV,
     **{
         k: v
         for k, v in worker_env().items()
-        if k.startswith("DASK_DISTRIBUTED__COMM__") or k.endswith("_NUM_THREADS")
+        if k.startswith("DASK_DISTRIBUTED__COMM__")
+        or k.endswith("_NUM_THREADS")
+        or k == "DASK_DISTRIBUTED__WORKER__PRELOAD"
     },
 }
 
@@ -90,6 +94,12 @@ def _options(argv):
         "as many as --ideal-seconds on every worker",
     )
     p.add_argument("--ideal-seconds", type=float, default=60.0, help="with --planned")
+    p.add_argument(
+        "--units-per-task",
+        type=int,
+        help="with --planned: tasks of this many units, unprobed (the ceiling the fleet "
+        "allows a plan known in advance)",
+    )
     p.add_argument("--out", type=Path, help="write the figures to this JSON file")
     p.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
     p.add_argument("--idle-seconds", type=float, default=20.0, help="heartbeat-only window")
@@ -230,6 +240,8 @@ def run(opts) -> dict:
         args = ["run", job, "--output", output, "--no-progress", "-v", "--report", report]
         if not opts.planned:
             args += ["--units-per-task", 1]
+        elif opts.units_per_task:
+            args += ["--units-per-task", opts.units_per_task]
         driver_log = pm.log_dir / "driver.log"
         env = {"PYTHONPATH": str(REPO_ROOT)}
         others = {"haproxy": [lb.pid], "worker_processes": [q for p in procs for q in p.pids()]}
