@@ -4,12 +4,14 @@ client, and its manifest."""
 from __future__ import annotations
 
 import os
-import re
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import xxhash
+from stored import unnamed
 
 from pipeline import load_jobs, run_job
 from pipeline.errors import StorageError
@@ -54,12 +56,6 @@ def shard_file(out, shard: int, job_id: str = "cubes") -> Path:
     return path
 
 
-def unattempted(key: str) -> str:
-    """An object's key without the attempt in its name (``000003.a1b2c3d4.npy`` ->
-    ``000003.npy``): what two runs of a deterministic job share."""
-    return re.sub(r"\.a[0-9a-f]{8}(?=\.)", "", key)
-
-
 class CubesFailingAShard(CubeWorkload):
     """Cubes whose shard ``shard`` is not written while the file ``block`` exists: making
     it raises a StorageError naming it, as a full disk would, so its cubes fail."""
@@ -76,7 +72,7 @@ class CubesFailingAShard(CubeWorkload):
     def _shard_specs(self, layout, units, attempt):
         blocked_key = shard_key(self.job_id, self.shard)
         for key, shape, dtype, fill in super()._shard_specs(layout, units, attempt):
-            if unattempted(key) == blocked_key:
+            if unnamed(key) == blocked_key:
                 fill = self._blocked(key, fill)
             yield key, shape, dtype, fill
 
@@ -87,3 +83,73 @@ class CubesFailingAShard(CubeWorkload):
             return fill(array)
 
         return blocked
+
+
+#: Set on the thread running the gated task's first attempt (tests/test_commit_once_cubes.py).
+_first_attempt = threading.local()
+
+
+class GatedCubes(CubeWorkload):
+    """Cubes whose task ``gated``'s first attempt waits (at most 120 s) for the file
+    ``gate``, then builds its cubes as ``mode`` says: "same" (the same bytes), "other"
+    (from other columns: a build that is not deterministic) or "fails" (its last shard
+    fails). Every attempt of the task appends how it ran ("first", "again") to
+    ``log/ended`` once its cubes are built."""
+
+    def __init__(self, job, job_id, frames, gate, log, gated: int = 1, mode: str = "same"):
+        super().__init__(job, job_id, frames)
+        self.gate, self.log, self.gated, self.mode = str(gate), str(log), gated, mode
+
+    @classmethod
+    def of(cls, workload: CubeWorkload, gate, log, gated=1, mode="same") -> GatedCubes:
+        frames = workload.frames or workload.input_urls()[0]
+        return cls(workload.job, workload.job_id, frames, gate, log, gated, mode)
+
+    def run_task(self, task, store):
+        if task.index != self.gated:
+            return super().run_task(task, store)
+        first = _exclusive(Path(self.log) / "first")
+        if first:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        _first_attempt.on = first and self.mode != "same"
+        try:
+            return super().run_task(task, store)
+        finally:
+            _first_attempt.on = False
+            with open(Path(self.log) / "ended", "a") as f:
+                f.write("first\n" if first else "again\n")
+
+    def columns(self, cube_id):
+        cols = super().columns(cube_id)
+        if getattr(_first_attempt, "on", False) and self.mode == "other":
+            return np.roll(cols, 1, axis=-1)
+        return cols
+
+    def _shard_specs(self, layout, units, attempt):
+        specs = list(super()._shard_specs(layout, units, attempt))
+        if getattr(_first_attempt, "on", False) and self.mode == "fails":
+            key, shape, dtype, _fill = specs[-1]
+            specs[-1] = (key, shape, dtype, _raises(key))
+        return specs
+
+    def ended(self) -> list[str]:
+        path = Path(self.log) / "ended"
+        return path.read_text().split() if path.exists() else []
+
+
+def _exclusive(path: Path) -> bool:
+    """Whether this caller created ``path`` (of several, one does)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _raises(key):
+    def fill(array):
+        raise StorageError(f"{key}: the first attempt fails it")
+
+    return fill

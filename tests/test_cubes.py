@@ -10,7 +10,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from cube_jobs import CubesFailingAShard, cube_job, load_manifest, run, shard_file, unattempted
+from cube_jobs import CubesFailingAShard, cube_job, load_manifest, run, shard_file
+from stored import unnamed
 
 from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
 from pipeline.workloads.cubes import cube_columns
@@ -168,7 +169,7 @@ def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, 
     manifest_a, manifest_b = load_manifest(a), load_manifest(b)
     assert set(manifest_a.shard) != set(manifest_b.shard)  # named by their attempts
     for m in (manifest_a, manifest_b):
-        m["shard"] = m["shard"].map(unattempted)
+        m["shard"] = m["shard"].map(unnamed)
     pd.testing.assert_frame_equal(manifest_a, manifest_b)
     # A different seed gives different cubes.
     c = tmp_path / "c"
@@ -216,7 +217,7 @@ def test_failed_units_are_recorded_and_the_rerun_resumes(tmp_path, frames_dir, c
     run(cube_job(clean, frames_dir, units_per_task=8), client)
     resumed, fresh = load_manifest(out), load_manifest(clean)
     for m in (resumed, fresh):
-        m["shard"] = m["shard"].map(unattempted)
+        m["shard"] = m["shard"].map(unnamed)
     pd.testing.assert_frame_equal(resumed, fresh)
     for s in range(10):
         assert shard_file(out, s).read_bytes() == shard_file(clean, s).read_bytes()
