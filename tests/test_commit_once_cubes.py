@@ -97,7 +97,9 @@ def test_a_cube_output_with_unnamed_shards_resumes_and_reads(tmp_path, frames_di
     entries = out / "cubes" / "manifest"
     for entry in sorted(entries.iterdir()):
         table = pq.read_table(entry)
-        shards = [_unnamed_shard(out, key) for key in table["shard"].to_pylist()]
+        keys = table["shard"].to_pylist()
+        renamed = {key: _unnamed_shard(out, key) for key in set(keys)}
+        shards = [renamed[key] for key in keys]
         column = table.schema.get_field_index("shard")
         pq.write_table(table.set_column(column, "shard", pa.array(shards, pa.string())), entry)
     (out / "cubes" / "manifest.parquet").unlink()
