@@ -161,18 +161,24 @@ def test_cube_job_through_the_load_balancer_into_s3_verifies(remote):
 
     # Damage the output three ways; verify names each and fails.
     s3 = remote.s3()
-    shard = "run1/cubes/shards/000002.npy"
+
+    def shard_key(n: int) -> str:  # (named by the attempt that wrote it)
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"run1/cubes/shards/{n:06d}.a")
+        (key,) = [o["Key"] for o in listed["Contents"]]
+        return key
+
+    shard, gone = shard_key(2), shard_key(5)
     data = bytearray(s3.get_object(Bucket=BUCKET, Key=shard)["Body"].read())
     data[-1] ^= 0xFF
     s3.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
-    s3.delete_object(Bucket=BUCKET, Key="run1/cubes/shards/000005.npy")
+    s3.delete_object(Bucket=BUCKET, Key=gone)
     s3.put_object(Bucket=BUCKET, Key="run1/cubes/shards/stray.npy", Body=b"x")
     bad = pipeline_cli(["verify", out], remote.env)
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout and "1 missing, 1 extra, 1 corrupt" in bad.stdout
-    assert f"missing: {out}/cubes/shards/000005.npy" in bad.stdout
+    assert f"missing: s3://{BUCKET}/{gone}" in bad.stdout
     assert f"extra: {out}/cubes/shards/stray.npy" in bad.stdout
-    assert f"corrupt: {out}/cubes/shards/000002.npy[3] (cube 11)" in bad.stdout
+    assert f"corrupt: s3://{BUCKET}/{shard}[3] (cube 11)" in bad.stdout
 
 
 def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
