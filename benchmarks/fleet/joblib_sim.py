@@ -92,6 +92,12 @@ def _options(argv):
     p.add_argument("--join-timeout", type=float, default=300.0)
     p.add_argument("--run-timeout", type=float, default=900.0)
     p.add_argument("--lb-maxconn", type=int, default=8000)
+    p.add_argument(
+        "--profile-scheduler",
+        type=Path,
+        metavar="FILE",
+        help="sample the scheduler with py-spy during the call (collapsed stacks)",
+    )
     return p.parse_args(argv)
 
 
@@ -133,6 +139,7 @@ def run(opts) -> dict:
         argv = [sys.executable, str(script), lb.address, certs["ca"], certs["client"],
                 certs["client-key"], opts.calls, opts.call_seconds, marks, opts.joblib]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        spy = _start_py_spy(scheduler.pid, opts.profile_scheduler)
         c0, w0 = _cpu(scheduler.pid), time.monotonic()
         try:
             done = subprocess.run(list(map(str, argv)), capture_output=True, text=True,
@@ -145,6 +152,7 @@ def run(opts) -> dict:
             figures["outcome"] = f"hang: no result after {opts.run_timeout:.0f} s"
         wall = time.monotonic() - w0
         used = _cpu(scheduler.pid) - c0
+        _stop_py_spy(spy)
         figures["command_seconds"] = round(wall, 2)
         figures["ideal_seconds"] = math.ceil(opts.calls / n) * opts.call_seconds
         if figures.get("parallel_seconds"):
@@ -160,6 +168,29 @@ def run(opts) -> dict:
         figures["scheduler_alive"] = scheduler.alive()
         figures["log_dir"] = str(pm.log_dir)
     return figures
+
+
+def _start_py_spy(pid: int, out: Path | None):
+    """py-spy sampling process ``pid`` into ``out`` (collapsed stacks), or None."""
+    if out is None:
+        return None
+    spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(spy if spy.exists() else "py-spy"), "record", "--pid", str(pid), "--format",
+            "raw", "--rate", "100", "--nonblocking", "--output", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_py_spy(spy) -> None:
+    """Stop sampling; py-spy writes its file as it ends on SIGINT."""
+    if spy is None:
+        return
+    import signal
+
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
 
 
 def main(argv=None) -> int:
