@@ -176,7 +176,7 @@ def _start_py_spy(pid: int, out: Path | None):
         return None
     spy = Path(sys.executable).with_name("py-spy")
     argv = [str(spy if spy.exists() else "py-spy"), "record", "--pid", str(pid), "--format",
-            "raw", "--rate", "100", "--nonblocking", "--output", str(out)]  # fmt: skip
+            "raw", "--rate", "100", "--gil", "--nonblocking", "--output", str(out)]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -145,7 +145,7 @@ class Session:
         payload = pickle_batch(batch)
         stop = first + len(batch.items)
         if len(payload) <= values.INLINE_ARGS_BYTES or batch.spill_url is None:
-            return CallTask(index, first, stop, payload=payload)
+            return CallTask.inline(index, first, stop, payload)
         key = f"{values.SPILL_FOLDER}/{self.runner.workload.job_id}/calls-{index}.pkl"
         open_store(batch.spill_url).write_bytes(key, payload)
         return CallTask(index, first, stop, spilled=key, spill_url=batch.spill_url)
