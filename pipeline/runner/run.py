@@ -8,17 +8,26 @@ import logging
 import time
 from dataclasses import asdict, replace
 
-from .config import RunOptions
-from .contract import preflight
-from .costs.prices import worker_price
-from .costs.run_cost import add_run_cost
-from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
-from .dispatch.commit import next_rounds, sweep_leftovers
-from .dispatch.progress import Progress
-from .dispatch.receipts import TaskReceipt
-from .dispatch.workers import first_workers
-from .errors import Interrupted, StorageError, UnreadableObject
-from .job_output import (
+from ..config import RunOptions
+from ..contract import preflight
+from ..costs.prices import worker_price
+from ..costs.run_cost import add_run_cost
+from ..dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from ..dispatch.commit import next_rounds, sweep_leftovers
+from ..dispatch.progress import Progress
+from ..dispatch.receipts import TaskReceipt
+from ..dispatch.workers import first_workers
+from ..errors import Interrupted, StorageError, UnreadableObject
+from ..layout import check_job_id
+from ..manifest import summed_fingerprint
+from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
+from ..planning.probes import probe
+from ..planning.sizing import longest_first
+from ..report import task_timings
+from ..storage import Store, is_remote, open_store
+from ..summary import RunSummary, TaskTime
+from ..workload import Task, UnitFailure, Workload
+from .output import (
     _check_space,
     _completed,
     _consolidated,
@@ -29,15 +38,6 @@ from .job_output import (
     recorded_plan,
     stored_units,
 )
-from .layout import check_job_id
-from .manifest import summed_fingerprint
-from .planning.plan import Plan, load_plan, mark_code_version, unit_layout
-from .planning.probes import probe
-from .planning.sizing import longest_first
-from .report import task_timings
-from .storage import Store, is_remote, open_store
-from .summary import RunSummary, TaskTime
-from .workload import Task, UnitFailure, Workload
 
 __all__ = ["completed_job", "open_output", "run_job", "run_validated_job"]
 
@@ -189,7 +189,7 @@ def _run_job(
     summary = _summary(workload, store, plan, tasks, done, workers=n_workers)
     summary.units_skipped = complete
     if options.profile_tasks:
-        from .dispatch.profiling import merge_profiles
+        from ..dispatch.profiling import merge_profiles
 
         try:
             merged = merge_profiles(

@@ -9,9 +9,9 @@ import os
 import socket
 import time
 
-from .config import RunOptions
-from .errors import JobRunning, StorageError
-from .layout import (
+from ..config import RunOptions
+from ..errors import JobRunning, StorageError
+from ..layout import (
     completed_tasks,
     consolidated_manifest_key,
     job_record_key,
@@ -19,10 +19,10 @@ from .layout import (
     read_job_record,
     readable_table,
 )
-from .planning.plan import Plan
-from .storage import Store, open_store
-from .summary import size
-from .workload import Task, Workload
+from ..planning.plan import Plan
+from ..storage import Store, open_store
+from ..summary import size
+from ..workload import Task, Workload
 
 log = logging.getLogger(__name__)
 
