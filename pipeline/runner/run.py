@@ -141,7 +141,8 @@ class JobRun:
                     rest = run.launch(
                         longest_first(layout, [t for t in tasks if t.index not in ran])
                     )
-                self.receipts = receipts + rest
+                receipts += rest
+                self.receipts = receipts
         except KeyboardInterrupt:
             raise interrupted(workload, self.store, plan) from None
         if options.profile_tasks:
