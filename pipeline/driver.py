@@ -18,11 +18,10 @@ from .config import (
 from .contract import preflight
 from .costs.prices import worker_price
 from .errors import ConfigError, Interrupted, InterruptedBeforeTasks
-from .job_output import check_batch_space, only_finalization_left
 from .jobs import Job, check_driver_paths, check_inputs_outside, naming_file
 from .layout import check_job_id, consolidated_manifest_key
 from .report import write_report_page
-from .runner import completed_job, run_validated_job
+from .runner import check_batch_space, completed_job, only_finalization_left, run_validated_job
 from .storage import open_store
 from .summary import RunSummary, size
 from .workload import Workload

@@ -277,10 +277,10 @@ def test_a_scheduler_without_workers_is_an_error_before_any_task(tmp_path, monke
     # a run costed for them.
     from distributed import Client, LocalCluster
 
-    import pipeline.runner
+    import pipeline.runner.run
     from pipeline import ClusterError
 
-    monkeypatch.setattr(pipeline.runner, "WAIT_FOR_WORKERS", 1)
+    monkeypatch.setattr(pipeline.runner.run, "WAIT_FOR_WORKERS", 1)
     with (
         LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster,
         Client(cluster) as empty,

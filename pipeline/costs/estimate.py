@@ -27,11 +27,11 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..dispatch import TaskRunner
 from ..errors import PipelineError
-from ..job_output import open_output
 from ..planning.plan import Plan, unit_layout
 from ..planning.probe_sizes import is_small_job
 from ..planning.probes import probe
 from ..planning.sizing import CostModel, ProbeSample, fit_costs
+from ..runner.output import open_output
 from ..storage import is_remote, open_store
 from ..summary import TaskTime, count
 from ..workload import Workload, unit_label

@@ -9,9 +9,9 @@ import os
 import socket
 import time
 
-from .config import RunOptions
-from .errors import JobRunning, StorageError
-from .layout import (
+from ..config import RunOptions
+from ..errors import Interrupted, JobRunning, StorageError
+from ..layout import (
     completed_tasks,
     consolidated_manifest_key,
     job_record_key,
@@ -19,15 +19,16 @@ from .layout import (
     read_job_record,
     readable_table,
 )
-from .planning.plan import Plan
-from .storage import Store, open_store
-from .summary import size
-from .workload import Task, Workload
+from ..planning.plan import Plan
+from ..storage import Store, open_store
+from ..summary import size
+from ..workload import Task, Workload
 
 log = logging.getLogger(__name__)
 
 
-def _completed(store: Store | None, job_id: str) -> set[int]:
+def tasks_done(store: Store | None, job_id: str) -> set[int]:
+    """The job's complete tasks (by their entries), none without an output."""
     return completed_tasks(store, job_id) if store is not None else set()
 
 
@@ -49,7 +50,7 @@ def open_output(
     return store
 
 
-def _consolidated(store: Store, job_id: str) -> bool:
+def is_consolidated(store: Store, job_id: str) -> bool:
     """Whether the job's consolidated manifest is there and readable: one damaged after
     its run (garbage in manifest.parquet) made the job "complete" with its index lost;
     the run now writes it again from the tasks' entries."""
@@ -64,21 +65,21 @@ def _consolidated(store: Store, job_id: str) -> bool:
 
 
 @contextlib.contextmanager
-def _held(workload: Workload, options: RunOptions):
-    """The job's lock, for one run at a time: two would plan, write and consolidate
-    the same tasks at once (units lost and duplicated, and both saying complete)."""
-    if not workload.writes_output:
+def held(store: Store | None, job_id: str):
+    """The job's lock in ``store`` (none without an output), for one run at a time:
+    two would plan, write and consolidate the same tasks at once (units lost and
+    duplicated, and both saying complete)."""
+    if store is None:
         yield
         return
-    store = open_store(options.output)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     owner = f"pid {os.getpid()} on {socket.gethostname()}, started {started}"
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(store.hold(lock_key(workload.job_id), owner))
+            stack.enter_context(store.hold(lock_key(job_id), owner))
         except BlockingIOError as exc:
             raise JobRunning(
-                f"job {workload.job_id!r} in {store.url} is already running ({exc.strerror}); "
+                f"job {job_id!r} in {store.url} is already running ({exc.strerror}); "
                 "wait for that run to end, or stop it (a stopped run lets go at once on a "
                 "local disk, within a minute on S3)"
             ) from None
@@ -117,12 +118,12 @@ def _units_left(workload: Workload, store: Store) -> int:
     if not store.exists(key):
         return workload.n_units
     plan = Plan.from_record(read_job_record(store, key))
-    return workload.n_units - _units_in(
-        plan.tasks(workload.n_units), _completed(store, workload.job_id)
+    return workload.n_units - units_in(
+        plan.tasks(workload.n_units), tasks_done(store, workload.job_id)
     )
 
 
-def _check_space(workload: Workload, store: Store | None, units: int) -> None:
+def check_space(workload: Workload, store: Store | None, units: int) -> None:
     """A job that would fill its disk fails now, not after an hour's tasks."""
     nbytes = workload.output_bytes(units) if store is not None and units else None
     free = store.free_bytes() if nbytes else None
@@ -133,14 +134,15 @@ def _check_space(workload: Workload, store: Store | None, units: int) -> None:
         )
 
 
-def _units_in(tasks: list[Task], indices: set[int]) -> int:
+def units_in(tasks: list[Task], indices: set[int]) -> int:
+    """The units of ``tasks`` whose index is in ``indices``."""
     return sum(len(t.units) for t in tasks if t.index in indices)
 
 
-def recorded_plan(workload: Workload, store: Store | None) -> Plan | None:
+def recorded_plan(store: Store | None, job_id: str) -> Plan | None:
     """The job's plan as its record holds it, read only (None: no record); the run
     itself compares the settings."""
-    key = job_record_key(workload.job_id)
+    key = job_record_key(job_id)
     if store is None or not store.exists(key):
         return None
     return Plan.from_record(read_job_record(store, key))
@@ -150,14 +152,14 @@ def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, boo
     """The job's units complete in ``store`` by ``plan`` (less those its next run calls
     again), and whether only its finalization is left: every task done, none to retry."""
     tasks = plan.tasks(workload.n_units)
-    done = _completed(store, workload.job_id)
+    done = tasks_done(store, workload.job_id)
     ran = [t for t in tasks if t.index in done]
     retry = workload.tasks_to_retry(store, ran) if ran else set()
-    complete = _units_in(tasks, done)
+    complete = units_in(tasks, done)
     if retry and workload.reruns_failed_units:  # (only their failed units run again)
         complete -= len(workload.recorded_failures(store, [t for t in ran if t.index in retry]))
     elif retry:
-        complete -= _units_in(tasks, retry)
+        complete -= units_in(tasks, retry)
     return complete, bool(plan.sized and tasks and len(ran) == len(tasks) and not retry)
 
 
@@ -165,11 +167,35 @@ def only_finalization_left(workload: Workload, options: RunOptions, store: Store
     """Whether the job's every task is done and the job not finalized (a run stopped
     between its last task and its manifest's consolidation): its next run needs no
     cluster. Read only, from the record as it is (the run compares the settings)."""
-    plan = recorded_plan(workload, store) if workload.writes_output else None
+    plan = recorded_plan(store, workload.job_id) if workload.writes_output else None
     if options.overwrite or plan is None or not plan.sized:
         return False
     tasks = plan.tasks(workload.n_units)
-    done = _completed(store, workload.job_id)
+    done = tasks_done(store, workload.job_id)
     if any(t.index not in done for t in tasks):
         return False
     return not workload.tasks_to_retry(store, tasks)
+
+
+def interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> Interrupted:
+    """Ctrl-C: the units complete in the store (none without a recorded plan), and
+    whether only the job's finalization is left, counted again once the cluster stopped."""
+
+    def count() -> tuple[int, bool]:
+        if store is None or plan is None:
+            return 0, False
+        return stored_units(workload, store, plan)
+
+    try:
+        complete, finalize = count()
+    except Exception:  # (the store failing too: counted again when told)
+        complete, finalize = 0, False
+    return Interrupted(
+        workload.job_id,
+        complete,
+        workload.n_units,
+        workload.unit_name,
+        recount=count,
+        keeps_output=store is not None,
+        finalization_left=finalize,
+    )

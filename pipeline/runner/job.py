@@ -1,0 +1,94 @@
+"""One job, run or found complete: :func:`run_job` (validated here), :func:`run_validated_job`
+(validated by the driver) and :func:`completed_job` (needs no cluster)."""
+
+from __future__ import annotations
+
+import time
+
+from ..config import RunOptions
+from ..contract import preflight
+from ..costs.prices import worker_price
+from ..errors import Interrupted
+from ..layout import check_job_id
+from ..planning.plan import load_plan
+from ..storage import Store, open_store
+from ..summary import RunSummary
+from ..workload import Workload
+from .output import (
+    held,
+    interrupted,
+    is_consolidated,
+    only_finalization_left,
+    recorded_plan,
+    tasks_done,
+)
+from .run import JobRun, finalized_output
+from .summarize import finished_summary
+
+__all__ = ["completed_job", "run_job", "run_validated_job"]
+
+
+def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
+    """The summary of a job whose output is already complete, else None. Needs no
+    cluster; refuses (``ConfigError``) an output that holds the job with other settings."""
+    if not workload.writes_output or options.overwrite:
+        return None
+    store = open_store(options.output)
+    if not is_consolidated(store, workload.job_id):
+        return _finalized_now(workload, options, store)
+    plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+    return finished_summary(workload, store, plan, tasks_done(store, workload.job_id))
+
+
+def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> RunSummary | None:
+    """A job whose every task is done but not yet finalized (a run stopped between its
+    last task and its manifest's consolidation): finalized here, without a cluster, and
+    its summary; else None."""
+    if not only_finalization_left(workload, options, store):
+        return None
+    with held(open_store(options.output), workload.job_id):
+        t0 = time.perf_counter()
+        plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+        done = tasks_done(store, workload.job_id)
+        summary = finished_summary(workload, store, plan, done)
+        if summary is None:  # (another run changed it meanwhile)
+            return None
+        tasks = plan.tasks(workload.n_units)
+        summary.details.update(finalized_output(workload, store, tasks, options))
+        store.discard_incomplete(workload.job_id)
+    summary.finalized_now = True
+    summary.finalize_seconds = summary.command_seconds = time.perf_counter() - t0
+    return summary
+
+
+def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> RunSummary:
+    """Run (or resume) one job on ``client``'s cluster and return its summary; its name,
+    its inputs (``preflight``) and its output store are validated before any task.
+
+    Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
+    :class:`JobRunning` when another run of the job is writing the same output.
+    """
+    check_job_id(workload.job_id)
+    preflight(workload)
+    price = worker_price(options)  # a bad price setting fails before any task
+    return run_validated_job(workload, options, client, price, echo=echo)
+
+
+def run_validated_job(
+    workload: Workload, options: RunOptions, client, price, *, echo=print, store_checked=False
+) -> RunSummary:
+    """:func:`run_job` of a job the driver has validated: its name, its ``preflight``
+    and its ``price`` (:func:`worker_price`), and with ``store_checked`` its output
+    store's preflight. Each check runs once per job and command, so a workload's
+    preflight need not be idempotent."""
+    lock = open_store(options.output) if workload.writes_output else None
+    with held(lock, workload.job_id):
+        try:
+            return JobRun(workload, options, client, price, echo).run(store_checked)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            # Before its tasks (the output opened, the plan loaded) or after them (the
+            # summary, the finalization): what is complete, counted from the store.
+            store = open_store(options.output) if workload.writes_output else None
+            raise interrupted(workload, store, recorded_plan(store, workload.job_id)) from None

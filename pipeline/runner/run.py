@@ -1,0 +1,267 @@
+"""The run object: one job's run on the driver, phase by phase. It holds the job's
+workload, its store, its plan and what the run learns (the tasks done, the units
+kept, the tasks' receipts); each phase is a method: :meth:`JobRun.resume` (the
+output opened, the plan loaded, the tasks done found), :meth:`JobRun.prepare` (a
+worker, the tasks to retry, the space), :meth:`JobRun.dispatch` (the plan's probes
+(:mod:`pipeline.planning.probes`) and the rest, on the cluster), :meth:`JobRun.finalize`
+and :meth:`JobRun.summary`, built from the receipts."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+from ..config import RunOptions
+from ..costs.run_cost import add_run_cost
+from ..dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from ..dispatch.commit import next_rounds, sweep_leftovers
+from ..dispatch.progress import Progress
+from ..dispatch.receipts import TaskReceipt
+from ..dispatch.workers import first_workers
+from ..errors import StorageError, UnreadableObject
+from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
+from ..planning.probes import probe
+from ..planning.sizing import longest_first
+from ..report import task_timings
+from ..storage import Store, open_store
+from ..summary import RunSummary
+from ..workload import Task, UnitFailure, Workload
+from .output import check_space, interrupted, is_consolidated, open_output, tasks_done, units_in
+from .summarize import add_receipts, add_recorded, finished_summary, plan_summary
+
+__all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a run waits for a first worker to join a scheduler that has none (the
+#: same wait as for workers gone mid-run).
+WAIT_FOR_WORKERS = WORKERLESS_SECONDS
+
+
+class JobRun:
+    """One job's run on ``client``'s cluster, validated by the caller (its name, its
+    inputs, its ``price``) and held by its lock: :meth:`run` takes it through its phases."""
+
+    def __init__(self, workload: Workload, options: RunOptions, client, price, echo=print):
+        self.workload, self.options, self.client = workload, options, client
+        self.price, self.echo = price, echo
+        self.t_command = time.perf_counter()
+        self.store: Store | None = None
+        self.plan: Plan | None = None
+        self.done: set[int] = set()  # tasks complete in the store (less those to retry)
+        self.kept: dict[int, int] = {}  # units of a task to retry that it keeps, by task
+        self.rounds: dict[int, int] = {}  # the entry round each task to retry commits
+        self.units_skipped = 0  # units complete before the run (those kept too)
+        self.n_workers = 0
+        self.t_start = self.t_epoch = 0.0  # the run's start, once its output is open
+        self.tasks: list[Task] = []  # the plan's tasks, once its probes cut them
+        self.receipts: list[TaskReceipt] = []
+        self.task_profile: str | None = None
+        self.finalized: dict = {}  # what the workload's finalize said
+        self.recorded: list[UnitFailure] = []  # recorded as failed in the run's tasks
+        self.recorded_before: list[UnitFailure] = []  # ... and in the tasks done before it
+        self.finalize_seconds: float | None = None
+
+    def run(self, store_checked: bool = False) -> RunSummary:
+        """The job resumed, its tasks run, finalized, and its summary."""
+        finished = self.resume(store_checked)
+        if finished is not None:
+            return finished
+        self.prepare()
+        self.dispatch()
+        if self.complete:
+            self.finalize()
+        return self.summary()
+
+    def resume(self, store_checked: bool) -> RunSummary | None:
+        """The job's output opened (its tasks left by an earlier driver released), its plan
+        loaded and the tasks done found: the summary of a job found complete, else None."""
+        workload, options = self.workload, self.options
+        if workload.writes_output:
+            release_left_tasks(self.client, workload, open_store(options.output).url)
+        self.store = store = open_output(workload, options, self.echo, checked=store_checked)
+        self.t_start, self.t_epoch = time.perf_counter(), time.time()
+        self.plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+        if store is not None:
+            # (a changed code is recorded before any task of it runs; the tasks done keep
+            # the version their entries name)
+            mark_code_version(workload, store, self.plan)
+        self.done = tasks_done(store, workload.job_id)
+        # A complete job needs no cluster: the manifest is listed once, for both uses.
+        if store is not None and is_consolidated(store, workload.job_id):
+            return finished_summary(workload, store, self.plan, self.done)
+        return None
+
+    def prepare(self) -> None:
+        """A worker to run on; the tasks done that a rerun calls again (and the units of
+        them it keeps); the space the rest needs; the workload's cluster set up."""
+        workload, store, done = self.workload, self.store, self.done
+        self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
+        known = self.plan.tasks(workload.n_units)
+        if store is not None and done:
+            # Complete tasks with units recorded as failed that a rerun calls again.
+            retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
+            done -= retry
+            self.rounds = next_rounds(store, workload.job_id, retry)
+            if retry and workload.reruns_failed_units:  # only those units: the others are kept
+                again = sorted((t for t in known if t.index in retry), key=lambda t: t.start)
+                self.kept = kept = {t.index: len(t.units) for t in again}
+                starts = [t.start for t in again]
+                for failure in workload.recorded_failures(store, again):
+                    kept[again[bisect.bisect_right(starts, failure.unit) - 1].index] -= 1
+        self.units_skipped = complete = units_in(known, done) + sum(self.kept.values())
+        if complete:
+            self.echo(
+                f"resuming: {complete:,} of {workload.n_units:,} "
+                f"{workload.unit_name}s already complete"
+            )
+        check_space(workload, store, workload.n_units - complete)
+        workload.prepare_cluster(self.client)
+
+    def dispatch(self) -> None:
+        """The plan's probes (where it is not sized yet) and the rest of its tasks not
+        done, on the cluster, with the run's progress; their receipts kept."""
+        workload, options, plan, done = self.workload, self.options, self.plan, self.done
+        try:
+            with (
+                _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
+                TaskRunner(
+                    workload, self.store, self.client, bar,
+                    profile=bool(options.profile_tasks), rounds=self.rounds,
+                ) as run,
+            ):  # fmt: skip
+                layout = unit_layout(workload)
+                receipts, rest = [], None
+                if not plan.sized:
+                    receipts, rest = probe(run, plan, done, options, self.n_workers, layout)
+                self.tasks = tasks = plan.tasks(workload.n_units)
+                if rest is None:
+                    ran = done | {r.index for r in receipts}
+                    rest = run.launch(
+                        longest_first(layout, [t for t in tasks if t.index not in ran])
+                    )
+                receipts += rest
+                self.receipts = receipts
+        except KeyboardInterrupt:
+            raise interrupted(workload, self.store, plan) from None
+        if options.profile_tasks:
+            self.task_profile = _merged_profile(self.receipts, options, workload.job_id)
+
+    @property
+    def complete(self) -> bool:
+        """Every task done, by this run or before it, none with a failed unit."""
+        receipts = self.receipts
+        failed = any(r.failures for r in receipts)
+        return not failed and len(receipts) + len(self.done) == len(self.tasks)
+
+    def finalize(self) -> None:
+        """The workload's finalize; the units recorded as failed (as data) in the job's
+        tasks; what attempts of tasks left behind, removed."""
+        workload, store, tasks = self.workload, self.store, self.tasks
+        if store is None:
+            return
+        t_final = time.perf_counter()
+        self.finalized = finalized_output(workload, store, tasks, self.options)
+        # Units that failed as data (a chunk whose fit failed is a row in the
+        # models table, and its task is complete) count against --max-failures too,
+        # including those of tasks skipped on resume.
+        told = {r.index: r.recorded for r in self.receipts if r.recorded is not None}
+        ran_now = {r.index for r in self.receipts}
+        in_run = [t for t in tasks if t.index in ran_now]
+        unsaid = [t for t in in_run if t.index not in told]
+        recorded = [f for t in in_run if t.index in told for f in told[t.index]]
+        recorded += workload.recorded_failures(store, unsaid) if unsaid else []
+        self.recorded = recorded
+        skipped = [t for t in tasks if t.index in self.done]
+        if skipped:
+            self.recorded_before = workload.recorded_failures(store, skipped)
+        # Attempts killed mid-write (a lost worker) left partial objects behind;
+        # every task is now complete, so none of them is still being written.
+        leftovers = store.discard_incomplete(workload.job_id)
+        if leftovers:
+            log.info("removed %d partial writes left by interrupted task attempts", leftovers)
+        swept = sweep_leftovers(store, workload)
+        if swept:
+            log.info("removed %d objects of task attempts that lost or failed", swept)
+        self.finalize_seconds = time.perf_counter() - t_final
+
+    def summary(self) -> RunSummary:
+        """The run's summary, from its plan, its tasks' receipts and its finalize."""
+        workload, options, receipts = self.workload, self.options, self.receipts
+        summary = plan_summary(
+            workload, self.store, self.plan, self.tasks, self.done, workers=self.n_workers
+        )
+        summary.units_skipped = self.units_skipped
+        if self.task_profile:
+            summary.details["task_profile"] = self.task_profile
+        add_receipts(
+            summary, receipts, self.kept, workload,
+            output=options.output, remote=bool(options.scheduler),
+        )  # fmt: skip
+        if self.complete:
+            summary.complete = True
+            summary.details.update(self.finalized)
+            add_recorded(summary, self.recorded, workload, in_run=True)
+            if self.recorded_before:
+                add_recorded(summary, self.recorded_before, workload, in_run=False)
+            if self.finalize_seconds is not None:
+                summary.finalize_seconds = self.finalize_seconds
+        else:
+            # Not complete (a task failed whole): the units that failed inside this run's
+            # completed tasks are failures too (they went unsaid beside a KilledWorker)
+            recorded = [f for r in receipts for f in r.recorded or ()]
+            add_recorded(summary, recorded, workload, in_run=True)
+        # The job is complete once its tasks' outputs are finalized (the manifest
+        # consolidated, partial writes removed): the run's time holds that, as the
+        # workers' cost does (they are held meanwhile).
+        summary.wall_seconds = time.perf_counter() - self.t_start
+        if summary.wall_seconds and receipts:
+            summary.parallel_efficiency = summary.busy_seconds / (
+                summary.wall_seconds * summary.workers
+            )
+        summary.units_per_second = (
+            summary.units_ok / summary.wall_seconds if summary.wall_seconds else 0.0
+        )
+        summary.plan = {"probe_sizes": list(self.plan.head), "cost_model": self.plan.model}
+        summary.task_timings = task_timings(receipts, self.t_epoch)
+        summary.command_seconds = time.perf_counter() - self.t_command  # (+ the batch's start)
+        add_run_cost(summary, self.price, remote=summary.remote)
+        return summary
+
+
+def finalized_output(workload: Workload, store: Store, tasks: list[Task], options: RunOptions):
+    """``workload.finalize``, whose reading back of the tasks' objects fails on one
+    deleted or damaged since its task completed: said with the way to mend it (a
+    traceback before, on this run and every rerun, which could never complete)."""
+    try:
+        return workload.finalize(store, tasks)
+    except (FileNotFoundError, UnreadableObject) as exc:
+        raise StorageError(
+            f"job {workload.job_id!r}: every task ran, but an object a complete task "
+            f"stored is missing or damaged ({exc}); `pipeline verify {options.output} "
+            "--repair`, then this command again, runs the damaged tasks again"
+        ) from None
+
+
+def _merged_profile(receipts: list[TaskReceipt], options: RunOptions, job_id: str):
+    """The tasks' profiles merged into one file (None where it could not be written: the
+    job's results are written, and it still completes)."""
+    from ..dispatch.profiling import merge_profiles
+
+    try:
+        return merge_profiles((r.profile for r in receipts), options.profile_tasks, job_id)
+    except OSError as exc:
+        log.warning("the task profile was not written: %s", exc)
+        return None
+
+
+def _progress(workload: Workload, options: RunOptions, units_done: int) -> Progress:
+    """The run's progress on standard error: a bar on a terminal, lines elsewhere."""
+    return Progress(
+        workload.n_units - units_done,
+        unit=workload.unit_name,
+        label=f"{workload.kind} job {workload.job_id!r}",
+        show=options.progress,
+        every=options.progress_seconds,
+    )
