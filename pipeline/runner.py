@@ -135,10 +135,11 @@ def _run_job(
     store = open_output(workload, options, echo, checked=store_checked)
     t_start, t_epoch = time.perf_counter(), time.time()
     plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+    code = None
     if store is not None:
         # (a changed code is recorded before any task of it runs; the tasks done keep
         # the version their entries name)
-        mark_code_version(workload, store, plan)
+        code = mark_code_version(workload, store, plan)
     done = _completed(store, workload.job_id)
     # A complete job needs no cluster: the manifest is listed once, for both uses.
     if store is not None and _consolidated(store, workload.job_id):
@@ -171,7 +172,13 @@ def _run_job(
         with (
             _progress(workload, options, _units_in(known, done)) as bar,
             TaskRunner(
-                workload, store, client, bar, profile=bool(options.profile_tasks), rounds=rounds
+                workload,
+                store,
+                client,
+                bar,
+                profile=bool(options.profile_tasks),
+                rounds=rounds,
+                code=code,
             ) as run,
         ):
             layout = unit_layout(workload)
@@ -295,11 +302,11 @@ def _interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> 
 
 
 def _finalized(workload: Workload, store: Store, tasks: list[Task], options: RunOptions) -> dict:
-    """``workload.finalize``, whose reading back of the tasks' objects fails on one
+    """``workload.results.finalize``, whose reading back of the tasks' objects fails on one
     deleted or damaged since its task completed: said with the way to mend it (a
     traceback before, on this run and every rerun, which could never complete)."""
     try:
-        return workload.finalize(store, tasks)
+        return workload.results.finalize(workload, store, tasks)
     except (FileNotFoundError, UnreadableObject) as exc:
         raise StorageError(
             f"job {workload.job_id!r}: every task ran, but an object a complete task "
