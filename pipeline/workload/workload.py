@@ -148,6 +148,9 @@ class Workload(ABC):
     results: ClassVar[type[TableResults]] = TableResults
 
     def __init_subclass__(cls, **kwargs) -> None:
+        """Refuse a workload written for the contract before ``results``: an output
+        hook it still defines on itself would be ignored without a word (its default
+        table, its own verify), so its import fails naming them."""
         super().__init_subclass__(**kwargs)
         moved = [name for name in MOVED_HOOKS if name in vars(cls)]
         if moved:
