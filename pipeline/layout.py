@@ -12,7 +12,9 @@
                                     (regressions' coefficients, models, timings; map
                                     results, failures; a plug-in's own), written by
                                     its attempt XXXXXXXX (0.2.0 wrote part-NNNNNN.parquet)
-<job>/shards/NNNNNN.npy             cube shards (every attempt writes the same bytes)
+<job>/shards/NNNNNN.aXXXXXXXX.npy   cube shard NNNNNN, written by attempt XXXXXXXX of
+                                    the task holding it (0.2.0 wrote NNNNNN.npy);
+                                    readers find it through the entries' "shard" column
 _locks/<job>                        held by the run writing <job> (outside it: an
                                     --overwrite empties <job> while holding it)
 _receipts/<job>/<run>/NNNNNN.json   the receipt of task NNNNNN's attempt that failed

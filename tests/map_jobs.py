@@ -3,6 +3,8 @@ run of a grid on a client."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline import MapJob, MapWorkload, RunOptions, run_job
 
 FN = "mapfns.userfns"
@@ -14,3 +16,17 @@ def run(client, out, job_id="m", units_per_task=2, echo=None, **settings):
     w = MapWorkload(MapJob(**settings), job_id, output=str(out))
     options = RunOptions(output=str(out), units_per_task=units_per_task, progress=False)
     return run_job(w, options, client, echo=echo or (lambda m: None))
+
+
+GATED_CODE = Path(__file__).parent / "mapfns" / "gated.py"
+
+
+def gated_job(folder: Path, grid: str, gate: Path, log: Path) -> Path:
+    """A job file in ``folder`` mapping ``mapfns/gated.py``'s ``unit`` over ``grid``
+    (TOML lines of the grid's axes besides ``gate`` and ``log``)."""
+    path = folder / "gated.toml"
+    path.write_text(
+        f'workload = "map"\nfunction = "gated:unit"\ncode = "{GATED_CODE}"\n'
+        f'[grid]\n{grid}\ngate = ["{gate}"]\nlog = ["{log}"]\n'
+    )
+    return path

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from map_jobs import gated_job
 from stored import unnamed
 from tcp_cutter import TcpCutter
 from venv_commands import pipeline_command
@@ -40,22 +41,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 UNITS = 6
 
-GATED = '''
-import os, time
-
-
-def unit(x, gate, log):
-    """Wait for the test's gate, logging each start and each end."""
-    with open(os.path.join(log, f"started-{x}"), "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with open(os.path.join(log, f"ended-{x}"), "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    return {"y": 2 * x}
-'''
-
 
 class _Job:
     """A gated map job of ``UNITS`` units, its driver a ``pipeline run`` process."""
@@ -64,12 +49,7 @@ class _Job:
         self.tmp, self.certs, self.address = tmp, certs, address
         self.log, self.gate, self.out = tmp / "log", tmp / "gate", tmp / "out"
         self.log.mkdir()
-        (tmp / "gated.py").write_text(GATED)
-        self.file = tmp / "gated.toml"
-        self.file.write_text(
-            f'workload = "map"\nfunction = "gated:unit"\ncode = "{tmp / "gated.py"}"\n'
-            f'[grid]\nx = {list(range(UNITS))}\ngate = ["{self.gate}"]\nlog = ["{self.log}"]\n'
-        )
+        self.file = gated_job(tmp, f"x = {list(range(UNITS))}", self.gate, self.log)
         self.stderr = tmp / "driver.stderr"
         self.proc: subprocess.Popen | None = None
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from cube_jobs import shard_file
 from processes import alive, command_line, descendants, session_alive
 from waiting import wait_for
 
@@ -174,7 +175,7 @@ def test_a_damaged_output_is_repaired_by_verify_repair_and_a_rerun(tmp_path, fra
     args = ["run", "--frames", frames_dir, "--dim", 6, "--cubes", 40, "--cubes-per-shard", 8,
             "--units-per-task", 8, "--output", tmp_path]  # fmt: skip
     assert pipeline(*args).returncode == 0
-    shard = tmp_path / "cubes" / "shards" / "000002.npy"
+    shard = shard_file(tmp_path, 2)
     original = shard.read_bytes()
     shard.unlink()
     found = pipeline("verify", tmp_path)
@@ -189,7 +190,7 @@ def test_a_damaged_output_is_repaired_by_verify_repair_and_a_rerun(tmp_path, fra
     again = pipeline(*args)
     assert again.returncode == 0 and "8 of 8 cubes" in again.stdout, again.stdout
     assert "resuming: 32 of 40 cubes already complete" in again.stderr
-    assert shard.read_bytes() == original
+    assert not shard.exists() and shard_file(tmp_path, 2).read_bytes() == original
     assert pipeline("verify", tmp_path).returncode == 0
 
 

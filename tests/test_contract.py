@@ -29,8 +29,9 @@ from pipeline.verify import verify_output
 
 def cubes(tmp, frames_dir, fail):
     settings = {"frames": str(frames_dir), "cubes": 24, "dim": 6, "cubes_per_shard": 4}
-    if fail:  # a folder where shard 2 must go: writing it fails for real
-        (tmp / "out" / "job" / "shards" / "000002.npy" / "x").mkdir(parents=True)
+    if fail:  # a file where the shards' folder must go: writing them fails for real
+        (tmp / "out" / "job").mkdir(parents=True)
+        (tmp / "out" / "job" / "shards").write_text("not a folder")
     return settings
 
 

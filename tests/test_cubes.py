@@ -10,9 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from cube_jobs import cube_job, load_manifest, run
+from cube_jobs import CubesFailingAShard, cube_job, load_manifest, run, shard_file
+from stored import unnamed
 
-from pipeline import ConfigError, InputError, load_jobs, read_shard
+from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
 from pipeline.workloads.cubes import cube_columns
 
 
@@ -161,18 +162,19 @@ def test_same_job_twice_gives_identical_bytes_whatever_the_task_sizes(tmp_path, 
     a, b = tmp_path / "a", tmp_path / "b"
     run(cube_job(a, frames_dir, units_per_task=4), client)
     run(cube_job(b, frames_dir, units_per_task=12), client)
-    files_a = sorted(p.relative_to(a) for p in (a / "cubes" / "shards").iterdir())
-    files_b = sorted(p.relative_to(b) for p in (b / "cubes" / "shards").iterdir())
-    assert files_a == files_b and len(files_a) == 10
-    for rel in files_a:
-        assert (a / rel).read_bytes() == (b / rel).read_bytes()
-    assert (a / "cubes/manifest.parquet").read_bytes() == (
-        b / "cubes/manifest.parquet"
-    ).read_bytes()
+    # Each shard's bytes, and the manifests but for the attempts naming the shards.
+    for s in range(10):
+        assert shard_file(a, s).read_bytes() == shard_file(b, s).read_bytes()
+    assert len(list((a / "cubes" / "shards").iterdir())) == 10
+    manifest_a, manifest_b = load_manifest(a), load_manifest(b)
+    assert set(manifest_a.shard) != set(manifest_b.shard)  # named by their attempts
+    for m in (manifest_a, manifest_b):
+        m["shard"] = m["shard"].map(unnamed)
+    pd.testing.assert_frame_equal(manifest_a, manifest_b)
     # A different seed gives different cubes.
     c = tmp_path / "c"
     run(cube_job(c, frames_dir, seed=4), client)
-    assert (c / files_a[0]).read_bytes() != (a / files_a[0]).read_bytes()
+    assert shard_file(c, 0).read_bytes() != shard_file(a, 0).read_bytes()
 
 
 def test_a_cube_regenerated_alone_equals_its_bytes_in_its_shard(tmp_path, frames_dir, client):
@@ -191,34 +193,34 @@ def test_a_cube_regenerated_alone_equals_its_bytes_in_its_shard(tmp_path, frames
 def test_failed_units_are_recorded_and_the_rerun_resumes(tmp_path, frames_dir, client):
     out = tmp_path / "out"
     job = cube_job(out, frames_dir, units_per_task=8)
-    # A directory where shard 3 (cubes 12-15, task 1) must go: writing it fails for real.
-    blocker = out / "cubes" / "shards" / "000003.npy"
-    blocker.mkdir(parents=True)
-    (blocker / "keep").write_text("x")
-    first = run(job, client)
+    # Shard 3 (cubes 12-15, task 1) fails to be written while the file "block" exists.
+    blocker = tmp_path / "block"
+    blocker.write_text("x")
+    failing = CubesFailingAShard.of(job.build(), shard=3, block=blocker)
+    first = run_job(failing, job.options, client, echo=lambda m: None)
     assert not first.complete
     assert first.units_run == 40
     assert sorted(f["unit"] for f in first.failures) == [12, 13, 14, 15]
     assert {f["error_type"] for f in first.failures} == {"StorageError"}
-    assert "000003.npy" in first.failures[0]["message"]
+    assert "shards/000003.a" in first.failures[0]["message"]
     parts = sorted(p.name for p in (out / "cubes" / "manifest").iterdir())
     assert parts == [f"part-{i:06d}.parquet" for i in (0, 2, 3, 4)]  # task 1 has no entry
     assert not (out / "cubes" / "manifest.parquet").exists()  # incomplete run, no manifest
 
-    (blocker / "keep").unlink()
-    blocker.rmdir()
+    blocker.unlink()
     messages = []
-    second = run(job, client, messages)
+    second = run_job(failing, job.options, client, echo=messages.append)
     assert second.complete and second.tasks_skipped == 4 and second.units_run == 8
     assert "resuming: 32 of 40 cubes already complete" in messages
 
     clean = tmp_path / "clean"
     run(cube_job(clean, frames_dir, units_per_task=8), client)
-    assert (out / "cubes/manifest.parquet").read_bytes() == (
-        clean / "cubes/manifest.parquet"
-    ).read_bytes()
-    for shard in (clean / "cubes" / "shards").iterdir():
-        assert (out / "cubes" / "shards" / shard.name).read_bytes() == shard.read_bytes()
+    resumed, fresh = load_manifest(out), load_manifest(clean)
+    for m in (resumed, fresh):
+        m["shard"] = m["shard"].map(unnamed)
+    pd.testing.assert_frame_equal(resumed, fresh)
+    for s in range(10):
+        assert shard_file(out, s).read_bytes() == shard_file(clean, s).read_bytes()
 
 
 def test_complete_job_run_again_skips_everything_and_overwrite_starts_over(
@@ -292,10 +294,11 @@ def test_a_damaged_index_or_record_is_named_and_the_index_written_again(
                              "smaller than the minimum file footer (8 bytes))"]  # fmt: skip
     again = run(cube_job(out, frames_dir), client)
     assert again.complete and again.units_run == 0 and index.read_bytes() == good
-    (out / "cubes" / "shards" / "000000.npy").write_bytes(b"short")  # np.load: "pickled"
+    shard = shard_file(out, 0)
+    shard.write_bytes(b"short")  # np.load: "pickled"
     (check,) = verify_output(str(out))
-    assert any("000000.npy: not a readable .npy (it begins b'short', not with numpy's magic)"
-               in c for c in check.corrupt), check.corrupt  # fmt: skip
+    assert any(f"{shard.name}: not a readable .npy (it begins b'short', not with numpy's "
+               "magic)" in c for c in check.corrupt), check.corrupt  # fmt: skip
     record = out / "cubes" / "job.json"
     record.write_text("{bad")
     with pytest.raises(InputError, match=r"job.json is not a job record \(damaged: Expecting"):

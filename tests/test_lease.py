@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from map_jobs import gated_job
 from waiting import wait_for
 from workloads import KillsItsWorkerOnce
 
@@ -35,18 +36,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 UNITS = 6
 
-GATED = """
-import os, time
-
-
-def unit(x, gate, log):
-    with open(os.path.join(log, f"started-{x}"), "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {"y": 2 * x}
-"""
 
 #: ``pipeline`` with every workload shipped to the workers by a plug-in (as a large
 #: one is), however small.
@@ -70,12 +59,7 @@ class _Driver:
         self.tmp, self.certs, self.address = tmp, certs, address
         self.log, self.gate, self.out = tmp / "log", tmp / "gate", tmp / "out"
         self.log.mkdir(exist_ok=True)
-        (tmp / "gated.py").write_text(GATED)
-        self.file = tmp / "gated.toml"
-        self.file.write_text(
-            f'workload = "map"\nfunction = "gated:unit"\ncode = "{tmp / "gated.py"}"\n'
-            f'[grid]\nx = {list(range(UNITS))}\ngate = ["{self.gate}"]\nlog = ["{self.log}"]\n'
-        )
+        self.file = gated_job(tmp, f"x = {list(range(UNITS))}", self.gate, self.log)
         self.proc: subprocess.Popen | None = None
         self.stderr = tmp / f"{name}.stderr"
 

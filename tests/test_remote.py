@@ -15,6 +15,7 @@ import sys
 import threading
 
 import pytest
+from map_jobs import gated_job
 from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
 from waiting import wait_for
 
@@ -160,33 +161,24 @@ def test_cube_job_through_the_load_balancer_into_s3_verifies(remote):
 
     # Damage the output three ways; verify names each and fails.
     s3 = remote.s3()
-    shard = "run1/cubes/shards/000002.npy"
+
+    def shard_key(n: int) -> str:  # (named by the attempt that wrote it)
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"run1/cubes/shards/{n:06d}.a")
+        (key,) = [o["Key"] for o in listed["Contents"]]
+        return key
+
+    shard, gone = shard_key(2), shard_key(5)
     data = bytearray(s3.get_object(Bucket=BUCKET, Key=shard)["Body"].read())
     data[-1] ^= 0xFF
     s3.put_object(Bucket=BUCKET, Key=shard, Body=bytes(data))
-    s3.delete_object(Bucket=BUCKET, Key="run1/cubes/shards/000005.npy")
+    s3.delete_object(Bucket=BUCKET, Key=gone)
     s3.put_object(Bucket=BUCKET, Key="run1/cubes/shards/stray.npy", Body=b"x")
     bad = pipeline_cli(["verify", out], remote.env)
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout and "1 missing, 1 extra, 1 corrupt" in bad.stdout
-    assert f"missing: {out}/cubes/shards/000005.npy" in bad.stdout
+    assert f"missing: s3://{BUCKET}/{gone}" in bad.stdout
     assert f"extra: {out}/cubes/shards/stray.npy" in bad.stdout
-    assert f"corrupt: {out}/cubes/shards/000002.npy[3] (cube 11)" in bad.stdout
-
-
-GATED = """
-import os, time
-
-
-def unit(x, gate, log):
-    with open(os.path.join(log, f"started-{x}"), "a") as f:
-        f.write("1\\n")
-    # Units 0-4 run at once; the others wait for the test's gate (at most 2 minutes).
-    deadline = time.monotonic() + 120
-    while x >= 5 and not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {"y": 2 * x}
-"""
+    assert f"corrupt: s3://{BUCKET}/{shard}[3] (cube 11)" in bad.stdout
 
 
 def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
@@ -195,12 +187,8 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
     # before the kill (0-4: the others wait on a gate) and runs only the rest.
     log, gate = tmp_path / "log", tmp_path / "gate"
     log.mkdir()
-    (tmp_path / "gated.py").write_text(GATED)
-    job = tmp_path / "gated.toml"
-    job.write_text(
-        f'workload = "map"\nfunction = "gated:unit"\ncode = "{tmp_path / "gated.py"}"\n'
-        f'[grid]\nx = {{stop = 40}}\ngate = ["{gate}"]\nlog = ["{log}"]\n'
-    )
+    # Units 0-4 run at once; the others wait for the test's gate.
+    job = gated_job(tmp_path, "x = {stop = 40}\nfree_below = [5]", gate, log)
     out = f"s3://{BUCKET}/run2"
     args = ["run", job, "--output", out, "--no-progress", "--units-per-task", 1,
             *remote.driver_flags]  # fmt: skip

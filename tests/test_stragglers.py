@@ -9,6 +9,7 @@ start and end is logged in order, with the worker's address.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from pathlib import Path
 
@@ -74,10 +75,12 @@ def test_a_slow_task_gets_one_backup_on_another_worker(tmp_path, fast_backups):
     assert sorted(table["y"]) == [2 * x for x in range(10)]
 
 
-def test_copies_in_flight_are_capped(tmp_path, fast_backups, monkeypatch):
+def test_copies_in_flight_are_capped(tmp_path, fast_backups, monkeypatch, caplog):
     # Two slow tasks at once on a cluster of 4 threads: a cap of one copy (10 % of
-    # the threads, at least one) has the second backup start after the first ended.
+    # the threads, at least one) has the second backup start after the first ended;
+    # the driver's log tells the peak of copies in flight and the bound.
     monkeypatch.setattr(stragglers, "COPY_SHARE", 0.1)
+    caplog.set_level(logging.INFO, logger="pipeline.dispatch.copies")
     with _cluster(4) as cluster, Client(cluster) as client:
         summary, calls, _ = _gated_run(client, tmp_path, 16, "0,1", copy_seconds=1.0)
     assert summary.complete and summary.units_ok == 16, summary.failures[:2]
@@ -92,6 +95,8 @@ def test_copies_in_flight_are_capped(tmp_path, fast_backups, monkeypatch):
     for (start, x), (next_start, _) in itertools.pairwise(copies):
         ends = [i for i, (what, u, _) in enumerate(calls) if what == "end" and u == x and i > start]
         assert ends and ends[0] < next_start, (x, calls)  # one copy on the cluster at a time
+    peaks = [r.getMessage() for r in caplog.records if "copies in flight" in r.getMessage()]
+    assert peaks == ["copies in flight: 1, the most so far (bound: 1, 10 % of 4 worker threads)"]
 
 
 def test_a_task_whose_copies_are_all_lost_ends_the_run_naming_it(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from cube_jobs import cube_digest
+from cube_jobs import cube_digest, shard_file
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -141,7 +141,7 @@ def test_cube_shards_local_in_a_shuffling_loader_equal_the_stored_cubes(
 
 def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
     stored_job(tmp_path, frames_dir, client)
-    shard = tmp_path / "cubes" / "shards" / "000001.npy"
+    shard = shard_file(tmp_path, 1)
     data = bytearray(shard.read_bytes())
     data[-8] ^= 0xFF  # the last cube of shard 1 (cube 7)
     shard.write_bytes(bytes(data))
@@ -149,7 +149,7 @@ def test_cube_shards_verify_names_a_corrupt_cube(tmp_path, frames_dir, client):
     unchecked[7]  # reads without checking
     ds = CubeShards(str(tmp_path), "cubes", verify=True)
     ds[6]
-    with pytest.raises(StorageError, match=r"000001\.npy\[3\] \(cube 7\): checksum"):
+    with pytest.raises(StorageError, match=rf"{shard.name}\[3\] \(cube 7\): checksum"):
         ds[7]
 
 
@@ -169,10 +169,10 @@ def test_a_cube_changed_in_place_is_read_again_as_stored(tmp_path, frames_dir, c
         ds[1:3]
     assert cube_digest(ds[torch.tensor(5)]) == cube_digest(ds[np.int64(5)]) == want
     # A truncated shard is named, with the way to mend it.
-    shard = tmp_path / "cubes" / "shards" / "000005.npy"
+    shard = shard_file(tmp_path, 5)
     shard.write_bytes(shard.read_bytes()[:-100])
     fresh = CubeShards(str(tmp_path), "cubes")  # (a shard is mapped when first read)
-    with pytest.raises(StorageError, match=r"000005\.npy: not a whole shard .*--repair"):
+    with pytest.raises(StorageError, match=rf"{shard.name}: not a whole shard .*--repair"):
         fresh[21]
     assert cube_digest(ds[np.array(5)]) == want
 
@@ -181,16 +181,16 @@ def test_cube_shards_name_a_shard_that_is_not_the_listed_one(tmp_path, frames_di
     # A shard replaced by another (valid, fewer cubes) or deleted is an error naming it,
     # never an iteration ended early without a word, nor a bare FileNotFoundError.
     stored_job(tmp_path, frames_dir, client)
-    shards = tmp_path / "cubes" / "shards"
-    last = sorted(shards.iterdir())[-1]
-    (shards / "000001.npy").write_bytes(last.read_bytes())
+    last = sorted((tmp_path / "cubes" / "shards").iterdir())[-1]
+    one, two = shard_file(tmp_path, 1), shard_file(tmp_path, 2)
+    one.write_bytes(last.read_bytes())
     ds = CubeShards(str(tmp_path), "cubes")
     assert sum(1 for _ in zip(range(4), ds, strict=False)) == 4  # shard 0 reads
-    with pytest.raises(StorageError, match=r"000001\.npy: holds float64 cubes of shape .* not "
+    with pytest.raises(StorageError, match=rf"{one.name}: holds float64 cubes of shape .* not "
                        r"the 4 float64 cubes of 9\^3 the manifest lists: .*--repair"):  # fmt: skip
         list(ds)
-    (shards / "000002.npy").unlink()
-    with pytest.raises(StorageError, match=r"000002\.npy: cannot be read .*--repair"):
+    two.unlink()
+    with pytest.raises(StorageError, match=rf"{two.name}: cannot be read .*--repair"):
         CubeShards(str(tmp_path), "cubes")[9]
 
 

@@ -6,15 +6,18 @@ joblib's own Dask backend (``--joblib dask``, a ``Client`` made as its users mak
 
 It measures the driver's wall time (against the ideal, ``ceil(calls / workers)`` rounds
 of ``--call-seconds``), the scheduler's CPU seconds per call (net of the heartbeats'
-rate measured idle), and checks that every call returned its result in order and ran
+rate measured idle; from the driver's start, and of its ``Parallel`` call alone, the
+connection apart), and checks that every call returned its result in order and ran
 once (each call leaves a file; calls run twice are counted). A hang is reported as
 such once ``--run-timeout`` passes.
 
     benchmarks/fleet/joblib-sim --workers 1000 --calls 8000 --joblib pipeline --out p.json
     benchmarks/fleet/joblib-sim --workers 1000 --calls 8000 --joblib dask --out d.json
 
-Bars (issue 45.3, pipeline): every call once, scheduler CPU <= 1 ms per call; the dask
-run is reported side by side (hang, time or failure, as it comes).
+Bars (issue 45.3, pipeline): every call once, scheduler CPU <= 1 ms per call (the
+figure from the driver's start, connection included); the dask run is reported side
+by side (hang, time or failure, as it comes). ``--profile-scheduler FILE`` samples the
+scheduler with py-spy (``pip install py-spy``) while it holds the GIL during the call.
 """
 
 from __future__ import annotations
@@ -71,9 +74,11 @@ else:
     config = joblib.parallel_backend("dask", client=client)
 with config:
     workers = joblib.effective_n_jobs(-1)  # (connected, the session open: timed apart)
+    open(os.path.join(os.path.dirname(marks), "parallel-started"), "w").close()
     started = time.monotonic()
     out = Parallel(n_jobs=-1)(delayed(call)(i, seconds, marks) for i in range(calls))
     ended = time.monotonic()
+    open(os.path.join(os.path.dirname(marks), "parallel-ended"), "w").close()
 print(json.dumps({"in_order": out == list(range(calls)), "results": len(out), "n_jobs": workers,
                   "connect_seconds": started - t0, "parallel_seconds": ended - started}))
 """
@@ -92,6 +97,12 @@ def _options(argv):
     p.add_argument("--join-timeout", type=float, default=300.0)
     p.add_argument("--run-timeout", type=float, default=900.0)
     p.add_argument("--lb-maxconn", type=int, default=8000)
+    p.add_argument(
+        "--profile-scheduler",
+        type=Path,
+        metavar="FILE",
+        help="sample the scheduler with py-spy during the call (collapsed stacks)",
+    )
     return p.parse_args(argv)
 
 
@@ -133,24 +144,22 @@ def run(opts) -> dict:
         argv = [sys.executable, str(script), lb.address, certs["ca"], certs["client"],
                 certs["client-key"], opts.calls, opts.call_seconds, marks, opts.joblib]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        spy = _start_py_spy(scheduler.pid, opts.profile_scheduler)
         c0, w0 = _cpu(scheduler.pid), time.monotonic()
-        try:
-            done = subprocess.run(list(map(str, argv)), capture_output=True, text=True,
-                                  env=env, timeout=opts.run_timeout)  # fmt: skip
-            figures["outcome"] = "exit 0" if done.returncode == 0 else f"exit {done.returncode}"
-            lines = done.stdout.strip().splitlines()
-            figures.update(json.loads(lines[-1]) if done.returncode == 0 and lines else {})
-            figures["driver_stderr_tail"] = done.stderr.strip()[-1500:]
-        except subprocess.TimeoutExpired:
-            figures["outcome"] = f"hang: no result after {opts.run_timeout:.0f} s"
+        call = _run_driver(argv, env, workdir, scheduler.pid, opts.run_timeout)
         wall = time.monotonic() - w0
         used = _cpu(scheduler.pid) - c0
+        _stop_py_spy(spy)
+        figures.update(call.pop("figures"))
         figures["command_seconds"] = round(wall, 2)
         figures["ideal_seconds"] = math.ceil(opts.calls / n) * opts.call_seconds
         if figures.get("parallel_seconds"):
             figures["efficiency"] = round(figures["ideal_seconds"] / figures["parallel_seconds"], 3)
         figures["scheduler_cpu_per_call_gross"] = used / opts.calls
         figures["scheduler_cpu_per_call"] = max(used - idle_rate * wall, 0.0) / opts.calls
+        if "parallel_cpu" in call:  # the Parallel call alone, the driver's connection apart
+            net = call["parallel_cpu"] - idle_rate * call["parallel_wall"]
+            figures["scheduler_cpu_per_call_parallel_only"] = max(net, 0.0) / opts.calls
         runs = collections.Counter(int(m.name.split("-")[0]) for m in marks.iterdir())
         figures["calls_run"] = len(runs)
         figures["calls_run_more_than_once"] = sum(1 for c in runs.values() if c > 1)
@@ -160,6 +169,61 @@ def run(opts) -> dict:
         figures["scheduler_alive"] = scheduler.alive()
         figures["log_dir"] = str(pm.log_dir)
     return figures
+
+
+def _run_driver(argv, env, workdir: Path, scheduler_pid: int, timeout: float) -> dict:
+    """Run the driver program; its figures, and the scheduler's CPU seconds and the
+    wall seconds of its Parallel call alone (between the marks the driver leaves)."""
+    started_mark, ended_mark = workdir / "parallel-started", workdir / "parallel-ended"
+    out_path, err_path = workdir / "driver.out", workdir / "driver.err"
+    figures: dict = {}
+    marks: dict[str, tuple[float, float]] = {}
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(list(map(str, argv)), stdout=out, stderr=err, env=env)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            for name, path in (("started", started_mark), ("ended", ended_mark)):
+                if name not in marks and path.exists():
+                    marks[name] = (_cpu(scheduler_pid), time.monotonic())
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            figures["outcome"] = f"hang: no result after {timeout:.0f} s"
+        else:
+            rc = proc.returncode
+            figures["outcome"] = "exit 0" if rc == 0 else f"exit {rc}"
+            lines = out_path.read_text().strip().splitlines()
+            figures.update(json.loads(lines[-1]) if rc == 0 and lines else {})
+    figures["driver_stderr_tail"] = err_path.read_text().strip()[-1500:]
+    call: dict = {"figures": figures}
+    if "started" in marks and "ended" in marks:
+        call["parallel_cpu"] = marks["ended"][0] - marks["started"][0]
+        call["parallel_wall"] = marks["ended"][1] - marks["started"][1]
+    return call
+
+
+def _start_py_spy(pid: int, out: Path | None):
+    """py-spy sampling process ``pid`` into ``out`` (collapsed stacks), or None."""
+    if out is None:
+        return None
+    spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(spy if spy.exists() else "py-spy"), "record", "--pid", str(pid), "--format",
+            "raw", "--rate", "100", "--gil", "--nonblocking", "--output", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_py_spy(spy) -> None:
+    """Stop sampling; py-spy writes its file as it ends on SIGINT."""
+    if spy is None:
+        return
+    import signal
+
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
 
 
 def main(argv=None) -> int:

@@ -124,3 +124,20 @@ def scan_logs(log_dir: Path, samples: int = 5, killed_at: float | None = None) -
             totals["longest_stall_seconds"], entry["longest_stall_seconds"]
         )
     return {**totals, "files": files}
+
+
+#: The runner's log lines about copies of tasks (pipeline/dispatch/copies.py).
+COPIES_PEAK = re.compile(r"copies in flight: (\d+), the most so far \(bound: (\d+),")
+COPY_MADE = re.compile(r"a backup runs on another worker|running a copy")
+
+
+def copies_in(driver_log: Path) -> dict:
+    """The copies of tasks the driver's log (``-v``) tells of: how many were made, and
+    the most in flight at once against their bound."""
+    text = driver_log.read_text(errors="replace") if driver_log.exists() else ""
+    peaks = [(int(n), int(bound)) for n, bound in COPIES_PEAK.findall(text)]
+    return {
+        "made": len(COPY_MADE.findall(text)),
+        "peak_in_flight": max((n for n, _ in peaks), default=0),
+        "bound": max((b for _, b in peaks), default=None),
+    }

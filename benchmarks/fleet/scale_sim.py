@@ -20,6 +20,16 @@ is in the results exactly once and that ``pipeline verify`` passes.
 ``--kill-worker-process`` SIGKILLs one worker process (``--per-process`` workers)
 once a third of the units are done: the job must still complete, nothing lost.
 
+``--memory-limit auto`` gives every simulated worker the memory limit ``dask worker``
+sets by default, so each runs distributed's memory monitor (every 100 ms), as a real
+fleet's workers do; here they share their process's event loop, which the monitors
+starve. The figures then show what the runner's copies of tasks do under that load
+(``copies``: made, and the most in flight at once against their bound,
+``COPY_SHARE`` of the cluster's threads: docs/scale.md).
+
+    benchmarks/fleet/scale-sim --workers 1000 --per-process 200 --units 8000 \\
+        --memory-limit auto --run-timeout 1200 --out monitored.json
+
 ``--planned`` lets the planner size the tasks (no ``--units-per-task 1``): units of
 ``--task-seconds``, ``--ideal-seconds`` of them on every worker; the figures add the
 tasks run and the scheduler's share of a core over the command.
@@ -41,7 +51,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.fleet.scale_logs import scan_logs
+from benchmarks.fleet.scale_logs import copies_in, scan_logs
 from benchmarks.fleet.scale_phases import describe_phases, run_phases, tasks_run
 from harness.cluster_procs import (
     ENCRYPTION_ENV,
@@ -55,14 +65,18 @@ from harness.cluster_procs import (
 from pipeline.cluster.environment import worker_env
 
 #: What a fleet of this size needs of the deployments' environment (pipeline/cluster/
-#: worker.env): TLS required, Dask's comm settings, the thread pinning. The simulated
-#: workers have no nanny and preload nothing; docs/scale.md.
+#: worker.env): TLS required, Dask's comm settings, the thread pinning, and the workers'
+#: preload (the modules every task uses, imported before the first task as on every
+#: deployment; without it each simulated process's first hundred tasks waited for them,
+#: 8-10 s each on 500 workers). The simulated workers have no nanny; docs/scale.md.
 FLEET_ENV = {
     **ENCRYPTION_ENV,
     **{
         k: v
         for k, v in worker_env().items()
-        if k.startswith("DASK_DISTRIBUTED__COMM__") or k.endswith("_NUM_THREADS")
+        if k.startswith("DASK_DISTRIBUTED__COMM__")
+        or k.endswith("_NUM_THREADS")
+        or k == "DASK_DISTRIBUTED__WORKER__PRELOAD"
     },
 }
 
@@ -90,6 +104,12 @@ def _options(argv):
         "as many as --ideal-seconds on every worker",
     )
     p.add_argument("--ideal-seconds", type=float, default=60.0, help="with --planned")
+    p.add_argument(
+        "--units-per-task",
+        type=int,
+        help="with --planned: tasks of this many units, unprobed (the ceiling the fleet "
+        "allows a plan known in advance)",
+    )
     p.add_argument("--out", type=Path, help="write the figures to this JSON file")
     p.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
     p.add_argument("--idle-seconds", type=float, default=20.0, help="heartbeat-only window")
@@ -97,6 +117,12 @@ def _options(argv):
     p.add_argument("--run-timeout", type=float, default=900.0)
     p.add_argument("--lb-maxconn", type=int, default=8000)
     p.add_argument("--kill-worker-process", action="store_true")
+    p.add_argument(
+        "--memory-limit",
+        default="0",
+        help="each simulated worker's memory limit (sim_workers --memory-limit): 0 runs no "
+        "memory monitor; auto, as `dask worker` sets it, runs one in every worker",
+    )
     return p.parse_args(argv)
 
 
@@ -190,6 +216,7 @@ def run(opts) -> dict:
         "task_seconds": opts.task_seconds,
         "units": units,
         "planned": opts.planned,
+        "memory_limit": opts.memory_limit,
         "cores": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),
         "settings": dict(FLEET_ENV, LB_MAXCONN=str(opts.lb_maxconn)),
@@ -205,7 +232,9 @@ def run(opts) -> dict:
         t0 = time.monotonic()
         for p in range(math.ceil(n / k)):
             count = min(k, n - p * k)
-            procs.append(_start_sim_process(pm, lb.address, certs, p, count, workdir))
+            procs.append(
+                _start_sim_process(pm, lb.address, certs, p, count, workdir, opts.memory_limit)
+            )
         _wait_for_workers(client, n, opts.join_timeout, pm)
         figures["join_seconds"] = round(time.monotonic() - t0, 2)
         # Heartbeats only: the scheduler's CPU per worker per second.
@@ -230,6 +259,8 @@ def run(opts) -> dict:
         args = ["run", job, "--output", output, "--no-progress", "-v", "--report", report]
         if not opts.planned:
             args += ["--units-per-task", 1]
+        elif opts.units_per_task:
+            args += ["--units-per-task", opts.units_per_task]
         driver_log = pm.log_dir / "driver.log"
         env = {"PYTHONPATH": str(REPO_ROOT)}
         others = {"haproxy": [lb.pid], "worker_processes": [q for p in procs for q in p.pids()]}
@@ -301,6 +332,7 @@ def run(opts) -> dict:
         figures["verify_exit_code"] = verified.returncode
         figures["verify_output"] = verified.stdout.strip()[-300:]
         figures["logs"] = scan_logs(pm.log_dir, killed_at=killed_at)
+        figures["copies"] = copies_in(driver_log)
         figures["log_dir"] = str(pm.log_dir)
     return figures
 
@@ -324,12 +356,13 @@ def _security(certs):
     )
 
 
-def _start_sim_process(pm, address, certs, index, count, workdir):
+def _start_sim_process(pm, address, certs, index, count, workdir, memory_limit="0"):
     argv = [
         sys.executable, "-m", "benchmarks.fleet.sim_workers", address,
         "--count", str(count), "--prefix", f"sim{index}",
         "--ca", str(certs["ca"]), "--cert", str(certs["worker"]), "--key", str(certs["worker-key"]),
         "--local-directory", str(workdir / "scratch" / f"p{index}"),
+        "--memory-limit", memory_limit,
     ]  # fmt: skip
     return pm.start(f"workers-{index}", argv)
 
@@ -342,7 +375,9 @@ def main(argv=None) -> int:
         opts.out.write_text(text + "\n")
     print(text)
     print(describe_phases(figures), file=sys.stderr)
-    logs = figures["logs"]
+    logs, copies = figures["logs"], figures["copies"]
+    print(f"copies of tasks: {copies['made']} made, at most {copies['peak_in_flight']} in "
+          f"flight at once (bound: {copies['bound']})", file=sys.stderr)  # fmt: skip
     # Killing a worker process closes the scheduler's streams to its workers, which
     # the scheduler logs (lost_worker_streams); anything else is an error.
     ok = (
@@ -351,6 +386,7 @@ def main(argv=None) -> int:
         and figures["verify_exit_code"] == 0
         and figures["units_exactly_once"]["ok"]
         and logs["errors"] == 0
+        and copies["peak_in_flight"] <= (copies["bound"] or 0)
     )
     print("OK" if ok else "NOT OK: see the figures above", file=sys.stderr)
     return 0 if ok else 1

@@ -5,9 +5,11 @@ certificate) that registers with the scheduler address it is given (the load
 balancer), heartbeats, and runs tasks. Tasks that sleep need no core, so a
 2-core machine can hold hundreds of them. What is *not* simulated: each
 worker's own process (here ``--count`` workers share one event loop and one
-GIL), the memory monitor (``memory_limit=0``), the statistical profiler (off)
-and the 20 ms event-loop tick measurement (every 500 ms): per-worker costs that
-never reach the scheduler.
+GIL), the memory monitor (``memory_limit=0``, unless ``--memory-limit`` gives one:
+``auto`` is what ``dask worker`` sets by default, and then every worker checks the
+process's memory every 100 ms, as a fleet's workers do, on the one event loop they
+share here), the statistical profiler (off) and the 20 ms event-loop tick
+measurement (every 500 ms): per-worker costs that never reach the scheduler.
 
 A worker whose scheduler connection breaks closes itself (Dask workers do not
 reconnect), and when closing takes over 30 s Dask ends its whole process
@@ -51,6 +53,12 @@ def _options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-concurrency", type=int, default=50, help="workers starting at once")
     p.add_argument("--restart-seconds", type=float, default=2.0)
     p.add_argument("--death-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--memory-limit",
+        default="0",
+        help="each worker's memory limit, as `dask worker --memory-limit` takes it: 0 (the "
+        "default) runs no memory monitor; auto (dask worker's default) or a size runs it",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -70,7 +78,7 @@ async def _keep_running(name: str, opts, security, gate: asyncio.Semaphore, stop
             name=name,
             host=opts.host,
             security=security,
-            memory_limit=0,
+            memory_limit=_memory_limit(opts.memory_limit),
             local_directory=opts.local_directory,
             death_timeout=opts.death_timeout,
         )
@@ -90,6 +98,12 @@ async def _keep_running(name: str, opts, security, gate: asyncio.Semaphore, stop
             return
         stopping.cancel()
         log.warning("worker %s closed; starting it again in %s s", name, opts.restart_seconds)
+
+
+def _memory_limit(text: str) -> int | str:
+    """``--memory-limit`` as ``distributed.Worker`` takes it: 0 (no monitor), a number of
+    bytes, or a string it parses (``auto``, ``4GiB``, a fraction of the memory)."""
+    return int(text) if text.isdigit() else text
 
 
 async def _main(opts) -> None:

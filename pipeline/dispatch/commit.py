@@ -4,10 +4,10 @@ A task can run more than once at the same time or one after another: a copy of a
 task overdue (its original still running: a Dask task's thread cannot be stopped), a
 rerun after its worker or its driver was lost while the first still runs, a
 function that is not deterministic. So each run of a task (an *attempt*) names the
-objects the runner writes with an id of its own
-(:func:`pipeline.layout.attempt_key`): no attempt writes over another's. (Objects a
-workload writes itself under names of its own, cube shards, are the same bytes from
-every attempt, written atomically; a losing attempt leaves them.) Its manifest
+objects it writes with an id of its own
+(:func:`pipeline.layout.attempt_key`; the runner names tables' parts so, a workload
+that writes objects itself names them so too: cube shards): no attempt writes over
+another's. Its manifest
 entry, which lists them, is then created once (:meth:`Store.create_once`: an
 exclusive link on a local disk, ``If-None-Match: *`` on S3), so of the attempts
 that complete, the first to commit wins: its entry names objects all written by
@@ -122,9 +122,8 @@ def supersede(store: Store, workload: Workload, task: Task, keep: set[str]) -> N
 def discard(store: Store, keys: Iterable[str]) -> None:
     """Delete those of ``keys`` named by an attempt (an attempt's own objects, which no
     entry lists), as far as it can: one it cannot delete is a leftover the next
-    complete run sweeps. An object a workload wrote under a name of its own (cube
-    shards) may be another attempt's too, so it stays: its attempts must write the
-    same bytes there."""
+    complete run sweeps. An object not named by an attempt (0.2.0's names) may be
+    listed by another attempt's entry, so it stays."""
     _delete(store, (k for k in keys if attempt_of(k) is not None))
 
 

@@ -59,6 +59,8 @@ class Copies:
         self._holder, self._unhold = holder, unhold
         #: Attempts of tasks that reported, held while the scheduler has them on a worker.
         self._losers: list[str] = []
+        #: The most copies in flight at once so far (logged as it grows).
+        self.peak = 0
 
     # -- the runner's events -------------------------------------------------------------
 
@@ -169,6 +171,11 @@ class Copies:
                     else f"executing for {placed.executing:.1f} s",
                     placed.worker, stragglers.median(run),
                 )  # fmt: skip
+        if in_flight > self.peak:
+            self.peak = in_flight
+            log.info("copies in flight: %d, the most so far (bound: %d, %.0f %% of %d worker "
+                     "threads)", in_flight, cap, 100 * stragglers.COPY_SHARE,
+                     survey.threads or threads)  # fmt: skip
 
     def _unheard(self, run: Launch, threads: int, now: float) -> list[int]:
         """The tasks of ``run``'s tail unheard from for as long as a lost task (their

@@ -24,6 +24,7 @@ from typing import Any
 from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
 
 from ..config import connection_options
+from ..planning.sizing import SCHEDULER_SECONDS_PER_TASK, SCHEDULER_SHARE
 from .calls import CallBatch
 from .session import CallJob, Session, session_for
 from .shared_args import SharedArgs
@@ -40,7 +41,8 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
     uses_threads = False
     supports_sharedmem = False
     #: Auto batching aims at batches of 0.2 to 2 s: each is a task of the scheduler's
-    #: (about a millisecond of its time) and a receipt's round trip.
+    #: (about a millisecond of its time) and a receipt's round trip. On many workers,
+    #: longer: as the planner's tasks (:func:`_scheduler_floor`).
     MIN_IDEAL_BATCH_DURATION = 0.2
     MAX_IDEAL_BATCH_DURATION = 2.0
 
@@ -62,6 +64,8 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         self._position = 0  # calls submitted in the running Parallel call
         self._failed = False
         self._shared: SharedArgs | None = None
+        #: Seconds the batch whose callback runs now took on its worker (None: unknown).
+        self._ran_seconds: float | None = None
 
     # -- the cluster -------------------------------------------------------------------
 
@@ -87,6 +91,9 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
     def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **backend_kwargs):
         self.parallel = parallel
         n = self.effective_n_jobs(n_jobs)
+        floor = _scheduler_floor(n)
+        self.MIN_IDEAL_BATCH_DURATION = max(type(self).MIN_IDEAL_BATCH_DURATION, floor)
+        self.MAX_IDEAL_BATCH_DURATION = max(type(self).MAX_IDEAL_BATCH_DURATION, 4 * floor)
         if self._output is not None and self._kept is None:
             from .resume import KeptResults
 
@@ -135,6 +142,7 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         traceback as its cause."""
         with self._jobs_lock:
             self._jobs.discard(out)
+        self._ran_seconds = out.seconds
         outcome, out.outcome = out.outcome, None
         if outcome[0] == "ok":
             if out.keep is not None and len(outcome) == 3:
@@ -147,6 +155,16 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
 
             exc.__cause__ = RemoteTraceback(text)
         raise exc
+
+    def batch_completed(self, batch_size, duration):
+        """joblib's measure of a batch, from its dispatch to its outcome: on many workers
+        (the scheduler's floor above joblib's 0.2 s) the batch's own time on its worker
+        instead, which the scheduler's share depends on (joblib's includes the wait
+        behind the batches dispatched ahead of it, about as long again)."""
+        ran, self._ran_seconds = self._ran_seconds, None
+        if ran is not None and self.MIN_IDEAL_BATCH_DURATION > type(self).MIN_IDEAL_BATCH_DURATION:
+            duration = ran
+        super().batch_completed(batch_size, duration)
 
     def start_call(self) -> None:
         self._position, self._failed = 0, False
@@ -178,6 +196,14 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def terminate(self) -> None:
         """After each ``Parallel`` call: the session stays open for the next."""
+
+
+def _scheduler_floor(n_jobs: int) -> float:
+    """Seconds a batch should run at least so that ``n_jobs`` batches running at once,
+    a task each, take at most the planner's share of the scheduler's core
+    (:data:`~pipeline.planning.sizing.SCHEDULER_SHARE`; docs/joblib.md): 4 s on
+    1,000 workers, 0.2 s (joblib's own) on 50 or fewer."""
+    return SCHEDULER_SECONDS_PER_TASK * n_jobs / SCHEDULER_SHARE
 
 
 def _output_url(output: str | None) -> str | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 from collections.abc import Sequence
 
 from ..dispatch.launch import Launch
-from ..dispatch.receipts import TaskReceipt, encode
+from ..dispatch.receipts import TaskReceipt, decode, encode
 from ..dispatch.task_runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
 from ..dispatch.workers import WORKERLESS_SECONDS
 from ..workload import Task
@@ -59,11 +60,20 @@ class CallRunner(TaskRunner):
 
     def poll(self) -> list[TaskReceipt]:
         """The receipts that came, waiting for one at most a second (or until
-        :meth:`wake`); look at the tasks' futures (workers lost, the connection)."""
+        :meth:`wake`); look at the tasks' futures (workers lost, the connection).
+        Every receipt in the inbox is taken at once: the batches joblib dispatches as
+        their callbacks run then go to the scheduler in one message, not one each."""
         run = self._run
         if not run.ready:
             self._suspect_alone(run)
             self._pump()
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._accept(decode(message))
+        self._let_go()  # (the holds of all their tasks in one message)
         receipts = list(run.ready)
         run.ready.clear()
         return receipts

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import time
 import traceback
+import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,19 +40,36 @@ __all__ = [
 ]
 
 
+#: What a pickle of a function defined in ``__main__`` holds, by value. Dask pickles
+#: a task whose pickle holds it again with cloudpickle (pure Python, several times
+#: slower) each time it sends it, the scheduler once per task it hands a worker.
+_MAIN = b"__main__"
+
+
 @dataclass(frozen=True)
 class CallTask(Task):
-    """Calls ``start`` to ``stop - 1`` of the session (its units): their pickle, or
-    (``spilled``) the key of their pickle in ``spill_url``'s store (:mod:`.values`)."""
+    """Calls ``start`` to ``stop - 1`` of the session (its units): their pickle
+    (``compressed`` where it names ``__main__``: see :meth:`inline`), or (``spilled``)
+    the key of their pickle in ``spill_url``'s store (:mod:`.values`)."""
 
     payload: bytes = b""
     spilled: str | None = None
     spill_url: str | None = None
+    compressed: bool = False
+
+    @classmethod
+    def inline(cls, index: int, start: int, stop: int, payload: bytes) -> CallTask:
+        """The task carrying ``payload``; compressed where it names ``__main__``, which
+        the compressed bytes do not, so Dask pickles the task with the standard pickler."""
+        if _MAIN in payload:
+            return cls(index, start, stop, payload=zlib.compress(payload, 1), compressed=True)
+        return cls(index, start, stop, payload=payload)
 
     def batch(self) -> CallBatch:
         """Worker: the calls."""
         if self.spilled is None:
-            return cloudpickle.loads(self.payload)
+            payload = zlib.decompress(self.payload) if self.compressed else self.payload
+            return cloudpickle.loads(payload)
         return pickle.loads(open_store(self.spill_url).read_bytes(self.spilled))
 
 

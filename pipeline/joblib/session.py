@@ -38,11 +38,13 @@ _SESSIONS_LOCK = threading.Lock()
 class CallJob:
     """What ``submit`` returns to joblib for one batch: its outcome once it came."""
 
-    __slots__ = ("callback", "index", "keep", "outcome", "size", "spill")
+    __slots__ = ("callback", "index", "keep", "outcome", "seconds", "size", "spill")
 
     def __init__(self, index: int, size: int, callback, spill: str | None):
         self.index, self.size, self.callback, self.spill = index, size, callback, spill
         self.outcome: tuple | None = None
+        #: Seconds its task took on its worker, once its receipt came (auto batching).
+        self.seconds: float | None = None
         #: The position of its first call in the Parallel call, and its calls' keys,
         #: where results are kept (:mod:`.resume`).
         self.keep: tuple[int, list[str]] | None = None
@@ -143,7 +145,7 @@ class Session:
         payload = pickle_batch(batch)
         stop = first + len(batch.items)
         if len(payload) <= values.INLINE_ARGS_BYTES or batch.spill_url is None:
-            return CallTask(index, first, stop, payload=payload)
+            return CallTask.inline(index, first, stop, payload)
         key = f"{values.SPILL_FOLDER}/{self.runner.workload.job_id}/calls-{index}.pkl"
         open_store(batch.spill_url).write_bytes(key, payload)
         return CallTask(index, first, stop, spilled=key, spill_url=batch.spill_url)
@@ -240,6 +242,7 @@ class Session:
                 job = self._jobs.pop(receipt.index, None)
                 self._forget_spilled(receipt.index)
                 if job is not None:
+                    job.seconds = receipt.seconds
                     self._deliver(job, _outcome(receipt, job.spill))
 
     def _forget_spilled(self, index: int) -> None:

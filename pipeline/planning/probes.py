@@ -37,6 +37,7 @@ from .sizing import (
     longest_first,
     overhead_can_bind,
 )
+from .tail import tapered
 
 __all__ = ["probe"]
 
@@ -298,7 +299,8 @@ def _cut(run: TaskRunner, plan: Plan, model, layout, n_workers, options) -> None
             layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
         )
     else:
-        plan.stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
+        plan.stops = tapered(layout, start, stops, model, n_workers)
         plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
     save_plan(workload, run.store, plan)
     log.info(

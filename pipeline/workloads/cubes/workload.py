@@ -24,7 +24,7 @@ import xxhash
 
 from ...config import check_settings, setting
 from ...errors import StorageError
-from ...layout import consolidated_manifest_key, shard_key
+from ...layout import attempt_key, consolidated_manifest_key, shard_key
 from ...manifest import checksum, manifest_entries, summed_fingerprint
 from ...storage import Store, open_store, write_parquet
 from ...workload import TableResults, Task, TaskOutput, UnitFailure, Workload
@@ -238,7 +238,7 @@ class CubeWorkload(Workload):
         for first in range(units.start, units.stop, step):
             yield first // step, range(first, min(units.stop, first + step))
 
-    def _shard_specs(self, layout, units: range) -> Iterator[ShardSpec]:
+    def _shard_specs(self, layout, units: range, attempt: str) -> Iterator[ShardSpec]:
         d = self.job.dim
         for s, ids in self._shards(units):
 
@@ -252,7 +252,7 @@ class CubeWorkload(Workload):
                     rows.append((cube_id, i, cols.reshape(-1).astype(np.int32), digest))
                 return rows
 
-            yield self._shard_key(s), (d, d, d, len(ids)), self.job.dtype, fill
+            yield self._shard_key(s, attempt), (d, d, d, len(ids)), self.job.dtype, fill
 
     def run_task(self, task: Task, store: Store | None) -> TaskOutput:
         t_inputs = time.perf_counter()
@@ -266,8 +266,8 @@ class CubeWorkload(Workload):
             return out
         out = TaskOutput(phases={"inputs": inputs})
         manifest = {"cube_id": [], "shard": [], "offset": [], "columns": [], "checksum": []}
-        ids_of = {self._shard_key(s): ids for s, ids in self._shards(task.units)}
-        specs = self._shard_specs(layout, task.units)
+        ids_of = {self._shard_key(s, task.attempt): ids for s, ids in self._shards(task.units)}
+        specs = self._shard_specs(layout, task.units, task.attempt)
         for key, rows, nbytes, error in write_shards(store, specs, out.phases):
             if error is not None:
                 out.failures.extend(UnitFailure.from_exception(c, error) for c in ids_of[key])
@@ -293,8 +293,11 @@ class CubeWorkload(Workload):
         out.busy_seconds = time.perf_counter() - t_inputs
         return out
 
-    def _shard_key(self, s: int) -> str:
-        return shard_key(self.job_id, s)
+    def _shard_key(self, s: int, attempt: str) -> str:
+        # Named by the attempt (as the runner names tables' parts): a copy or rerun of
+        # the task never writes over a shard another attempt's entry lists; readers
+        # find shards through the entries (their "shard" column), never by name.
+        return attempt_key(shard_key(self.job_id, s), attempt)
 
     def _run_discarding(self, layout, task: Task, t0: float) -> TaskOutput:
         d = self.job.dim
