@@ -33,7 +33,7 @@ from .storage import (
 )
 from .summary import RunSummary, summary_lines
 from .verify import JobCheck, verify_output
-from .workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
+from .workload import OutputFile, TableResults, Task, TaskOutput, UnitFailure, Workload
 
 #: The built-in workloads' names, imported on first use: ``import pipeline`` (and every
 #: command) loads a workload only when a job uses it.
@@ -109,6 +109,7 @@ __all__ = [
     "JobCheck",
     # writing a workload (docs/plugins.md)
     "OutputFile",
+    "TableResults",
     "Task",
     "TaskOutput",
     "UnitFailure",

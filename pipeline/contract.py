@@ -15,7 +15,7 @@ import numbers
 
 from . import registry
 from .errors import PipelineError, StorageError, WorkloadError
-from .workload import OutputFile, Task, TaskOutput, Workload
+from .workload import OutputFile, TableResults, Task, TaskOutput, Workload
 
 __all__ = [
     "as_recorded",
@@ -149,9 +149,9 @@ def _objects_problem(workload: Workload, out: TaskOutput) -> str | None:
             "tables or files and a manifest entry of its own; return the one or the other "
             "(the runner lists the tables and files in the entry it builds)"
         )
-    if workload.manifest_columns[2] is None:
+    if workload.results.manifest_columns[2] is None:
         return (
-            f"tables or files, but its manifest_columns {workload.manifest_columns!r} name "
+            f"tables or files, but its manifest_columns {workload.results.manifest_columns!r} name "
             "no unit range to list them with; such a workload returns its own entry"
         )
     if not isinstance(out.tables, dict):
@@ -198,13 +198,13 @@ def _entry_problem(workload: Workload, task: Task, manifest) -> str | None:
     if not isinstance(manifest, pa.Table):
         return f"a manifest entry of type {type(manifest).__name__}; {ENTRY}"
     columns = manifest.column_names
-    key, first, last = workload.manifest_columns
+    key, first, last = workload.results.manifest_columns
     ranges = (first, last) if last and {first, last} <= set(columns) else None
     # A workload without a verify_job of its own is verified by its entries' objects,
     # checksums and unit ranges: without them `pipeline verify` was a traceback.
     # (a static attribute lookup: a plug-in's verify_job may be a staticmethod)
-    generic = inspect.getattr_static(type(workload), "verify_job") is inspect.getattr_static(
-        Workload, "verify_job"
+    generic = inspect.getattr_static(workload.results, "verify_job") is inspect.getattr_static(
+        TableResults, "verify_job"
     )
     if generic:
         lacking = [c for c in (key, "checksum") if c not in columns]

@@ -4,7 +4,7 @@ Each task writes its entry (``<job>/manifest/part-NNNNNN.parquet``) last, once i
 objects are written; a complete job's entries are consolidated into
 ``<job>/manifest.parquet``. An entry lists objects (``object``, ``kind``), the units
 each holds (a range: ``unit_start``, ``unit_stop``, or columns a workload names in
-``Workload.manifest_columns``) and the :func:`checksum` of its bytes, which
+``TableResults.manifest_columns``) and the :func:`checksum` of its bytes, which
 ``pipeline verify`` compares with what it reads back.
 
 Each entry may also name the *code version* that made its task (``code``): a
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .coverage import unit_coverage, units_text
@@ -45,6 +46,7 @@ class Task(Protocol):
 
 __all__ = [
     "CODE_COLUMN",
+    "CodeStamp",
     "READ_BYTES",
     "UNIT_RANGE",
     "check_listed_objects",
@@ -296,12 +298,23 @@ def versions_record(
     return out
 
 
+@dataclass(frozen=True)
+class CodeStamp:
+    """What the runner hands the workers with each task (never the workload's to set):
+    this run's code version (None: none kept), and whether the job's units were made
+    by another version before (a task run again for its failed units then keeps rows
+    of both)."""
+
+    version: str | None = None
+    changed_before: bool = False
+
+
 def entry_codes(values: Iterable[str | None]) -> set[str]:
     """The code versions a manifest entry's ``code`` column names."""
     return {c for v in values if v for c in str(v).split("+") if c}
 
 
-def stamp_entry(workload, store: Store | None, task, entry):
+def stamp_entry(code: CodeStamp | None, job_id: str, store: Store | None, task, entry):
     """Worker: ``entry`` with its ``code`` column, the versions that made the task's
     objects: this run's, and for a job whose code changed before, those of the
     task's earlier entry (a task run again for its failed units keeps the others'
@@ -309,13 +322,13 @@ def stamp_entry(workload, store: Store | None, task, entry):
     its own."""
     import pyarrow as pa
 
-    version = workload.code_version
+    version = code.version if code is not None else None
     if version is None or entry is None or CODE_COLUMN in entry.column_names:
         return entry
     codes = {version}
     rerun = getattr(task, "round", 0)  # a task run again for its failed units
-    if workload.code_changed_before and store is not None and rerun:
-        key = manifest_key(workload.job_id, task.index, rerun - 1)
+    if code.changed_before and store is not None and rerun:
+        key = manifest_key(job_id, task.index, rerun - 1)
         if store.exists(key):
             earlier = read_parquet_object(store, key)
             if CODE_COLUMN in earlier.column_names:

@@ -3,8 +3,8 @@ workload's per-task tables, concatenated in unit order.
 
 The tables of a job are the kinds its manifest entries list (``object``, ``kind``
 and a unit range per object): only completed tasks' parts, so a partial run shows
-what it has. A workload may assemble a table further (``Workload.assemble_table``)
-and summarize it for the terminal (``Workload.summarize_table``); a table no
+what it has. A workload may assemble a table further (``TableResults.assemble_table``)
+and summarize it for the terminal (``TableResults.summarize_table``); a table no
 workload assembles is written to a file and summarized a part at a time
 (:mod:`pipeline.table_parts`), its memory that of a part, not of the job.
 """
@@ -42,7 +42,7 @@ from .table_parts import (
     read_aligned,
     table_schema,
 )
-from .workload import Workload
+from .workload import TableResults
 
 __all__ = [
     "IncompleteJob",
@@ -132,7 +132,7 @@ class _JobTable:
     output: str
     job_id: str
     record: dict
-    workload: type[Workload]
+    results: type[TableResults]
     name: str
     parts: list[tuple[int, str]]
     tables: dict[str, list[tuple[int, str]]]
@@ -148,33 +148,33 @@ class _JobTable:
         output, job = job_folder(output, job)
         store = open_store(output)
         job_id, record = find_job(output, job)
-        workload = registry.load(record["workload"])
-        tables = job_tables(store, job_id, workload.manifest_columns, code)
+        results = registry.load(record["workload"]).results
+        tables = job_tables(store, job_id, results.manifest_columns, code)
         if code is not None and not tables:
             versions = ", ".join(record.get("code_versions") or ()) or "none recorded"
             raise InputError(
                 f"{store.describe(job_id)}: no task made by code version {code!r} "
                 f"(its versions: {versions}; `pipeline verify` counts each one's tasks)"
             )
-        table = table or getattr(workload, "default_table", None) or next(iter(tables), None)
+        table = table or results.default_table or next(iter(tables), None)
         if not tables:
             raise InputError(
                 f"{store.describe(job_id)}: no tables"
-                + (" yet (no completed tasks)" if workload.manifest_columns[0] == "object" else
+                + (" yet (no completed tasks)" if results.manifest_columns[0] == "object" else
                    f"; a {record['workload']} job's index of what it wrote is "
                    f"{store.describe(join(job_id, 'manifest.parquet'))}"
                    + ("" if store.exists(join(job_id, "manifest.parquet")) else
                       ", written when its run completes"))
             )  # fmt: skip
-        if table not in tables and table not in workload.optional_tables:
+        if table not in tables and table not in results.optional_tables:
             # Those it may have no part of too: `--table failures` is one of a map job's
-            named = [*tables, *(t for t in workload.optional_tables if t not in tables)]
+            named = [*tables, *(t for t in results.optional_tables if t not in tables)]
             raise InputError(
                 f"{store.describe(job_id)}: no table {table!r}; its tables: {', '.join(named)}"
             )
         note = incomplete_note(store, job_id, record)
         parts = tables.get(table, [])
-        return cls(store, output, job_id, record, workload, table, parts, tables, note)
+        return cls(store, output, job_id, record, results, table, parts, tables, note)
 
     @property
     def result(self) -> pa.Table:
@@ -185,7 +185,7 @@ class _JobTable:
                 result = concat_parts(self.store, read)
             else:
                 result = pa.table({})  # none of its units has a row in it
-            self._result = self.workload.assemble_table(
+            self._result = self.results.assemble_table(
                 self.store, self.job_id, self.name, result, self.tables
             )
         return self._result
@@ -195,7 +195,7 @@ class _JobTable:
         """Whether the table is its parts as they are (no workload assembles or
         summarizes it): then read a part at a time."""
         return all(
-            getattr(self.workload, m).__func__ is getattr(Workload, m).__func__
+            getattr(self.results, m).__func__ is getattr(TableResults, m).__func__
             for m in ("assemble_table", "summarize_table")
         )
 
@@ -356,7 +356,7 @@ def summarize(
         rows, head = sum(counts), _head(found, schema, counts)
     else:
         result = found.result
-        custom = found.workload.summarize_table(found.name, result)
+        custom = found.results.summarize_table(found.name, result)
         if custom:
             return custom + (f"\nincomplete: {note}" if note else "")
         rows, schema, head = result.num_rows, result.schema, result.slice(0, SHOWN_ROWS)

@@ -5,7 +5,7 @@ read back, every unit must be listed exactly once, and nothing else may sit unde
 the job's prefix but its own bookkeeping. The checks of a manifest that lists
 objects with checksums and unit ranges are generic
 (:func:`pipeline.manifest.check_listed_objects`); a workload with a manifest of its
-own kind overrides ``Workload.verify_job``.
+own kind overrides ``TableResults.verify_job``.
 
 Verify holds per-task state, never per-unit: the units' coverage is worked out from
 the manifest's ranges (units missing or listed twice are reported as ranges), and
@@ -69,7 +69,7 @@ class JobCheck:
     #: The tasks ``repair`` marked to run again.
     repaired: list[Task] = field(default_factory=list)
     #: Units the output records as failed as data (not damage: ``ok`` stands), and the
-    #: table that lists them (``Workload.failures_table``).
+    #: table that lists them (``TableResults.failures_table``).
     failed_units: int = 0
     failures_table: str | None = None
     #: Whether the job's next run calls them again (``Workload.reruns_failed_units``).
@@ -117,10 +117,11 @@ def verify_output(
         manifest = read_manifest(store, job_id, check)
         if not (check.incomplete or check.damaged_manifest):
             check.incomplete = _entries_missing(store, job_id, record)
-        listed = workload.verify_job(store, job_id, record, manifest, check)
+        results = workload.results
+        listed = results.verify_job(store, job_id, record, manifest, check)
         _count_failures(workload, store, job_id, manifest, check)
-        check.code_versions = tasks_by_code(manifest, workload.manifest_columns)
-        own = getattr(workload, "final_objects", ())
+        check.code_versions = tasks_by_code(manifest, results.manifest_columns)
+        own = results.final_objects
         unlisted = unlisted_objects(store, job_id, listed, own)
         left = [k for k in unlisted if written_by_attempt(job_id, k)]
         check.extra = [store.describe(k) for k in unlisted if k not in left]
@@ -133,7 +134,7 @@ def verify_output(
                 manifest,
                 check.damaged_units,
                 check.damaged_entries,
-                columns=workload.manifest_columns,
+                columns=results.manifest_columns,
             )
         checks.append(check)
     return checks
@@ -151,12 +152,12 @@ def _count_failures(workload, store: Store, job_id: str, manifest, check: JobChe
     """The units that failed as data, from the parts of the workload's failures table
     its manifest lists: verify said "OK: 6 of 6 units verified" of a job whose run
     had exited 1 for 2 of them, and nothing of them."""
-    table = getattr(workload, "failures_table", None)
+    table = workload.results.failures_table
     if not table or manifest is None or not {"kind", "object"} <= set(manifest.columns):
         return
     parts = sorted(set(manifest.loc[manifest["kind"] == table, "object"]))
     if parts:
-        check.failed_units = workload.count_failures(store, job_id, parts)
+        check.failed_units = workload.results.count_failures(store, job_id, parts)
         check.failures_table = table
         check.reruns_failed_units = bool(getattr(workload, "reruns_failed_units", False))
 

@@ -93,7 +93,7 @@ def digest(out) -> str:
     store = LocalStore(out)
     h = hashlib.sha256()
     record = json.loads(store.read_bytes("job/job.json"))
-    tables = job_tables(store, "job", registry.load(record["workload"]).manifest_columns)
+    tables = job_tables(store, "job", registry.load(record["workload"]).results.manifest_columns)
     if tables:
         for table in sorted(set(tables) - {"timings"}):  # timings are what they are
             parts = [(f, pq.read_table(store.open_input(k))) for f, k in tables[table]]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline import OutputFile, TaskOutput, UnitFailure, Workload, checksum
+from pipeline import OutputFile, TableResults, TaskOutput, UnitFailure, Workload, checksum
 from pipeline.config import setting
 from pipeline.storage import join
 
@@ -32,6 +32,16 @@ class SquaresJob:
     )
 
 
+class SquaresResults(TableResults):
+    """The default output hooks, but for a finalize that waits at the workload's
+    ``finalize_gate`` first."""
+
+    @classmethod
+    def finalize(cls, workload, store, tasks):
+        _wait_at(workload.finalize_gate)
+        return super().finalize(workload, store, tasks)
+
+
 class SquaresWorkload(Workload):
     """Unit i writes i*i (an object the runner writes, or with ``writes_itself`` one
     the task writes); each preflight adds the job's name to the file ``preflights``
@@ -43,6 +53,7 @@ class SquaresWorkload(Workload):
     kind = "squares"
     unit_name = "square"
     settings_class = SquaresJob
+    results = SquaresResults
 
     def __init__(
         self,
@@ -76,10 +87,6 @@ class SquaresWorkload(Workload):
             with open(self.preflights, "a") as f:
                 f.write(f"{self.job_id}\n")
         _wait_at(self.preflight_gate)
-
-    def finalize(self, store, tasks):
-        _wait_at(self.finalize_gate)
-        return super().finalize(store, tasks)
 
     def fingerprint(self):
         return {"n_units": self.n_units}
@@ -201,15 +208,19 @@ class MistakenWorkload(SquaresWorkload):
             out.manifest = entry.set_column(1, "unit_start", starts)
 
 
-class StaticVerifyWorkload(SquaresWorkload):
-    """Squares whose verify_job is a staticmethod, as a plug-in may write it (its job
-    verified as the squares' are: it is not registered)."""
-
+class StaticVerifyResults(SquaresResults):
     @staticmethod
     def verify_job(store, job_id, record, manifest, check):
         from pipeline.manifest import check_listed_objects
 
         return check_listed_objects(store, manifest, check)
+
+
+class StaticVerifyWorkload(SquaresWorkload):
+    """Squares whose verify_job is a staticmethod, as a plug-in may write it (its job
+    verified as the squares' are: it is not registered)."""
+
+    results = StaticVerifyResults
 
 
 def stopped_while_probing(full: Path, out: Path, job_id: str) -> list[int]:

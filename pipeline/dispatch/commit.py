@@ -58,7 +58,7 @@ def new_attempt() -> str:
 
 def objects_of(workload: Workload, manifest) -> list[str]:
     """The keys an entry (a ``pyarrow.Table``) lists, in its object column."""
-    column = workload.manifest_columns[0]
+    column = workload.results.manifest_columns[0]
     if manifest is None or column not in manifest.column_names:
         return []
     return sorted({k for k in manifest.column(column).to_pylist() if k})
@@ -147,7 +147,7 @@ def sweep_leftovers(store: Store, workload: Workload) -> int:
     then can only lose, and removes what it writes itself."""
     from ..layout import consolidated_manifest_key
 
-    column = workload.manifest_columns[0]
+    column = workload.results.manifest_columns[0]
     try:
         manifest = read_parquet_object(store, consolidated_manifest_key(workload.job_id), [column])
     except (FileNotFoundError, UnreadableObject):

@@ -18,7 +18,7 @@ __all__ = ["write_outputs"]
 
 def write_outputs(workload: Workload, task: Task, out: TaskOutput, store: Store) -> list[str]:
     """Write ``out``'s tables, each as the part ``<job>/<kind>/part-NNNNNN.aXXXXXXXX.parquet``
-    (:meth:`Workload.table_bytes`; ``XXXXXXXX`` the task's attempt), then its files, in
+    (``Workload.results.table_bytes``; ``XXXXXXXX`` the task's attempt), then its files, in
     the order given, each named with the attempt too; set ``out.manifest`` to the
     entry that lists them; return the keys written. A table given as None has no
     part. An output that gives neither tables nor files (a manifest of its own) is
@@ -31,7 +31,7 @@ def write_outputs(workload: Workload, task: Task, out: TaskOutput, store: Store)
         if table is None:
             continue
         key = attempt_key(part_key(workload.job_id, kind, task.index), task.attempt)
-        data = workload.table_bytes(kind, table)
+        data = workload.results.table_bytes(kind, table)
         written.append(key)
         out.bytes_written += store.write_bytes(key, data)
         objects.append((key, kind, task.start, task.stop, len(data), checksum(data)))
@@ -46,5 +46,5 @@ def write_outputs(workload: Workload, task: Task, out: TaskOutput, store: Store)
             out.bytes_written += store.write_bytes(key, file.data)
             size, digest = len(file.data), checksum(file.data)
         objects.append((key, file.kind, units.start, units.stop, size, digest))
-    out.manifest = task_entry(workload.manifest_columns, objects)
+    out.manifest = task_entry(workload.results.manifest_columns, objects)
     return written

@@ -17,7 +17,7 @@ import time
 
 from ..contract import check_entry, check_output
 from ..layout import manifest_key
-from ..manifest import stamp_entry
+from ..manifest import CodeStamp, stamp_entry
 from ..storage import open_store
 from ..workload import USER_ERRORS, Task, TaskOutput, UnitFailure, Workload
 from . import shipping
@@ -41,17 +41,19 @@ class TaskCall:
     again after the driver's connection came back, which may have completed
     meanwhile: a stored entry is then the receipt. An opaque object to Dask, passed
     beside each task (Dask makes a large keyword argument a graph key named after the
-    argument, which the next submission's collides with)."""
+    argument, which the next submission's collides with). ``code``: the code version
+    the tasks record in their entries (:class:`~pipeline.manifest.CodeStamp`)."""
 
-    __slots__ = ("profile", "skip_complete", "store_url", "token", "topic", "workload")
+    __slots__ = ("code", "profile", "skip_complete", "store_url", "token", "topic", "workload")
 
-    def __init__(self, workload, store_url, profile, topic, token, skip_complete=False):
+    def __init__(self, workload, store_url, profile, topic, token, skip_complete=False, code=None):
         self.workload, self.store_url, self.profile = workload, store_url, profile
         self.topic, self.token, self.skip_complete = topic, token, skip_complete
+        self.code = code
 
     def __reduce__(self):
         return (TaskCall, (self.workload, self.store_url, self.profile, self.topic,
-                           self.token, self.skip_complete))  # fmt: skip
+                           self.token, self.skip_complete, self.code))  # fmt: skip
 
 
 def run_task(task: Task, call: TaskCall) -> None:
@@ -59,7 +61,9 @@ def run_task(task: Task, call: TaskCall) -> None:
     from distributed import get_worker
 
     workload = shipping.resolve(call.workload)
-    receipt = execute_task(workload, call.store_url, task, call.profile, call.skip_complete)
+    receipt = execute_task(
+        workload, call.store_url, task, call.profile, call.skip_complete, code=call.code
+    )
     worker = get_worker()
     receipt = dataclasses.replace(receipt, worker_address=worker.address)
     if receipt.failures and call.store_url:
@@ -75,13 +79,16 @@ def execute_task(
     task: Task,
     profile: bool = False,
     skip_complete: bool = False,
+    code: CodeStamp | None = None,
 ) -> TaskReceipt:
     """Worker: run one task; never raises. With ``profile``, the receipt carries the
-    task's cProfile statistics."""
+    task's cProfile statistics; ``code``: the version its entry records."""
     if profile:
         from .profiling import profiled
 
-        receipt, stats = profiled(execute_task, workload, store_url, task, False, skip_complete)
+        receipt, stats = profiled(
+            execute_task, workload, store_url, task, False, skip_complete, code
+        )
         return dataclasses.replace(receipt, profile=stats)
     started, t0, cpu0 = time.time(), time.perf_counter(), time.process_time()
     queued0 = run_queue_seconds()
@@ -98,7 +105,7 @@ def execute_task(
         out = workload.run_task(task, store)
         check_output(workload, task, out, writes=store is not None)
         if store is not None:
-            lost = _store_outputs(workload, task, out, store)
+            lost = _store_outputs(workload, task, out, store, code)
     except USER_ERRORS as exc:
         out = TaskOutput(failures=[UnitFailure.from_exception(u, exc) for u in task.units])
     seconds = time.perf_counter() - t0
@@ -126,7 +133,9 @@ def execute_task(
     )
 
 
-def _store_outputs(workload: Workload, task: Task, out: TaskOutput, store) -> bool:
+def _store_outputs(
+    workload: Workload, task: Task, out: TaskOutput, store, code: CodeStamp | None
+) -> bool:
     """Write the task's objects and commit its entry (:mod:`.commit`); whether another
     attempt had committed first (this one's objects then removed, and its output
     made that of a complete task whose units the winner's entry holds)."""
@@ -138,7 +147,7 @@ def _store_outputs(workload: Workload, task: Task, out: TaskOutput, store) -> bo
         discard(store, {*written, *objects_of(workload, out.manifest)})
     else:
         check_entry(workload, task, out.manifest)
-        out.manifest = stamp_entry(workload, store, task, out.manifest)
+        out.manifest = stamp_entry(code, workload.job_id, store, task, out.manifest)
         committed = commit_entry(store, workload, task, out.manifest)
         out.bytes_written += committed
         if not committed:

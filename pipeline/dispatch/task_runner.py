@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ClusterError
+from ..manifest import CodeStamp
 from ..storage import Store
 from ..workload import Task, Workload
 from . import lease, shipping
@@ -71,6 +72,8 @@ class TaskRunner:
     bar: Any
     profile: bool = False
     rounds: dict[int, int] = field(default_factory=dict)  # (:func:`.commit.with_rounds`)
+    #: The code version its tasks record in their entries (the runner's, per run).
+    code: CodeStamp | None = None
 
     def __post_init__(self) -> None:
         send_promptly(self.client)
@@ -160,7 +163,7 @@ class TaskRunner:
     def _call(self, count: int, again: bool) -> TaskCall:
         store_url = self.store.url if self.store is not None else None
         return TaskCall(self._workload.for_tasks(count), store_url, self.profile,
-                        self._topic.topic, self._token, again)  # fmt: skip
+                        self._topic.topic, self._token, again, self.code)  # fmt: skip
 
     def _submit(self, run: Launch, tasks: list[Task], *, again: bool = False) -> None:
         if not tasks:

@@ -25,13 +25,14 @@ import cloudpickle
 from ..errors import ConfigError
 from ..manifest import checksum
 from ..storage import open_store
-from ..workload import Task, TaskOutput, Workload
+from ..workload import TableResults, Task, TaskOutput, Workload
 from . import values
 from .shared_args import resolve_items
 
 __all__ = [
     "CallBatch",
     "CallTask",
+    "CallsResults",
     "CallsWorkload",
     "RemoteTraceback",
     "describe_call",
@@ -174,6 +175,13 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.text}"""'
 
 
+class CallsResults(TableResults):
+    """The kept results of a session's calls: tables, none of failures (its calls'
+    errors are raised in the driver, never kept as data)."""
+
+    failures_table = None
+
+
 @dataclass
 class CallsWorkload(Workload):
     """The joblib calls of one session: each task a batch of them. Generic: the calls
@@ -184,8 +192,7 @@ class CallsWorkload(Workload):
     job_id: str
     n_units: int = 1
     writes_output: ClassVar[bool] = False
-    #: (its calls' errors are raised in the driver, never kept as data)
-    failures_table: ClassVar[str | None] = None
+    results: ClassVar[type[TableResults]] = CallsResults
 
     @classmethod
     def from_settings(cls, settings, job_id, options):  # pragma: no cover - not a job kind

@@ -27,7 +27,7 @@ from typing import Any
 from ..contract import recorded_fingerprint
 from ..errors import ConfigError
 from ..layout import completed_tasks, job_record_key, read_job_record
-from ..manifest import code_changes, code_version, versions_record
+from ..manifest import CodeStamp, code_changes, code_version, versions_record
 from ..storage import Store
 from ..workload import Task, Workload
 from .probe_sizes import round_up
@@ -259,12 +259,14 @@ def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
     )
 
 
-def mark_code_version(workload: Workload, store: Store, plan: Plan) -> None:
+def mark_code_version(workload: Workload, store: Store, plan: Plan) -> CodeStamp:
     """Before any task runs: the code version the workers record in each task's entry
-    (:func:`pipeline.manifest.stamp_entry`), and a changed one recorded in the
-    job's record (its fingerprint, which the next run compares, and its settings)."""
-    workload.code_version = code_version(plan.fingerprint, workload.code_settings)
-    workload.code_changed_before = len(plan.code_versions) > 1
+    (:func:`pipeline.manifest.stamp_entry`), returned, and a changed one recorded in
+    the job's record (its fingerprint, which the next run compares, and its settings)."""
+    code = CodeStamp(
+        code_version(plan.fingerprint, workload.code_settings), len(plan.code_versions) > 1
+    )
     if plan.code_changed:
         save_plan(workload, store, plan)
         plan.code_changed = False
+    return code

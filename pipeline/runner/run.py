@@ -62,6 +62,7 @@ class JobRun:
         self.recorded: list[UnitFailure] = []  # recorded as failed in the run's tasks
         self.recorded_before: list[UnitFailure] = []  # ... and in the tasks done before it
         self.finalize_seconds: float | None = None
+        self.code = None  # the code version this run's tasks record (:class:`CodeStamp`)
 
     def run(self, store_checked: bool = False) -> RunSummary:
         """The job resumed, its tasks run, finalized, and its summary."""
@@ -86,7 +87,7 @@ class JobRun:
         if store is not None:
             # (a changed code is recorded before any task of it runs; the tasks done keep
             # the version their entries name)
-            mark_code_version(workload, store, self.plan)
+            self.code = mark_code_version(workload, store, self.plan)
         self.done = tasks_done(store, workload.job_id)
         # A complete job needs no cluster: the manifest is listed once, for both uses.
         if store is not None and is_consolidated(store, workload.job_id):
@@ -128,7 +129,7 @@ class JobRun:
                 _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
                 TaskRunner(
                     workload, self.store, self.client, bar,
-                    profile=bool(options.profile_tasks), rounds=self.rounds,
+                    profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
                 ) as run,
             ):  # fmt: skip
                 layout = unit_layout(workload)
@@ -231,11 +232,11 @@ class JobRun:
 
 
 def finalized_output(workload: Workload, store: Store, tasks: list[Task], options: RunOptions):
-    """``workload.finalize``, whose reading back of the tasks' objects fails on one
+    """``workload.results.finalize``, whose reading back of the tasks' objects fails on one
     deleted or damaged since its task completed: said with the way to mend it (a
     traceback before, on this run and every rerun, which could never complete)."""
     try:
-        return workload.finalize(store, tasks)
+        return workload.results.finalize(workload, store, tasks)
     except (FileNotFoundError, UnreadableObject) as exc:
         raise StorageError(
             f"job {workload.job_id!r}: every task ran, but an object a complete task "

@@ -27,7 +27,7 @@ from ...errors import StorageError
 from ...layout import attempt_key, consolidated_manifest_key, shard_key
 from ...manifest import checksum, manifest_entries, summed_fingerprint
 from ...storage import Store, open_store, write_parquet
-from ...workload import Task, TaskOutput, UnitFailure, Workload
+from ...workload import TableResults, Task, TaskOutput, UnitFailure, Workload
 from .frames import (
     FrameSet,
     cached_layout,
@@ -119,13 +119,40 @@ def _cube_rng(seed: int, cube_id: int) -> np.random.Generator:
     return rng
 
 
+class CubeShards(TableResults):
+    """The cubes' output: shards the tasks write, each task's entry its own."""
+
+    #: An entry per cube: its shard, and where in it.
+    manifest_columns = ("shard", "cube_id", None)
+
+    @classmethod
+    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
+        from .verify import check_cube_shards
+
+        return check_cube_shards(store, manifest, check)
+
+    @classmethod
+    def finalize(cls, workload: Workload, store: Store, tasks: list[Task]) -> dict:
+        job_id, n_units = workload.job_id, workload.n_units
+        manifest = manifest_entries(store, job_id, tasks, order=cls.manifest_columns[1])
+        if manifest.num_rows != n_units or manifest["cube_id"].to_pylist() != list(range(n_units)):
+            raise StorageError(
+                f"{store.describe(job_id)}: manifest parts do not list "
+                f"cubes 0..{n_units - 1} exactly once"
+            )
+        write_parquet(store, consolidated_manifest_key(job_id), manifest)
+        return {
+            "manifest": store.describe(consolidated_manifest_key(job_id)),
+            "shards": len(set(manifest["shard"].to_pylist())),
+        }
+
+
 class CubeWorkload(Workload):
     kind = "cubes"
     unit_name = "cube"
     work_name = "building"
     settings_class = CubeJob
-    #: An entry per cube: its shard, and where in it.
-    manifest_columns = ("shard", "cube_id", None)
+    results = CubeShards
 
     def __init__(self, job: CubeJob, job_id: str, frames: FrameSet | str):
         self.job = job
@@ -288,27 +315,6 @@ class CubeWorkload(Workload):
         return TaskOutput(
             fingerprint=summed_fingerprint(hashes), busy_seconds=time.perf_counter() - t0
         )
-
-    @classmethod
-    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
-        from .verify import check_cube_shards
-
-        return check_cube_shards(store, manifest, check)
-
-    def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        manifest = manifest_entries(store, self.job_id, tasks, order=self.manifest_columns[1])
-        if manifest.num_rows != self.n_units or manifest["cube_id"].to_pylist() != list(
-            range(self.n_units)
-        ):
-            raise StorageError(
-                f"{store.describe(self.job_id)}: manifest parts do not list "
-                f"cubes 0..{self.n_units - 1} exactly once"
-            )
-        write_parquet(store, consolidated_manifest_key(self.job_id), manifest)
-        return {
-            "manifest": store.describe(consolidated_manifest_key(self.job_id)),
-            "shards": len(set(manifest["shard"].to_pylist())),
-        }
 
 
 def auto_frames_url(output: str, dim: int, seed: int) -> str:

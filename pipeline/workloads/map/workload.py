@@ -25,7 +25,7 @@ from ...errors import ConfigError, InputError
 from ...manifest import consolidate_manifest, listed_parts
 from ...results import differing_units
 from ...storage import Store, join, per_object, read_parquet_schema, read_parquet_tables
-from ...workload import Task, TaskOutput, UnitFailure, Workload
+from ...workload import TableResults, Task, TaskOutput, UnitFailure, Workload
 from .grid import GridInput
 from .inputs import DataInput, FilesInput
 from .job import MapJob
@@ -45,11 +45,40 @@ from .usercode import (
 __all__ = ["MapJob", "MapWorkload"]
 
 
+class MapResults(TableResults):
+    """The map's output: a results table, and a failures table when units failed."""
+
+    default_table = "results"
+    optional_tables = ("failures",)
+
+    @classmethod
+    def finalize(cls, workload: Workload, store: Store, tasks: list[Task]) -> dict:
+        check = functools.partial(_results_combine, store)
+        consolidate_manifest(store, workload.job_id, tasks, check=check)
+        return {"tables": store.describe(join(workload.job_id, "results"))}
+
+
+def _results_combine(store: Store, manifest: pa.Table) -> None:
+    """Raise when the tasks' results tables cannot make one table (a column of text
+    in one task's units, of numbers in another's), as a task's units that differ
+    fail it: the run is then not complete, where before its results could not be
+    read. Only the tables' footers are read."""
+    rows = manifest.filter(pc.equal(manifest.column("kind"), "results"))
+    keys = rows.column("object").to_pylist()
+    if len(keys) < 2:
+        return
+    schemas = per_object(store, lambda key: read_parquet_schema(store, key), keys)
+    try:
+        pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        starts = [f"from {u}" for u in rows.column("unit_start").to_pylist()]
+        raise InputError(f"{differing_units(schemas, starts, exc)}: {ONE_TYPE_A_COLUMN}") from None
+
+
 class MapWorkload(Workload):
     kind = "map"
     settings_class = MapJob
-    default_table = "results"
-    optional_tables = ("failures",)
+    results = MapResults
 
     def __init__(
         self, job: MapJob, job_id: str, fn: Callable | None = None, output: str | None = None
@@ -227,29 +256,6 @@ class MapWorkload(Workload):
         for table in read_parquet_tables(store, keys):
             failed += [recorded_failure(r, self.rows.row_label(r)) for r in table.to_pylist()]
         return failed
-
-    def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        check = functools.partial(self._results_combine, store)
-        consolidate_manifest(store, self.job_id, tasks, check=check)
-        return {"tables": store.describe(join(self.job_id, "results"))}
-
-    def _results_combine(self, store: Store, manifest: pa.Table) -> None:
-        """Raise when the tasks' results tables cannot make one table (a column of text
-        in one task's units, of numbers in another's), as a task's units that differ
-        fail it: the run is then not complete, where before its results could not be
-        read. Only the tables' footers are read."""
-        rows = manifest.filter(pc.equal(manifest.column("kind"), "results"))
-        keys = rows.column("object").to_pylist()
-        if len(keys) < 2:
-            return
-        schemas = per_object(store, lambda key: read_parquet_schema(store, key), keys)
-        try:
-            pa.unify_schemas(schemas, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            starts = [f"from {u}" for u in rows.column("unit_start").to_pylist()]
-            raise InputError(
-                f"{differing_units(schemas, starts, exc)}: {ONE_TYPE_A_COLUMN}"
-            ) from None
 
 
 def _why_not_importable(spec: str) -> str | None:

@@ -1,7 +1,9 @@
-"""The regressions' tables as ``pipeline results`` shows them: rows sorted by chunk
-(each chunk's terms in model order), the models table with each chunk's
-``fit_seconds`` joined back from the timings table (kept apart so that the models
-parts are the same bytes run after run), and a summary for the terminal."""
+"""The regressions' output (:class:`RegressionResults`): its tables as ``pipeline
+results`` shows them, rows sorted by chunk (each chunk's terms in model order), the
+models table with each chunk's ``fit_seconds`` joined back from the timings table
+(kept apart so that the models parts are the same bytes run after run), and a
+summary for the terminal; parts written with only their text columns
+dictionary-encoded, a manifest by chunk range, and the failed fits counted."""
 
 from __future__ import annotations
 
@@ -9,9 +11,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import InputError
-from ...storage import read_parquet_tables
+from ...manifest import consolidate_manifest
+from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
+from ...workload import TableResults, Task, Workload
+from .taskio import parquet_bytes
+from .verify import CHUNK_RANGE, check_regressions
 
-__all__ = ["TABLES", "assemble", "summary_text"]
+__all__ = ["TABLES", "RegressionResults", "assemble", "summary_text"]
 
 TABLES = ("coefficients", "models")
 
@@ -68,3 +74,54 @@ def summary_text(table: str, result: pa.Table) -> str | None:
         else:
             lines.append("no chunk was fitted: the models table says why (--table models)")
     return "\n".join(lines)
+
+
+class RegressionResults(TableResults):
+    """The regressions' output hooks (:class:`pipeline.TableResults`)."""
+
+    manifest_columns = CHUNK_RANGE
+    final_objects = ("coefficients-summary.pdf",)
+    default_table = "models"
+    #: A chunk whose fit failed is a row of the models table with its error_type.
+    failures_table = "models"
+
+    @classmethod
+    def table_bytes(cls, kind: str, table: pa.Table) -> bytes:
+        return parquet_bytes(table)  # its text columns alone dictionary-encoded
+
+    @classmethod
+    def finalize(cls, workload: Workload, store: Store, tasks: list[Task]) -> dict:
+        job_id = workload.job_id
+        consolidate_manifest(store, job_id, tasks, order=cls.manifest_columns[1])
+        details = {
+            "coefficients": store.describe(join(job_id, "coefficients")),
+            "models": store.describe(join(job_id, "models")),
+        }
+        if workload.job.plots:
+            from .plots import write_summary_figure
+
+            details["summary_figure"] = write_summary_figure(store, job_id)
+        return details
+
+    @classmethod
+    def count_failures(cls, store: Store, job_id: str, parts: list[str]) -> int:
+        def failed(key: str) -> int:
+            try:
+                errors = read_parquet_object(store, key, ["error_type"]).column(0)
+            except OSError:  # missing, or damaged (UnreadableObject): verify says so
+                return 0
+            return len(errors) - errors.null_count
+
+        return sum(per_object(store, failed, parts))
+
+    @classmethod
+    def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):
+        return assemble(store, job_id, table, result, tables)
+
+    @classmethod
+    def summarize_table(cls, table: str, result) -> str | None:
+        return summary_text(table, result)
+
+    @classmethod
+    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
+        return check_regressions(store, manifest, check)

@@ -6,7 +6,7 @@ chunk's ``fit_seconds``), and with ``plots`` a ``<job>/plots/<chunk>.pdf`` per c
 the runner writes them (``<job>/<table>/part-NNNNNN.parquet``) and lists them in
 the task's manifest entry with the xxh3_64 of their bytes. A chunk whose fit fails
 is a row of the models table (``error_type``, ``error_message``): its task still
-completes, so a resumed run does not refit it; :meth:`RegressionWorkload.finalize` reports those
+completes, so a resumed run does not refit it; :meth:`RegressionResults.finalize` reports those
 failures (``recorded_failures``) for ``--max-failures``.
 
 Coefficients and models are deterministic: same job, same bytes, whatever the task
@@ -28,18 +28,18 @@ from ...inputs.chunks import ChunkIndex, plan_chunks
 from ...inputs.dataset import Dataset, check_columns, discover
 from ...inputs.task_rows import read_task_rows
 from ...layout import part_key
-from ...manifest import consolidate_manifest, listed_parts
-from ...storage import Store, join, per_object, read_parquet_object, read_parquet_tables
+from ...manifest import listed_parts
+from ...storage import Store, join, read_parquet_tables
 from ...workload import OutputFile, Task, TaskOutput, UnitFailure, Workload
 from .checks import check_chunk_sizes, check_chunking, check_formula, check_numeric, needed_columns
 from .chunkfit import ChunkFit
 from .design import ChunkError, TaskDesign, design_slices
 from .engine import batched_covers, fit_task
 from .options import check_fit_options, check_trial_fit
+from .results import RegressionResults
 from .spec import FormulaInfo, ModelSpec, RegressionJob
 from .taskfits import COEF_COLUMNS, TaskFits, models_schema
-from .taskio import decimals_as_floats, parquet_bytes, plot_name, text_columns
-from .verify import CHUNK_RANGE
+from .taskio import decimals_as_floats, plot_name, text_columns
 
 __all__ = ["COEF_COLUMNS", "PART_TABLES", "RegressionWorkload", "models_schema", "part_key"]
 
@@ -51,7 +51,7 @@ class RegressionWorkload(Workload):
     kind = "regressions"
     unit_name = "chunk"
     settings_class = RegressionJob
-    manifest_columns = CHUNK_RANGE
+    results = RegressionResults
     #: How chunks are fitted, not what a fit means: the engines agree within 1e-8
     #: relative, and the models table's engine column says which fitted each chunk.
     #: A resume with another engine may keep the chunks done (``keep_done``); the
@@ -208,9 +208,6 @@ class RegressionWorkload(Workload):
         out.phases = {"inputs": out.read_seconds, "compute": out.busy_seconds - out.read_seconds}
         return out
 
-    def table_bytes(self, kind: str, table: pa.Table) -> bytes:
-        return parquet_bytes(table)  # its text columns alone dictionary-encoded
-
     def _task_objects(self, task: Task) -> tuple[dict, list[OutputFile], list[UnitFailure]]:
         """The task's tables (by kind), its plots, and its chunks whose fit failed."""
         plots = self.job.plots
@@ -277,52 +274,6 @@ class RegressionWorkload(Workload):
         return pa.table(coefs), pa.table(models), pa.table(timings)
 
     # -- after the run --------------------------------------------------------------------
-
-    final_objects = ("coefficients-summary.pdf",)
-    default_table = "models"
-    #: A chunk whose fit failed is a row of the models table with its error_type.
-    failures_table = "models"
-
-    @classmethod
-    def count_failures(cls, store: Store, job_id: str, parts: list[str]) -> int:
-        def failed(key: str) -> int:
-            try:
-                errors = read_parquet_object(store, key, ["error_type"]).column(0)
-            except OSError:  # missing, or damaged (UnreadableObject): verify says so
-                return 0
-            return len(errors) - errors.null_count
-
-        return sum(per_object(store, failed, parts))
-
-    @classmethod
-    def assemble_table(cls, store: Store, job_id: str, table: str, result, tables: dict):
-        from .results import assemble
-
-        return assemble(store, job_id, table, result, tables)
-
-    @classmethod
-    def summarize_table(cls, table: str, result) -> str | None:
-        from .results import summary_text
-
-        return summary_text(table, result)
-
-    @classmethod
-    def verify_job(cls, store: Store, job_id: str, record: dict, manifest, check) -> set[str]:
-        from .verify import check_regressions
-
-        return check_regressions(store, manifest, check)
-
-    def finalize(self, store: Store, tasks: list[Task]) -> dict:
-        consolidate_manifest(store, self.job_id, tasks, order=self.manifest_columns[1])
-        details = {
-            "coefficients": store.describe(join(self.job_id, "coefficients")),
-            "models": store.describe(join(self.job_id, "models")),
-        }
-        if self.job.plots:
-            from .plots import write_summary_figure
-
-            details["summary_figure"] = write_summary_figure(store, self.job_id)
-        return details
 
     def recorded_failures(self, store: Store, tasks: list[Task]) -> list[UnitFailure]:
         failed = []

@@ -15,7 +15,15 @@ from pathlib import Path
 import pyarrow as pa
 
 import pipeline
-from pipeline import InputError, TaskOutput, UnitFailure, Workload, check_settings, setting
+from pipeline import (
+    InputError,
+    TableResults,
+    TaskOutput,
+    UnitFailure,
+    Workload,
+    check_settings,
+    setting,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +36,16 @@ class WordCountJob:
     top: int = setting(3, int, "How many of each file's most common words to keep.", minimum=1)
 
 
+class WordCountResults(TableResults):  # the defaults, but for which tables it shows
+    default_table = "counts"
+    optional_tables = ("failures",)  # a job whose files were all read has none
+
+
 class WordCountWorkload(Workload):
     kind = "wordcount"
     unit_name = "file"
     settings_class = WordCountJob
-    default_table = "counts"
-    optional_tables = ("failures",)  # a job whose files were all read has none
+    results = WordCountResults
 
     def __init__(self, job: WordCountJob, job_id: str):
         self.job, self.job_id, self.files, self.n_units = job, job_id, (), 0
