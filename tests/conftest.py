@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest_plugins = ["s3_server"]  # seaweedfs, s3, s3_bucket fixtures
+pytest_plugins = ["support.s3_server"]  # seaweedfs, s3, s3_bucket fixtures
 
 # Workers inherit this: the tests' layout cache never touches the user's ~/.cache.
 if "PIPELINE_CACHE_DIR" not in os.environ:

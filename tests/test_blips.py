@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from map_jobs import gated_job
-from stored import unnamed
-from tcp_cutter import TcpCutter
-from venv_commands import pipeline_command
-from waiting import wait_for
-from workloads import SquaresWorkload
+from support.map_jobs import gated_job
+from support.stored import unnamed
+from support.tcp_cutter import TcpCutter
+from support.venv_commands import pipeline_command
+from support.waiting import wait_for
+from support.workloads import SquaresWorkload
 
 from harness.cluster_procs import (
     REPO_ROOT,

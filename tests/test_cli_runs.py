@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cube_jobs import shard_file
-from processes import alive, command_line, descendants, session_alive
-from waiting import wait_for
+from support.cube_jobs import shard_file
+from support.processes import alive, command_line, descendants, session_alive
+from support.waiting import wait_for
 
 import pipeline as pipeline_package
 
@@ -149,7 +149,7 @@ def test_a_finished_job_run_again_says_so_and_starts_no_cluster(tmp_path, frames
 def test_several_jobs_space_is_checked_before_any_and_each_summary_told_as_it_ends(
     tmp_path, frames_dir
 ):
-    from lock_holders import lock_held_elsewhere
+    from support.lock_holders import lock_held_elsewhere
 
     def job(name: str, cubes: int) -> Path:
         path = tmp_path / f"{name}.toml"

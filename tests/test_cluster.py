@@ -7,8 +7,8 @@ import time
 
 import psutil
 import pytest
-from processes import session_alive
-from waiting import wait_for
+from support.processes import session_alive
+from support.waiting import wait_for
 
 from pipeline import RunOptions, connect
 from pipeline.cluster.connect import ClusterStart

@@ -26,10 +26,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cube_jobs import cube_job
-from cube_jobs import run as run_cubes
-from map_jobs import FN
-from map_jobs import run as run_map
+from support.cube_jobs import cube_job
+from support.cube_jobs import run as run_cubes
+from support.map_jobs import FN
+from support.map_jobs import run as run_map
 
 import pipeline
 from pipeline import RunOptions, run_job

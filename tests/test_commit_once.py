@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from commit_workloads import GatedSquares
-from tcp_cutter import TcpCutter
-from waiting import wait_for
+from support.commit_workloads import GatedSquares
+from support.tcp_cutter import TcpCutter
+from support.waiting import wait_for
 
 import pipeline.dispatch.stragglers
 from pipeline import MapJob, MapWorkload, RunOptions, connect, run_job

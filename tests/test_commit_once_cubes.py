@@ -1,7 +1,7 @@
 """A cube task's shards are committed once, whatever runs it twice (issue 47).
 
 As tests/test_commit_once.py for tables' parts: an embedded cluster's worker
-processes, the attempts ordered by a gate file (tests/cube_jobs.py's GatedCubes: the
+processes, the attempts ordered by a gate file (tests/support/cube_jobs.py's GatedCubes: the
 gated task's first attempt waits for it, its copy goes straight through), and the
 output checked by ``pipeline verify`` as a user runs it.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cube_jobs import GatedCubes, cube_digest, cube_job, load_manifest, run, shard_file
-from waiting import wait_for
+from support.cube_jobs import GatedCubes, cube_digest, cube_job, load_manifest, run, shard_file
+from support.waiting import wait_for
 
 import pipeline.dispatch.stragglers
 from pipeline import RunOptions, connect, run_job

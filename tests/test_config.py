@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from venv_commands import pipeline_command
+from support.venv_commands import pipeline_command
 
 from pipeline import ConfigError, load_jobs
 from pipeline.config.settings import RowsFile

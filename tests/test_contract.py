@@ -16,7 +16,7 @@ import re
 
 import pyarrow.parquet as pq
 import pytest
-from stored import unnamed
+from support.stored import unnamed
 
 from pipeline import RunOptions, registry, run_job
 from pipeline.errors import JobRunning, StorageError
@@ -274,7 +274,7 @@ def test_the_example_plugin_records_an_unreadable_file_and_completes(tmp_path, c
     assert results_table(str(clean / "out"), "failures").num_rows == 0
 
 
-PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
+PLUGIN = r"workload 'mistaken' \(support.workloads:MistakenWorkload\)"
 
 
 @pytest.mark.parametrize(
@@ -287,12 +287,13 @@ PLUGIN = r"workload 'mistaken' \(workloads:MistakenWorkload\)"
         # (the input failing, not the plug-in: a StorageError, not a WorkloadError)
         ("an unreadable input", r"its inputs could not be read: .*inputs/a\.csv"),
         # a memory address, another each run: every rerun would be "other settings"
-        ("an object in the fingerprint", r"fingerprint\(\) key 'obj' holds <workloads.Opaque "
-         r"object at 0x[0-9a-f]+>, which the job's record \(JSON\) cannot keep"),
+        ("an object in the fingerprint", r"fingerprint\(\) key 'obj' holds "
+         r"<support.workloads.Opaque object at 0x[0-9a-f]+>, "
+         r"which the job's record \(JSON\) cannot keep"),
     ],
 )  # fmt: skip
 def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, client):
-    from workloads import MistakenWorkload
+    from support.workloads import MistakenWorkload
 
     from pipeline import StorageError, WorkloadError
 
@@ -304,7 +305,7 @@ def test_a_plugins_mistake_before_any_task_is_named(mistake, said, tmp_path, cli
 
 def test_a_plugin_may_write_verify_job_as_a_staticmethod(tmp_path, client):
     # verify_job may be a staticmethod: the entry check must not need __func__.
-    from workloads import StaticVerifyWorkload
+    from support.workloads import StaticVerifyWorkload
 
     out = tmp_path / "out"
     assert run(client, StaticVerifyWorkload("job", 12), out, units_per_task=3).complete
@@ -344,7 +345,7 @@ def test_a_plugin_may_write_verify_job_as_a_staticmethod(tmp_path, client):
     ],
 )
 def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp_path, client):
-    from workloads import MistakenWorkload
+    from support.workloads import MistakenWorkload
 
     s = run(client, MistakenWorkload("job", 12, mistake), tmp_path / "out", units_per_task=3)
     assert not s.complete and s.units_failed == 12 and s.units_ok == 0, s
@@ -359,7 +360,7 @@ def test_a_plugins_mistake_in_a_task_fails_the_task_naming_it(mistake, said, tmp
 def test_the_runner_lists_a_tasks_tables_and_files_in_its_entry(tmp_path, client, frames_dir):
     """A task returns its tables and files; the runner writes them and lists each, in the
     order given, with its kind, units, size and checksum: the entry workloads built."""
-    from workloads import SquaresWorkload
+    from support.workloads import SquaresWorkload
 
     from pipeline import checksum
 
@@ -389,7 +390,7 @@ def test_the_runner_lists_a_tasks_tables_and_files_in_its_entry(tmp_path, client
 def test_a_task_may_write_its_files_itself(tmp_path, client):
     # The runner reads such a file back for its checksum: the same entries as for the
     # bytes it writes itself.
-    from workloads import SquaresWorkload
+    from support.workloads import SquaresWorkload
 
     given, itself = tmp_path / "given", tmp_path / "itself"
     assert run(client, SquaresWorkload("job", 12), given).complete

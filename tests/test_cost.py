@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workloads import SquaresWorkload
+from support.workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.config import resolve

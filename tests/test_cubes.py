@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from cube_jobs import CubesFailingAShard, cube_job, load_manifest, run, shard_file
-from stored import unnamed
+from support.cube_jobs import CubesFailingAShard, cube_job, load_manifest, run, shard_file
+from support.stored import unnamed
 
 from pipeline import ConfigError, InputError, load_jobs, read_shard, run_job
 from pipeline.workloads.cubes import cube_columns

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
-from cube_jobs import cube_digest
+from support.cube_jobs import cube_digest
 
 from pipeline import CubeJob, CubeWorkload, iter_cubes
 from pipeline.errors import ConfigError

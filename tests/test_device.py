@@ -14,8 +14,8 @@ import pytest
 import xxhash
 
 torch = pytest.importorskip("torch")
+from support.torch_cubes import CUDA, collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
-from torch_cubes import CUDA, collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload  # noqa: E402
 from pipeline.errors import ConfigError, PipelineError  # noqa: E402
@@ -249,7 +249,7 @@ def test_ranks_of_a_gloo_process_group_take_the_samplers_share_on_every_path(
     from torch.utils.data import DistributedSampler
 
     job = dict(frames=str(frames_dir), **GLOO_JOB)
-    script = ROOT / "tests" / "distributed_cubes.py"
+    script = ROOT / "tests" / "support" / "distributed_cubes.py"
     args = [sys.executable, str(script), str(world), json.dumps(job), str(stored_cubes)]
     env = {**os.environ, "PIPELINE_WORKERS": "1"}  # each rank's embedded cluster
     done = subprocess.run(

@@ -487,7 +487,7 @@ def test_healthcheck_sees_listening_ports(monkeypatch, capsys):
 @pytest.fixture
 def certs_env(tmp_path):
     """certs.sh with `python` and `pipeline` of this interpreter on PATH."""
-    from venv_commands import venv_commands
+    from support.venv_commands import venv_commands
 
     bin_dir = venv_commands(tmp_path / "bin")
     env = {

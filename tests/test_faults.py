@@ -7,7 +7,7 @@ import signal
 import threading
 
 import pytest
-from cube_jobs import cube_job, load_manifest, run
+from support.cube_jobs import cube_job, load_manifest, run
 
 from pipeline import RunOptions, connect, run_job
 

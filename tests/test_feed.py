@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+from support.torch_cubes import collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
-from torch_cubes import collect, cpu_cubes, needs_cuda, same_bytes  # noqa: E402
 
 from pipeline import CubeJob, CubeWorkload, load_jobs, run_jobs  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402

@@ -19,7 +19,7 @@ import joblib
 import numpy as np
 import pytest
 from joblib import Parallel, delayed
-from waiting import wait_for
+from support.waiting import wait_for
 
 import pipeline
 from pipeline.joblib import PipelineBackend, close_sessions

@@ -10,7 +10,7 @@ import pickle
 
 from distributed.protocol import pickle as dask_pickle
 from joblib import Parallel
-from waiting import wait_for
+from support.waiting import wait_for
 
 from pipeline.joblib import PipelineBackend
 from pipeline.joblib.call_runner import CallRunner

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import stored
-from regression_fits import FORMULA, panel, write
+import support.stored as stored
+from support.regression_fits import FORMULA, panel, write
 
 from pipeline import ConfigError, RunOptions, run_job
 from pipeline.results import results_table
@@ -194,7 +194,7 @@ def test_a_regression_job_resumes_with_another_engine_not_another_model(tmp_path
 
 
 def test_a_plugins_own_code_setting_keeps_the_tasks_done(tmp_path, client):
-    from workloads import VersionedWorkload
+    from support.workloads import VersionedWorkload
 
     options = RunOptions(output=str(tmp_path), units_per_task=2, progress=False)
     quiet = {"echo": lambda m: None}

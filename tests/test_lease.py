@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from map_jobs import gated_job
-from waiting import wait_for
-from workloads import KillsItsWorkerOnce
+from support.map_jobs import gated_job
+from support.waiting import wait_for
+from support.workloads import KillsItsWorkerOnce
 
 from harness.cluster_procs import (
     REPO_ROOT,

@@ -15,9 +15,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from map_jobs import FN, run
 from mapfns import userfns
-from stored import part
+from support.map_jobs import FN, run
+from support.stored import part
 
 import pipeline
 from pipeline import (
@@ -223,7 +223,7 @@ def test_the_results_of_an_unfinished_run_say_so(tmp_path, client):
 def test_the_results_of_a_run_stopped_while_probing_count_only_its_complete_tasks(tmp_path, client):
     # Only complete tasks' units count: those of tasks not planned yet are not there,
     # and the count must agree with verify's.
-    from workloads import stopped_while_probing
+    from support.workloads import stopped_while_probing
 
     from pipeline.results import IncompleteJob, summarize
 

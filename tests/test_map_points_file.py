@@ -10,11 +10,11 @@ import json
 import tracemalloc
 
 import cloudpickle
-import map_jobs
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+import support.map_jobs as map_jobs
 from mapfns import bulk
 
 import pipeline

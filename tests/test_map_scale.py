@@ -16,15 +16,15 @@ import tracemalloc
 from pathlib import Path
 
 import cloudpickle
-import map_jobs
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import stored
+import support.map_jobs as map_jobs
+import support.stored as stored
 from mapfns import bulk
-from processes import descendants
-from waiting import wait_for
+from support.processes import descendants
+from support.waiting import wait_for
 
 import pipeline
 from pipeline import ConfigError, MapJob, MapWorkload, RunOptions, run_job

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import statsmodels.formula.api as smf
-from map_jobs import FN, run
-from regression_fits import assert_same, fit_all, workload
+from support.map_jobs import FN, run
+from support.regression_fits import assert_same, fit_all, workload
 
 from pipeline import InputError, RunOptions, run_job
 from pipeline.inputs.dataset import discover

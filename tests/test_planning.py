@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from workloads import SquaresWorkload
+from support.workloads import SquaresWorkload
 
 from pipeline import RunOptions, run_job
 from pipeline.errors import ConfigError

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from mapfns import userfns
-from processes import command_line, descendants
-from waiting import wait_for
+from support.processes import command_line, descendants
+from support.waiting import wait_for
 
 import pipeline
 from pipeline.dispatch.progress import Progress

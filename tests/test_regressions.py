@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
-import stored
-from regression_fits import FORMULA, assert_same, fit_all, panel, workload, write
+import support.stored as stored
+from support.regression_fits import FORMULA, assert_same, fit_all, panel, workload, write
 
 from pipeline import ConfigError, InputError, RunOptions, run_job
 from pipeline.inputs.chunks import plan_chunks

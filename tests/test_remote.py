@@ -15,9 +15,9 @@ import sys
 import threading
 
 import pytest
-from map_jobs import gated_job
-from s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
-from waiting import wait_for
+from support.map_jobs import gated_job
+from support.s3_server import BUCKET, DUMMY_ACCESS_KEY_ID, DUMMY_SECRET, REGION, s3_process
+from support.waiting import wait_for
 
 from harness.cluster_procs import tls_cluster
 

@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
-import stored
-from workloads import KillsItsWorkerOnce, SquaresWorkload, stopped_while_probing
+import support.stored as stored
+from support.workloads import KillsItsWorkerOnce, SquaresWorkload, stopped_while_probing
 
 from pipeline import RunOptions, connect, run_job
 from pipeline.planning.plan import plan_tasks
@@ -258,7 +258,7 @@ def test_a_second_run_of_a_running_job_is_refused_and_a_killed_one_lets_go(tmp_p
     # Two runs of one job into one output would plan, write and consolidate the same
     # tasks at once: units lost and duplicated, both saying complete. The lock is the
     # run's, held from a separate process here, then killed as a user's run would be.
-    from lock_holders import lock_held_elsewhere
+    from support.lock_holders import lock_held_elsewhere
 
     from pipeline import JobRunning
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-import cube_jobs
 import pytest
-from fault_proxy import FaultProxy
-from s3_server import BUCKET, DUMMY_SECRET, clear_store_cache
+import support.cube_jobs as cube_jobs
+from support.fault_proxy import FaultProxy
+from support.s3_server import BUCKET, DUMMY_SECRET, clear_store_cache
 
 from pipeline import RunOptions, StorageError, connect, run_job, run_jobs
 from pipeline.verify import verify_output
@@ -19,7 +19,7 @@ from pipeline.verify import verify_output
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-#: The cube jobs these tests run (tests/cube_jobs.py's, a little larger, on 2 workers).
+#: The cube jobs these tests run (tests/support/cube_jobs.py's, a little larger, on 2 workers).
 cube_job = functools.partial(cube_jobs.cube_job, cubes=48, seed=2, units_per_task=8, workers=2)
 
 
@@ -117,8 +117,8 @@ def test_workers_open_the_jobs_stores_while_the_cluster_starts(s3, s3_bucket):
 
 
 def test_a_job_on_s3_is_held_by_a_lease_that_a_dead_run_gives_up(s3, s3_bucket, monkeypatch):
-    from lock_holders import lock_held_elsewhere
-    from workloads import SquaresWorkload
+    from support.lock_holders import lock_held_elsewhere
+    from support.workloads import SquaresWorkload
 
     from pipeline import JobRunning
     from pipeline.layout import lock_key

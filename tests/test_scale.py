@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from stored import unnamed
-from venv_commands import pipeline_command
-from waiting import wait_for
+from support.stored import unnamed
+from support.venv_commands import pipeline_command
+from support.waiting import wait_for
 
 from benchmarks.fleet.scale_logs import scan_logs
 from harness.cluster_procs import (

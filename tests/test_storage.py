@@ -22,8 +22,8 @@ import pytest
 
 # Helper modules beside the tests (on sys.path by pyproject.toml's pytest `pythonpath`;
 # tests/conftest.py loads s3_server's fixtures: seaweedfs, s3, s3_bucket).
-from fault_proxy import FaultProxy
-from s3_server import (
+from support.fault_proxy import FaultProxy
+from support.s3_server import (
     BUCKET,
     DUMMY_ACCESS_KEY_ID,
     DUMMY_SECRET,
@@ -32,7 +32,7 @@ from s3_server import (
     clear_store_cache,
     isolate_aws_env,
 )
-from store_contract import StoreContract
+from support.store_contract import StoreContract
 
 import pipeline
 from pipeline.errors import ConfigError, StorageError
@@ -65,7 +65,7 @@ class TestS3Store(StoreContract):
 
 
 class TestMemoryStore(StoreContract):
-    """A store a package adds for a scheme of its own (tests/memory_store.py, by the
+    """A store a package adds for a scheme of its own (tests/support/memory_store.py, by the
     test package's entry point) keeps the same contract."""
 
     @pytest.fixture
@@ -76,7 +76,7 @@ class TestMemoryStore(StoreContract):
 
 
 def test_a_scheme_a_package_adds_is_found_by_its_entry_point():
-    from memory_store import MemoryStore
+    from support.memory_store import MemoryStore
 
     store = open_store("memory://added")
     assert type(store) is MemoryStore and store.remote and is_remote("memory://x")

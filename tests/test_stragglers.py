@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from distributed import Client, LocalCluster
 from mapfns import backupfns
-from stored import unnamed
-from waiting import wait_for
-from workloads import SquaresWorkload
+from support.stored import unnamed
+from support.waiting import wait_for
+from support.workloads import SquaresWorkload
 
 import pipeline
 from pipeline import ClusterError, RunOptions, run_job

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from cube_jobs import cube_digest, shard_file
+from support.cube_jobs import cube_digest, shard_file
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -218,7 +218,7 @@ def test_cube_shards_on_s3_read_by_ranged_gets_equal_the_local_job(
 def test_every_cpu_path_yields_the_training_layout_with_the_builders_bytes(
     frames_dir, client, dtype, per_layer
 ):
-    from torch_cubes import collect, cpu_cubes, same_bytes
+    from support.torch_cubes import collect, cpu_cubes, same_bytes
 
     job = CubeJob(
         frames=str(frames_dir), cubes=13, dim=10, seed=3, dtype=dtype, per_layer_columns=per_layer

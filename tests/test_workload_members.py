@@ -58,7 +58,7 @@ def test_a_workload_that_defines_an_output_hook_on_itself_is_refused_naming_it(h
 def test_the_runner_sets_nothing_on_the_workload(tmp_path, client):
     # The code version each task records travels with the tasks, not on the workload
     # (a plug-in's object, pickled to every worker).
-    from workloads import VersionedWorkload
+    from support.workloads import VersionedWorkload
 
     workload = VersionedWorkload("v", 6, "1.0")
     before = dict(vars(workload))

@@ -7,7 +7,7 @@ items iterated,
 and whether every item was C-contiguous in the training layout, to rank<r>.json.
 Run by tests/test_device.py:
 
-    python tests/distributed_cubes.py WORLD JOB_JSON STORED_OUTPUT OUT_DIR
+    python tests/support/distributed_cubes.py WORLD JOB_JSON STORED_OUTPUT OUT_DIR
 """
 
 from __future__ import annotations

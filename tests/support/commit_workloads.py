@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from workloads import SquaresWorkload
+from support.workloads import SquaresWorkload
 
 
 class GatedSquares(SquaresWorkload):

@@ -18,7 +18,7 @@ def run(client, out, job_id="m", units_per_task=2, echo=None, **settings):
     return run_job(w, options, client, echo=echo or (lambda m: None))
 
 
-GATED_CODE = Path(__file__).parent / "mapfns" / "gated.py"
+GATED_CODE = Path(__file__).parents[1] / "mapfns" / "gated.py"
 
 
 def gated_job(folder: Path, grid: str, gate: Path, log: Path) -> Path:

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import xxhash
-from stored import unnamed
 
 from pipeline import load_jobs, run_job
 from pipeline.errors import StorageError
 from pipeline.layout import shard_key
 from pipeline.workloads.cubes.workload import CubeWorkload
+from support.stored import unnamed
 
 
 def cube_job(out, frames_dir, **settings):
