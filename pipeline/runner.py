@@ -12,7 +12,7 @@ from .config import RunOptions
 from .contract import preflight
 from .costs.prices import worker_price
 from .costs.run_cost import add_run_cost
-from .dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from .dispatch import WORKERLESS_SECONDS, release_left_tasks
 from .dispatch.commit import next_rounds, sweep_leftovers
 from .dispatch.progress import Progress
 from .dispatch.receipts import TaskReceipt
@@ -29,6 +29,7 @@ from .job_output import (
     recorded_plan,
     stored_units,
 )
+from .joblib.job_runner import JobRunner
 from .layout import check_job_id
 from .manifest import summed_fingerprint
 from .planning.plan import Plan, load_plan, mark_code_version, unit_layout
@@ -170,7 +171,7 @@ def _run_job(
     try:
         with (
             _progress(workload, options, _units_in(known, done)) as bar,
-            TaskRunner(
+            JobRunner(
                 workload, store, client, bar, profile=bool(options.profile_tasks), rounds=rounds
             ) as run,
         ):
