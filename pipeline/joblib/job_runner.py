@@ -48,6 +48,7 @@ class JobRunner(TaskRunner):
         super().__post_init__()
         self._opened: dict[int, Launch] = {}  # tasks launched not yet added: their launch
         self._ended: collections.deque[Launch] = collections.deque()  # read to the end
+        self._woken = False  # a wake message in the inbox, not yet read
         self._wake_message = encode(TaskReceipt(_WAKE_INDEX, 0, (), 0, 0.0, 0.0, ""), self._token)
         self.session = Session(runner=self)
 
@@ -125,6 +126,7 @@ class JobRunner(TaskRunner):
     def poll(self) -> list[TaskReceipt]:
         """The receipts that came, waiting for one at most a second (or until
         :meth:`wake`); look at the tasks' futures (workers lost, the connection)."""
+        self._woken = False
         self._end_launches()
         if not any(run.ready for run in self._launches):
             for run in list(self._launches):
@@ -137,8 +139,12 @@ class JobRunner(TaskRunner):
         return receipts
 
     def wake(self) -> None:
-        """Any thread: end :meth:`poll`'s wait now."""
-        self._inbox.put(self._wake_message)
+        """Any thread: end :meth:`poll`'s wait now. One message until a poll starts: a
+        launch hands over thousands of tasks at once, and each message in the inbox
+        is read before the receipts behind it."""
+        if not self._woken:
+            self._woken = True
+            self._inbox.put(self._wake_message)
 
     def cancel(self, indices: Sequence[int]) -> None:
         """Stop the tasks ``indices`` not heard from: cancelled on the cluster, their
