@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 
 from joblib import Parallel, delayed
@@ -49,11 +50,15 @@ class JobRunner(TaskRunner):
         self._opened: dict[int, Launch] = {}  # tasks launched not yet added: their launch
         self._ended: collections.deque[Launch] = collections.deque()  # read to the end
         self._woken = False  # a wake message in the inbox, not yet read
+        self._reading: list = []  # joblib's generators of the launches not read to the end
         self._wake_message = encode(TaskReceipt(_WAKE_INDEX, 0, (), 0, 0.0, 0.0, ""), self._token)
         self.session = Session(runner=self)
 
     def close(self) -> None:
-        """Stop the session's thread, then the runner (tasks not heard from cancelled)."""
+        """Stop the launches not read to the end (a run interrupted), the session's
+        thread, then the runner (tasks not heard from cancelled)."""
+        while self._reading:
+            _stop(self._reading.pop())
         self.session.close()
         self._end_launches()
         super().close()
@@ -88,6 +93,7 @@ class JobRunner(TaskRunner):
             return_as="generator_unordered",
         )
         results = parallel(delayed(run_planned)(task) for task in tasks)
+        self._reading.append(results)
         return self._receipts(run, results)
 
     def _receipts(self, run: Launch, results) -> Iterator[TaskReceipt]:
@@ -97,7 +103,9 @@ class JobRunner(TaskRunner):
                 self.bar.update(receipt.units, failed=failed)
                 yield receipt
         finally:
-            results.close()  # (stopped early: joblib cancels the calls not heard from)
+            if any(r is results for r in self._reading):
+                self._reading = [r for r in self._reading if r is not results]
+                _stop(results)
             self._ended.append(run)
 
     # -- the session's thread ------------------------------------------------------------
@@ -178,3 +186,13 @@ class JobRunner(TaskRunner):
             run = self._ended.popleft()
             if any(r is run for r in self._launches):
                 self._finish(run)
+
+
+def _stop(results) -> None:
+    """Close a launch's joblib generator: joblib cancels its calls not heard from. In
+    this thread, the one that dispatched them (closed by the garbage collector, it
+    would be in any), and without joblib's advice to stop iterating sooner: stopping
+    is the point (an interrupted run)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tasks which were still being processed")
+        results.close()
