@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from ..cluster.connect import count_workers
 from ..config import RunOptions
 from ..contract import preflight
-from ..dispatch import TaskRunner
 from ..errors import PipelineError
+from ..joblib.job_runner import JobRunner
 from ..planning.plan import Plan, unit_layout
 from ..planning.probe_sizes import is_small_job
 from ..planning.probes import probe
@@ -98,7 +98,7 @@ def estimate(
         store = open_output(workload, opts, echo=lambda m: None)
         n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)
-        run = stack.enter_context(TaskRunner(workload, store, client, _NoBar()))
+        run = stack.enter_context(JobRunner(workload, store, client, _NoBar()))
         plan = Plan()
         layout = unit_layout(workload)
         t0 = time.perf_counter()

@@ -22,7 +22,6 @@ import logging
 import queue
 import secrets
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,6 @@ from ..manifest import CodeStamp
 from ..storage import Store
 from ..workload import Task, Workload
 from . import lease, shipping
-from .commit import with_rounds
 from .copies import Copies
 from .launch import Launch
 from .lease import job_prefix, reconnect_seconds
@@ -64,7 +62,9 @@ RECEIPT_GRACE = 30.0
 
 @dataclass
 class TaskRunner:
-    """Runs lists of tasks of one workload on ``client``'s cluster."""
+    """Runs tasks of one workload on ``client``'s cluster, in launches (:class:`.Launch`)
+    that its subclasses fill and read: a job's (:class:`pipeline.joblib.job_runner.JobRunner`),
+    joblib users' calls (:class:`pipeline.joblib.call_runner.CallRunner`)."""
 
     workload: Workload
     store: Store | None
@@ -120,32 +120,6 @@ class TaskRunner:
             with contextlib.suppress(Exception):
                 self.client.cancel(futures, force=True)
 
-    def __call__(self, tasks: Sequence[Task]) -> list[TaskReceipt]:
-        """Run ``tasks``; receipts in completion order, one per task."""
-        return list(self.launch(tasks))
-
-    def launch(self, tasks: Sequence[Task]) -> Iterator[TaskReceipt]:
-        """Submit ``tasks`` now; their receipts as they complete, one per task. The
-        tasks run whether or not the receipts are being read (another call's may be
-        read first).
-
-        A task Dask gives up on (``KilledWorker``: the workers running it died) runs
-        again alone after the others (:data:`SUSPECT_RETRIES` times), then is failed;
-        one that fails at the Dask level otherwise is submitted again
-        (:data:`DASK_LEVEL_RETRIES` times), then failed. A lost connection to the
-        scheduler is waited out within the client's connect timeout, then is an
-        error (every task that completed is stored: a rerun resumes)."""
-        tasks = with_rounds(tasks, self.rounds)
-        run = Launch({t.index: t for t in tasks}, generation=self._generation)
-        for t in tasks:
-            self._owner[t.index] = run
-        self._launches.append(run)
-        run.waiting.extend(tasks)
-        self._threads = self._workerless.wait(WORKERLESS_SECONDS)
-        run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._threads)
-        self._refill(run)
-        return self._receipts(run)
-
     # -- submitting --------------------------------------------------------------------
 
     def _key(self, run: Launch, task: Task) -> str:
@@ -188,26 +162,17 @@ class TaskRunner:
 
     # -- receiving ---------------------------------------------------------------------
 
-    def _receipts(self, run: Launch) -> Iterator[TaskReceipt]:
-        try:
-            while run.pending or run.ready:
-                if run.ready:
-                    receipt = run.ready.popleft()
-                    failed = len(receipt.failures) + len(receipt.recorded or ())
-                    self.bar.update(receipt.units, failed=failed)
-                    yield receipt
-                    continue
-                self._suspect_alone(run)
-                self._pump()
-        finally:
-            self._abandon(run)  # (read to the end: none is left)
-            self._launches.remove(run)
-            for index in list(run.pending):
-                self._owner.pop(index, None)
-            for future in run.futures.values():
-                future.release()
-            run.futures.clear()
-            self._copies.forget(run)
+    def _finish(self, run: Launch) -> None:
+        """Let go of ``run`` (its receipts read, or no more): its tasks not heard from
+        cancelled, its futures released."""
+        self._abandon(run)
+        self._launches = [r for r in self._launches if r is not run]
+        for index in list(run.pending):
+            self._owner.pop(index, None)
+        for future in run.futures.values():
+            future.release()
+        run.futures.clear()
+        self._copies.forget(run)
 
     def _suspect_alone(self, run: Launch) -> None:
         """Once the others are done, a task Dask gave up on runs again, alone, in turn."""

@@ -26,6 +26,7 @@ from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
 from ..config import connection_options
 from ..planning.sizing import SCHEDULER_SECONDS_PER_TASK, SCHEDULER_SHARE
 from .calls import CallBatch
+from .planned import planned_task
 from .session import CallJob, Session, session_for
 from .shared_args import SharedArgs
 from .values import SPILL_FOLDER
@@ -51,13 +52,17 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         nesting_level: int | None = None,
         inner_max_num_threads: int | None = None,
         output: str | None = None,
+        session: Session | None = None,
         **settings: Any,
     ):
+        """``session``: the session of a job's runner (:class:`~.job_runner.JobRunner`),
+        for its planned tasks (:mod:`.planned`); else the settings name the cluster."""
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
         connection_options(None, settings)  # its errors now, where the settings are given
         self._settings = settings
         self._output = _output_url(output)
-        self._session: Session | None = None
+        self._session: Session | None = session
+        self._bound = session is not None
         self._jobs: set[CallJob] = set()  # (added and removed from two threads: locked)
         self._jobs_lock = threading.Lock()
         self._kept = None
@@ -72,7 +77,7 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
     @property
     def session(self) -> Session:
         """The session on this backend's cluster, opened on first use."""
-        if self._session is None or self._session.closed:
+        if not self._bound and (self._session is None or self._session.closed):
             self._session = session_for(self._settings)
         return self._session
 
@@ -107,6 +112,12 @@ class PipelineBackend(AutoBatchingMixin, ParallelBackendBase):
         cluster; ``callback`` is called, from the session's thread, with its outcome."""
         session = self.session
         items = list(func.items)
+        task = planned_task(items)
+        if task is not None:  # a job's own task: through its runner as it is
+            job = session.submit_task(task, callback)
+            with self._jobs_lock:
+                self._jobs.add(job)
+            return job
         nested = self.get_nested_backend()
         keys = None
         first, self._position = self._position, self._position + len(items)

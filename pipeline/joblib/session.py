@@ -24,6 +24,7 @@ from typing import Any
 from ..config import CONNECTION_SETTINGS, connection_options
 from ..dispatch.receipts import TaskReceipt
 from ..storage import open_store
+from ..workload import Task
 from . import values
 from .calls import CallBatch, CallsWorkload, CallTask, pickle_batch
 
@@ -38,13 +39,15 @@ _SESSIONS_LOCK = threading.Lock()
 class CallJob:
     """What ``submit`` returns to joblib for one batch: its outcome once it came."""
 
-    __slots__ = ("callback", "index", "keep", "outcome", "seconds", "size", "spill")
+    __slots__ = ("callback", "index", "keep", "outcome", "planned", "seconds", "size", "spill")
 
     def __init__(self, index: int, size: int, callback, spill: str | None):
         self.index, self.size, self.callback, self.spill = index, size, callback, spill
         self.outcome: tuple | None = None
         #: Seconds its task took on its worker, once its receipt came (auto batching).
         self.seconds: float | None = None
+        #: A workload's own task (:meth:`Session.submit_task`): its outcome is its receipt.
+        self.planned = False
         #: The position of its first call in the Parallel call, and its calls' keys,
         #: where results are kept (:mod:`.resume`).
         self.keep: tuple[int, list[str]] | None = None
@@ -84,15 +87,29 @@ def _close_at_exit() -> None:
 
 
 class Session:
-    """One cluster's connection, runner and thread for joblib's batches."""
+    """One cluster's connection, runner and thread for joblib's batches.
 
-    def __init__(self, options):
-        from ..cluster.connect import connect
+    ``Session(options)`` opens the connection the settings name and runs joblib users'
+    calls (a :class:`~.call_runner.CallRunner`); ``Session(runner=...)`` serves a job's
+    runner (:class:`~.job_runner.JobRunner`) on its connection: the driver's planned
+    tasks, which the runner and its connection outlive (the runner closes them)."""
 
+    def __init__(self, options=None, *, runner=None):
         self.options = options
         self.closed = False
         self._released = False
         self._stack = contextlib.ExitStack()
+        self._owns_runner = runner is None
+        if runner is not None:
+            self.client, self.runner = runner.client, runner
+            self.remote, self._scratch = False, None
+        else:
+            self._connect(options)
+        self._start_serving()
+
+    def _connect(self, options) -> None:
+        from ..cluster.connect import connect
+
         self.client = self._stack.enter_context(connect(options))
         self.remote = bool(options.scheduler)
         self._scratch = None if self.remote else tempfile.mkdtemp(prefix="pipeline-joblib-")
@@ -104,9 +121,11 @@ class Session:
         except BaseException:
             self._stack.close()
             raise
+
+    def _start_serving(self) -> None:
         self._lock = threading.Condition()
         #: Batches handed over, each with its task, or its outcome when known already.
-        self._incoming: list[tuple[CallJob, CallTask | tuple]] = []
+        self._incoming: list[tuple[CallJob, Task | tuple]] = []
         self._jobs: dict[int, CallJob] = {}
         self._cancelled: list[int] = []
         self._tasks: dict[int, CallTask] = {}  # tasks whose calls are in the spill store
@@ -150,12 +169,21 @@ class Session:
         open_store(batch.spill_url).write_bytes(key, payload)
         return CallTask(index, first, stop, spilled=key, spill_url=batch.spill_url)
 
+    def submit_task(self, task: Task, callback) -> CallJob:
+        """Send one of the runner's workload's own tasks (a job's planned task) to the
+        cluster as it is: the worker runs it as any task of the job; ``callback(job)``
+        once its receipt is in (its outcome ``("ok", [receipt])``, whether its units
+        succeeded or not: a receipt says which)."""
+        job = CallJob(task.index, 1, callback, None)
+        job.planned = True
+        return self._hand_over(job, task)
+
     def complete(self, results: list, size: int, callback) -> CallJob:
         """A batch whose results are known already (kept by an earlier run): its
         callback called from the session's thread, as for any batch."""
         return self._hand_over(CallJob(next(self._indices), size, callback, None), ("ok", results))
 
-    def _hand_over(self, job: CallJob, item: CallTask | tuple) -> CallJob:
+    def _hand_over(self, job: CallJob, item: Task | tuple) -> CallJob:
         with self._lock:
             if self.closed:
                 raise RuntimeError("the pipeline joblib session is closed")
@@ -197,8 +225,9 @@ class Session:
         if self._released:
             return
         self._released = True
-        with contextlib.suppress(Exception):
-            self.runner.close()
+        if self._owns_runner:
+            with contextlib.suppress(Exception):
+                self.runner.close()
         with contextlib.suppress(Exception):
             self._stack.close()
         if self._scratch is not None:
@@ -225,7 +254,7 @@ class Session:
                     self._deliver(job, item)
                     continue
                 self._jobs[job.index] = job
-                if item.spilled is not None:
+                if isinstance(item, CallTask) and item.spilled is not None:
                     self._tasks[job.index] = item
                 tasks.append(item)
             if tasks:
@@ -243,7 +272,8 @@ class Session:
                 self._forget_spilled(receipt.index)
                 if job is not None:
                     job.seconds = receipt.seconds
-                    self._deliver(job, _outcome(receipt, job.spill))
+                    outcome = ("ok", [receipt]) if job.planned else _outcome(receipt, job.spill)
+                    self._deliver(job, outcome)
 
     def _forget_spilled(self, index: int) -> None:
         task = self._tasks.pop(index, None)

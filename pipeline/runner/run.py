@@ -14,12 +14,13 @@ import time
 
 from ..config import RunOptions
 from ..costs.run_cost import add_run_cost
-from ..dispatch import WORKERLESS_SECONDS, TaskRunner, release_left_tasks
+from ..dispatch import WORKERLESS_SECONDS, release_left_tasks
 from ..dispatch.commit import next_rounds, sweep_leftovers
 from ..dispatch.progress import Progress
 from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
 from ..errors import StorageError, UnreadableObject
+from ..joblib.job_runner import JobRunner
 from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
 from ..planning.probes import probe
 from ..planning.sizing import longest_first
@@ -127,7 +128,7 @@ class JobRun:
         try:
             with (
                 _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
-                TaskRunner(
+                JobRunner(
                     workload, self.store, self.client, bar,
                     profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
                 ) as run,
