@@ -1,14 +1,18 @@
-"""One call's tasks as the runner tracks them: not heard from, submitted, retried."""
+"""One call's tasks as the runner tracks them: not heard from, submitted, retried; and
+what launches lists of tasks for the planner (:class:`Launcher`)."""
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..workload import Task
+from ..storage import Store
+from ..workload import Task, Workload
+from .receipts import TaskReceipt
 
-__all__ = ["Launch"]
+__all__ = ["Launch", "Launcher"]
 
 
 @dataclass
@@ -45,3 +49,14 @@ class Launch:
 
     def __post_init__(self) -> None:
         self.size = self.size or len(self.pending)
+
+
+class Launcher(Protocol):
+    """What runs the probes' tasks (the driver's :class:`~pipeline.joblib.JobRunner`):
+    its workload, store and client, and a list of tasks launched, receipts as they come."""
+
+    workload: Workload
+    store: Store | None
+    client: Any
+
+    def launch(self, tasks: Sequence[Task]) -> Iterator[TaskReceipt]: ...

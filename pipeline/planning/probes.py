@@ -11,8 +11,8 @@ import statistics
 from dataclasses import asdict
 
 from ..config import RunOptions
+from ..dispatch.launch import Launcher
 from ..dispatch.receipts import TaskReceipt
-from ..joblib.job_runner import JobRunner
 from .plan import Plan, save_plan, unit_layout
 from .probe_sizes import (
     LARGE_PROBE_FACTOR,
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def probe(
-    run: JobRunner,
+    run: Launcher,
     plan: Plan,
     done: set[int],
     options: RunOptions,
@@ -200,7 +200,7 @@ def probe(
 
 
 def _streamed_first_round(
-    run: JobRunner,
+    run: Launcher,
     plan: Plan,
     round_: list,
     layout: UnitLayout,
@@ -290,7 +290,7 @@ def _many(samples) -> bool:
     return sum(1 for n in sizes.values() if n >= MANY_SAMPLES) >= 2
 
 
-def _cut(run: JobRunner, plan: Plan, model, layout, n_workers, options) -> None:
+def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options) -> None:
     """Cut the units after the probes by ``model`` and record the plan."""
     workload, n = run.workload, run.workload.n_units
     start = sum(plan.head)
@@ -314,7 +314,7 @@ def _cut(run: JobRunner, plan: Plan, model, layout, n_workers, options) -> None:
     )
 
 
-def _start(run: JobRunner, plan: Plan, layout: UnitLayout):
+def _start(run: Launcher, plan: Plan, layout: UnitLayout):
     """Start the tasks after the probes, longest first; their receipts as they come."""
     rest = plan.tasks(run.workload.n_units)[len(plan.head) :]
     return run.launch(longest_first(layout, rest))
@@ -353,7 +353,7 @@ def _handover(receipts: list[TaskReceipt]) -> float:
     return statistics.fmean(gaps) if gaps else 0.0
 
 
-def _launched(run: JobRunner, tasks: list, clock: SchedulerCpu):
+def _launched(run: Launcher, tasks: list, clock: SchedulerCpu):
     """``run.launch(tasks)``, the scheduler's CPU read as their receipts come."""
     clock.submitted(len(tasks))
     for r in run.launch(tasks):
@@ -361,7 +361,7 @@ def _launched(run: JobRunner, tasks: list, clock: SchedulerCpu):
         yield r
 
 
-def _gathered(run: JobRunner, tasks: list, clock: SchedulerCpu) -> list[TaskReceipt]:
+def _gathered(run: Launcher, tasks: list, clock: SchedulerCpu) -> list[TaskReceipt]:
     return list(_launched(run, tasks, clock))
 
 
