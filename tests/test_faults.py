@@ -8,6 +8,7 @@ import threading
 
 import pytest
 from support.cube_jobs import cube_job, load_manifest, run
+from support.stored import unnamed
 
 from pipeline import RunOptions, connect, run_job
 
@@ -40,7 +41,8 @@ def test_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, frames_dir
     assert 5 <= parts_at_kill[0] < 200  # killed mid-run
     assert summary.complete and summary.units_failed == 0
     assert len(list(manifest_dir.iterdir())) == summary.tasks == 300
-    assert load_manifest(out).equals(load_manifest(clean))
-    assert (out / "cubes/manifest.parquet").read_bytes() == (
-        clean / "cubes/manifest.parquet"
-    ).read_bytes()
+    # The same cubes (their checksums) in the same shards, whichever attempts wrote them
+    killed, fresh = load_manifest(out), load_manifest(clean)
+    for manifest in (killed, fresh):
+        manifest["shard"] = manifest["shard"].map(unnamed)
+    assert killed.equals(fresh)

@@ -158,7 +158,7 @@ def probe(
                     rounds, counted = rounds + 1, True
                 if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
                              options, min_rounds):  # fmt: skip
-                    _cut(run, plan, model, layout, n_workers, options)
+                    _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
                     cut = True
                     rest = _start(run, plan, layout) if start_rest else None
             receipts += got
@@ -195,7 +195,7 @@ def probe(
         ):
             break
         large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
-    _cut(run, plan, model, layout, n_workers, options)
+    _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
     return receipts, _start(run, plan, layout) if start_rest else None
 
 
@@ -241,7 +241,7 @@ def _streamed_first_round(
         if _many(samples) and 2 * larges_done >= len(larges):
             overhead = _measured_overhead(clock, SCHEDULER_SECONDS_PER_TASK)
             model = fit_costs(samples, overhead, _handover(got))
-            _cut(run, plan, model, layout, n_workers, options)
+            _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
             rest = _start(run, plan, layout) if start_rest else None
     return got, rest
 
@@ -290,8 +290,9 @@ def _many(samples) -> bool:
     return sum(1 for n in sizes.values() if n >= MANY_SAMPLES) >= 2
 
 
-def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options) -> None:
-    """Cut the units after the probes by ``model`` and record the plan."""
+def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, taper: bool) -> None:
+    """Cut the units after the probes by ``model`` and record the plan; with ``taper``
+    its last round tapered (not for an estimate, which samples the full-size tasks)."""
     workload, n = run.workload, run.workload.n_units
     start = sum(plan.head)
     if model is None:  # nothing measured: several tasks per worker, to be safe
@@ -300,7 +301,7 @@ def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options) -> None:
         )
     else:
         stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
-        plan.stops = tapered(layout, start, stops, model, n_workers)
+        plan.stops = tapered(layout, start, stops, model, n_workers) if taper else stops
         plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
     save_plan(workload, run.store, plan)
     log.info(
