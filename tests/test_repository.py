@@ -44,12 +44,12 @@ def _edits_sys_path(path: Path) -> bool:
 
 
 def test_no_test_imports_another_test_module_or_the_conftest():
-    assert {"cube_jobs", "harness"} <= _imported(TESTS / "test_faults.py") | _imported(
+    assert {"support", "harness"} <= _imported(TESTS / "test_faults.py") | _imported(
         TESTS / "test_tls.py"
     ), "the scan sees the helper imports"
     found = {
         path.name: sorted(n for n in _imported(path) if n.startswith("test_") or n == "conftest")
-        for path in TESTS.glob("*.py")
+        for path in [*TESTS.glob("*.py"), *TESTS.glob("support/*.py")]
     }
     assert {name: mods for name, mods in found.items() if mods} == {}
 

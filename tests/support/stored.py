@@ -31,3 +31,16 @@ def unnamed(name: str) -> str:
 def contents(folder: Path) -> dict[str, bytes]:
     """Each object's bytes in ``folder``, by its name without its attempt."""
     return {unnamed(p.name): p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+
+def cube_manifest(data: bytes):
+    """A cube job's consolidated manifest (its parquet bytes) as a table, its shards'
+    names without their attempts: the same for two runs of the same job, whichever
+    attempts wrote the shards (the cubes' checksums are in it)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(data)).to_pandas()
+    table["shard"] = table["shard"].map(unnamed)
+    return table
