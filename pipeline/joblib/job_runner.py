@@ -26,11 +26,11 @@ from collections.abc import Iterator, Sequence
 
 from joblib import Parallel, delayed
 
+from ..dispatch import task_runner
 from ..dispatch.commit import with_rounds
 from ..dispatch.launch import Launch
 from ..dispatch.receipts import TaskReceipt, encode
 from ..dispatch.task_runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
-from ..dispatch.workers import WORKERLESS_SECONDS
 from ..workload import Task
 from .backend import PipelineBackend
 from .planned import run_planned
@@ -77,7 +77,7 @@ class JobRunner(TaskRunner):
         connection to the scheduler is waited out within the client's connect timeout,
         then is a ``ClusterError`` raised here."""
         tasks = with_rounds(tasks, self.rounds)
-        self._threads = self._workerless.wait(WORKERLESS_SECONDS)
+        self._threads = self._workerless.wait(task_runner.WORKERLESS_SECONDS)
         run = Launch({}, size=len(tasks))
         run.window = max(SUBMIT_BATCH, IN_FLIGHT_PER_WORKER * self._threads)
         for task in tasks:
