@@ -111,6 +111,10 @@ def estimate_command(job_file, workload, fleets, **values) -> None:
             f"{flag} does not apply to `pipeline estimate`, which writes none of the job's "
             "output; give it to `pipeline run`"
         )
+    from ..dispatch.session import INTERRUPTED
+
+    INTERRUPTED.clear()
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         (job,) = load_jobs([job_file] if job_file else [], values, workload=workload)
         table = load_prices(job.options.price_file)

@@ -30,6 +30,7 @@ from ..dispatch import task_runner
 from ..dispatch.commit import with_rounds
 from ..dispatch.launch import Launch
 from ..dispatch.receipts import TaskReceipt, encode
+from ..dispatch.session import INTERRUPTED
 from ..dispatch.task_runner import IN_FLIGHT_PER_WORKER, SUBMIT_BATCH, TaskRunner
 from ..workload import Task
 from .backend import PipelineBackend
@@ -99,6 +100,8 @@ class JobRunner(TaskRunner):
     def _receipts(self, run: Launch, results) -> Iterator[TaskReceipt]:
         try:
             for receipt in results:
+                if INTERRUPTED.is_set():  # a Ctrl-C that a callback swallowed: raised here
+                    raise KeyboardInterrupt
                 failed = len(receipt.failures) + len(receipt.recorded or ())
                 self.bar.update(receipt.units, failed=failed)
                 yield receipt
