@@ -17,6 +17,7 @@ manifest entry and reports it without running again.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -119,6 +120,32 @@ class TaskRunner:
         if futures and self.client.status == "running":
             with contextlib.suppress(Exception):
                 self.client.cancel(futures, force=True)
+
+    def _drop(self, run: Launch, indices: set[int]) -> None:
+        """Stop ``run``'s tasks ``indices`` not heard from: their first submissions and
+        their copies (backups, copies of lost tasks) cancelled on the cluster, their
+        holds let go of (at the next :meth:`_let_go`), their receipts, if any come,
+        dropped."""
+        mine = indices & set(run.pending)
+        if not mine:
+            return
+        copies = [copy for i in mine for copy in run.extra.pop(i, [])]
+        futures = [run.futures.pop(i) for i in mine if i in run.futures]
+        futures += [copy.future for copy in copies]
+        if futures and self.client.status == "running":
+            with contextlib.suppress(Exception):  # (the connection failing: the lease
+                self.client.cancel(futures, force=True)  # lets go of them)
+        for index in mine:
+            run.pending.pop(index, None)
+            self._owner.pop(index, None)
+            run.unreceipted.pop(index, None)
+            run.tried.pop(index, None)
+            key = run.keys.pop(index, None)
+            if key is not None:
+                self._unheld.append(key)
+        self._unheld.extend(copy.key for copy in copies)
+        run.waiting = collections.deque(t for t in run.waiting if t.index not in mine)
+        run.suspects = [t for t in run.suspects if t.index not in mine]
 
     # -- submitting --------------------------------------------------------------------
 

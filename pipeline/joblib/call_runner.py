@@ -11,8 +11,6 @@ early when they have handed over a batch.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import queue
 from collections.abc import Sequence
 
@@ -85,22 +83,5 @@ class CallRunner(TaskRunner):
     def cancel(self, indices: Sequence[int]) -> None:
         """Stop the tasks ``indices`` (those not heard from): cancelled on the cluster,
         their receipts, if any come, dropped."""
-        run = self._run
-        dropped = set(indices) & set(run.pending)
-        if not dropped:
-            return
-        futures = [run.futures.pop(i) for i in dropped if i in run.futures]
-        if futures and self.client.status == "running":
-            # (the connection failing: the lease lets go of them)
-            with contextlib.suppress(Exception):
-                self.client.cancel(futures, force=True)
-        for index in dropped:
-            run.pending.pop(index, None)
-            self._owner.pop(index, None)
-            run.unreceipted.pop(index, None)
-            key = run.keys.pop(index, None)
-            if key is not None:
-                self._unheld.append(key)
-        run.waiting = collections.deque(t for t in run.waiting if t.index not in dropped)
-        run.suspects = [t for t in run.suspects if t.index not in dropped]
+        self._drop(self._run, set(indices))
         self._let_go()

@@ -20,7 +20,6 @@ records the launches it is done with, for the session's thread to let go of.
 from __future__ import annotations
 
 import collections
-import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -164,23 +163,7 @@ class JobRunner(TaskRunner):
         for index in dropped:
             self._opened.pop(index, None)
         for run in self._launches:
-            mine = dropped & set(run.pending)
-            if not mine:
-                continue
-            futures = [run.futures.pop(i) for i in mine if i in run.futures]
-            futures += [c.future for i in mine for c in run.extra.pop(i, [])]
-            if futures and self.client.status == "running":
-                with contextlib.suppress(Exception):  # (the connection failing: the lease
-                    self.client.cancel(futures, force=True)  # lets go of them)
-            for index in mine:
-                run.pending.pop(index, None)
-                self._owner.pop(index, None)
-                run.unreceipted.pop(index, None)
-                key = run.keys.pop(index, None)
-                if key is not None:
-                    self._unheld.append(key)
-            run.waiting = collections.deque(t for t in run.waiting if t.index not in mine)
-            run.suspects = [t for t in run.suspects if t.index not in mine]
+            self._drop(run, dropped)
         self._let_go()
 
     def _end_launches(self) -> None:
