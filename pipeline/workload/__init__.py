@@ -5,17 +5,12 @@
 ``Workload.results``; ``Task``, ``TaskOutput``, ``OutputFile``, ``UnitFailure``
 (:mod:`.task`): a task and what it returns."""
 
-from .table_results import TableResults
-from .task import USER_ERRORS, OutputFile, Task, TaskOutput, UnitFailure, unit_label
-from .workload import Workload
+# (noqa: the names of CONTRACT, which __all__ holds; ruff does not read a list's name there)
+from .table_results import TableResults  # noqa: F401
+from .task import USER_ERRORS, OutputFile, Task, TaskOutput, UnitFailure, unit_label  # noqa: F401
+from .workload import Workload  # noqa: F401
 
-__all__ = [
-    "USER_ERRORS",
-    "OutputFile",
-    "TableResults",
-    "Task",
-    "TaskOutput",
-    "UnitFailure",
-    "Workload",
-    "unit_label",
-]
+#: What a plug-in writes or receives: ``pipeline`` exports these names as they are.
+CONTRACT = ["OutputFile", "TableResults", "Task", "TaskOutput", "UnitFailure", "Workload"]
+
+__all__ = ["CONTRACT", *CONTRACT, "USER_ERRORS", "unit_label"]
