@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from support.commit_once import REPO, idle, pipeline_command
 from support.commit_workloads import GatedSquares
 from support.tcp_cutter import TcpCutter
 from support.waiting import wait_for
@@ -29,7 +30,6 @@ from pipeline.storage import LocalStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
 FN = "mapfns.attempts:gated"
 UNITS = 6
 
@@ -44,27 +44,16 @@ def _options(tmp: Path) -> RunOptions:
     return RunOptions(output=str(tmp / "out"), units_per_task=2, progress=False)
 
 
-def _pipeline(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
-                          text=True, timeout=120, env=env)  # fmt: skip
-
-
-def _idle(client) -> bool:
-    """No worker runs a task (a released one included: its thread runs to its end)."""
-    return not any(client.run(lambda dask_worker: len(dask_worker.state.executing)).values())
-
-
 def _check(tmp: Path) -> list[dict]:
     """``pipeline verify`` passes, no object of a losing attempt is left, and the
     results' rows, by unit."""
-    ok = _pipeline("verify", str(tmp / "out"))
+    ok = pipeline_command("verify", str(tmp / "out"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "leftovers" not in ok.stdout, ok.stdout
     store = LocalStore(tmp / "out")
     listed = set(pq.read_table(tmp / "out" / "m" / "manifest.parquet")["object"].to_pylist())
     assert leftovers(store, "m", listed) == []
-    shown = _pipeline("results", str(tmp / "out"), "--out", str(tmp / "rows.parquet"))
+    shown = pipeline_command("results", str(tmp / "out"), "--out", str(tmp / "rows.parquet"))
     assert shown.returncode == 0, shown.stderr
     return sorted(pq.read_table(tmp / "rows.parquet").to_pylist(), key=lambda r: r["unit"])
 
@@ -89,7 +78,7 @@ def test_an_original_finishing_after_its_copy_leaves_the_copys_output(tmp_path, 
         assert len(_ended(tmp_path, 2)) == 1  # the copy's; the original still waits
         (tmp_path / "gate").touch()
         wait_for("the original attempt to end", lambda: len(_ended(tmp_path, 2)) == 2)
-        wait_for("the original attempt to finish", lambda: _idle(client), timeout=60)
+        wait_for("the original attempt to finish", lambda: idle(client), timeout=60)
     rows = _check(tmp_path)
     copy_value = _ended(tmp_path, 2)[0]
     assert [r["unit"] for r in rows] == list(range(UNITS))
@@ -129,7 +118,7 @@ def test_a_killed_drivers_task_finishing_after_the_reruns_loses(tmp_path):
         assert len(_ended(tmp_path, 2)) == 1
         (tmp_path / "gate").touch()
         wait_for("driver 1's attempt to end", lambda: len(_ended(tmp_path, 2)) == 2)
-        wait_for("driver 1's attempt to finish", lambda: _idle(client), timeout=60)
+        wait_for("driver 1's attempt to finish", lambda: idle(client), timeout=60)
     assert _ended(tmp_path, 2)[1] == "raised"
     rows = _check(tmp_path)
     assert [r["v"] for r in rows] == [x * x for x in range(UNITS)]
@@ -175,7 +164,7 @@ def test_an_output_of_0_2_0_resumes(tmp_path, client):
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "resuming: 3 of 6" in ran.stderr, ran.stderr  # task 0, and task 1 but x=3
-    ok = _pipeline("verify", str(out))
+    ok = pipeline_command("verify", str(out))
     assert ok.returncode == 0 and "0 extra" in ok.stdout, ok.stdout + ok.stderr
     names = sorted(p.name for p in (out / "grid" / "manifest").iterdir())
     assert names == ["part-000000.parquet", "part-000001.r1.parquet", "part-000002.parquet"]
@@ -213,7 +202,7 @@ def test_a_blip_longer_than_the_schedulers_event_log_runs_no_task_twice(tmp_path
             cutter.hold()  # the driver's connection cut, and no new one let through
             gate.touch()
             wait_for("every task to end", lambda: len(w.started()) == tasks and
-                     _idle(cluster), timeout=120)  # fmt: skip
+                     idle(cluster), timeout=120)  # fmt: skip
             cutter.release()
             driver.join(timeout=180)
     s = result["s"]
@@ -236,7 +225,7 @@ def test_leftovers_of_an_attempt_killed_before_cleaning_up_are_named_then_swept(
     (stray,) = results.glob("part-000001.*parquet")
     left = results / "part-000001.adeadbeef.parquet"
     left.write_bytes(b"what a killed attempt wrote")
-    shown = _pipeline("verify", str(tmp_path / "out"))
+    shown = pipeline_command("verify", str(tmp_path / "out"))
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "0 extra" in shown.stdout and "leftovers: 1 object" in shown.stdout, shown.stdout
     (tmp_path / "out" / "m" / "manifest.parquet").unlink()

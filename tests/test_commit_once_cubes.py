@@ -8,14 +8,12 @@ output checked by ``pipeline verify`` as a user runs it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.commit_once import idle, pipeline_command
 from support.cube_jobs import GatedCubes, cube_digest, cube_job, load_manifest, run, shard_file
 from support.waiting import wait_for
 
@@ -28,19 +26,7 @@ from pipeline.torch import CubeShards
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
 CUBES = 40  # 5 tasks of 8 cubes, 2 shards of 4 each
-
-
-def _pipeline(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
-                          text=True, timeout=120, env=env)  # fmt: skip
-
-
-def _idle(client) -> bool:
-    """No worker runs a task (a released one included: its thread runs to its end)."""
-    return not any(client.run(lambda dask_worker: len(dask_worker.state.executing)).values())
 
 
 def _shards(out: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -71,9 +57,9 @@ def test_a_cube_tasks_original_finishing_after_its_copy_leaves_the_copys_shards(
         listed = _shards(out)
         (tmp_path / "gate").touch()
         wait_for("the original attempt to end", lambda: len(workload.ended()) == 2)
-        wait_for("the original attempt to finish", lambda: _idle(client), timeout=60)
+        wait_for("the original attempt to finish", lambda: idle(client), timeout=60)
     assert _shards(out) == listed  # not one written over, nor touched
-    ok = _pipeline("verify", str(out))
+    ok = pipeline_command("verify", str(out))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "leftovers" not in ok.stdout and "0 extra" in ok.stdout, ok.stdout
     assert leftovers(LocalStore(out), "cubes", set(listed)) == []
@@ -111,7 +97,7 @@ def test_a_cube_output_with_unnamed_shards_resumes_and_reads(tmp_path, frames_di
     names = sorted(p.name for p in (out / "cubes" / "shards").iterdir())
     assert len(names) == 10 and sum(n.count(".") == 1 for n in names) == 8, names
     assert shard_file(out, 4).exists() and not (out / shard_key("cubes", 4)).exists()
-    ok = _pipeline("verify", str(out))
+    ok = pipeline_command("verify", str(out))
     assert ok.returncode == 0 and "0 extra" in ok.stdout, ok.stdout + ok.stderr
     clean = tmp_path / "clean"
     assert run(cube_job(clean, frames_dir, cubes=CUBES, dim=6), client).complete
