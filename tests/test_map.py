@@ -839,8 +839,12 @@ def test_a_job_file_function_imports_from_the_job_files_folder(tmp_path):
 
 
 def test_a_unit_that_kills_its_worker_fails_its_task_alone(tmp_path):
-    # Dask gives up on a task after its 4th worker dies, and joblib abandons every
-    # task in flight with it: the task Dask names fails, the others run again.
+    # Dask gives up on a task after its 4th worker dies, and on any task that was
+    # queued on those workers each time (it counts every task a dead worker held):
+    # each runs again alone after the others; task 1 (unit 3 ends its process) fails,
+    # the others complete. A task whose attempt committed before its worker died
+    # (its receipt not sent) loses its next attempt's commit: the recorded failures
+    # come from its entry then (the test below).
     with connect(RunOptions(workers=2)) as c:
         s = run(c, tmp_path, function=f"{FN}:ends_its_process", grid={"x": list(range(8))},
                 units_per_task=2)  # fmt: skip
@@ -855,6 +859,29 @@ def test_a_unit_that_kills_its_worker_fails_its_task_alone(tmp_path):
 
     with pytest.warns(IncompleteJob, match="the rows of 6 of its 8 units"):
         assert results_table(str(tmp_path)).column("y").to_pylist() == [0, 1, 4, 5, 7]
+
+
+def test_a_lost_attempts_recorded_failures_count_in_a_run_that_did_not_complete(tmp_path):
+    # The test above failed once with (6, 2): task 3's attempt committed, its worker died
+    # (unit 3 ending it) before its receipt left, and the attempt run again lost the
+    # commit; a lost attempt's receipt says nothing of the units recorded as failed
+    # (the winner's entry holds them), and the summary of a run that did not complete
+    # read none from the entries. Here both attempts of task 3 run in this process.
+    from pipeline.dispatch.task import execute_task
+    from pipeline.runner.summarize import recorded_in
+    from pipeline.workload import Task
+
+    workload = MapWorkload(MapJob(function=f"{FN}:ends_its_process", grid={"x": list(range(8))}),
+                           "m", output=str(tmp_path))  # fmt: skip
+    workload.preflight()
+    task, store = Task(3, 6, 8), LocalStore(tmp_path)
+    first = execute_task(workload, str(tmp_path), task)
+    again = execute_task(workload, str(tmp_path), task)
+    assert not first.lost and again.lost and again.recorded is None and again.complete
+    tasks = [Task(i, 2 * i, 2 * i + 2) for i in range(4)]
+    for receipts in ([first], [again]):
+        (failure,) = recorded_in(workload, store, tasks, receipts)
+        assert (failure.unit, failure.error_type) == (6, "SystemExit")
 
 
 def test_results_name_the_job_to_pick_or_say_there_is_none(tmp_path, client):

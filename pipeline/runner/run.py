@@ -29,7 +29,7 @@ from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
 from .output import check_space, interrupted, is_consolidated, open_output, tasks_done, units_in
-from .summarize import add_receipts, add_recorded, finished_summary, plan_summary
+from .summarize import add_receipts, add_recorded, finished_summary, plan_summary, recorded_in
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
 
@@ -168,13 +168,7 @@ class JobRun:
         # Units that failed as data (a chunk whose fit failed is a row in the
         # models table, and its task is complete) count against --max-failures too,
         # including those of tasks skipped on resume.
-        told = {r.index: r.recorded for r in self.receipts if r.recorded is not None}
-        ran_now = {r.index for r in self.receipts}
-        in_run = [t for t in tasks if t.index in ran_now]
-        unsaid = [t for t in in_run if t.index not in told]
-        recorded = [f for t in in_run if t.index in told for f in told[t.index]]
-        recorded += workload.recorded_failures(store, unsaid) if unsaid else []
-        self.recorded = recorded
+        self.recorded = recorded_in(workload, store, tasks, self.receipts)
         skipped = [t for t in tasks if t.index in self.done]
         if skipped:
             self.recorded_before = workload.recorded_failures(store, skipped)
@@ -212,7 +206,7 @@ class JobRun:
         else:
             # Not complete (a task failed whole): the units that failed inside this run's
             # completed tasks are failures too (they went unsaid beside a KilledWorker)
-            recorded = [f for r in receipts for f in r.recorded or ()]
+            recorded = recorded_in(workload, self.store, self.tasks, receipts)
             add_recorded(summary, recorded, workload, in_run=True)
         # The job is complete once its tasks' outputs are finalized (the manifest
         # consolidated, partial writes removed): the run's time holds that, as the

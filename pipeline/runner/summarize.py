@@ -81,6 +81,21 @@ def add_receipts(
     return failures
 
 
+def recorded_in(
+    workload: Workload, store: Store | None, tasks: list[Task], receipts: list[TaskReceipt]
+) -> list[UnitFailure]:
+    """The units recorded as failed (as data) in the tasks of ``receipts``, in task
+    order: as each receipt tells, or, where a complete task's receipt says nothing (a
+    workload that does not say; an attempt that found another's entry committed
+    first, whose receipt its worker, dying, may never have sent), read from its entry."""
+    told = {r.index: r.recorded for r in receipts if r.recorded is not None}
+    unsaid = {r.index for r in receipts if r.recorded is None and r.complete}
+    recorded = [f for t in tasks if t.index in told for f in told[t.index]]
+    if unsaid and store is not None:
+        recorded += workload.recorded_failures(store, [t for t in tasks if t.index in unsaid])
+    return recorded
+
+
 def keyed(workload: Workload, failure: UnitFailure) -> UnitFailure:
     """``failure`` with its unit's key, where the task did not give one (a task that did
     not run, a workload that records failures by number)."""
