@@ -13,8 +13,9 @@ from pipeline import RunOptions, TableResults, Workload, run_job
 
 PLUGINS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 #: ``Workload``'s members at most (joblib's ParallelBackendBase has a handful; this
-#: contract had 39 before its output's hooks went to ``TableResults``).
-MOST_MEMBERS = 27
+#: contract had 39 before its output's hooks went to ``TableResults``, 27 before
+#: ``reruns_failed_units`` alone said which tasks a rerun calls again).
+MOST_MEMBERS = 26
 
 
 def members(cls) -> set[str]:
@@ -53,6 +54,11 @@ def test_the_workload_contract_stays_small():
 def test_a_workload_that_defines_an_output_hook_on_itself_is_refused_naming_it(hook):
     with pytest.raises(TypeError, match=rf"OldStyle defines {hook}: .*TableResults"):
         type("OldStyle", (Workload,), {hook: None})
+
+
+def test_a_workload_that_defines_tasks_to_retry_is_refused_naming_its_replacement():
+    with pytest.raises(TypeError, match=r"OldStyle defines tasks_to_retry: .*reruns_failed_units"):
+        type("OldStyle", (Workload,), {"tasks_to_retry": lambda self, store, tasks: set()})
 
 
 def test_the_runner_sets_nothing_on_the_workload(tmp_path, client):

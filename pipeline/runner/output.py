@@ -3,6 +3,7 @@ checked for the space it needs, and its complete tasks found."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -148,19 +149,31 @@ def recorded_plan(store: Store | None, job_id: str) -> Plan | None:
     return Plan.from_record(read_job_record(store, key))
 
 
+def units_to_rerun(workload: Workload, store: Store, tasks: list[Task]) -> dict[int, int]:
+    """Of these complete tasks, those the next run calls again, and how many of their
+    units: where the workload reruns its failed units (``reruns_failed_units``), the
+    units its ``recorded_failures`` lists, by task (those alone run again)."""
+    if not workload.reruns_failed_units or not tasks:
+        return {}
+    ordered = sorted(tasks, key=lambda t: t.start)
+    starts = [t.start for t in ordered]
+    rerun: dict[int, int] = {}
+    for failure in workload.recorded_failures(store, ordered):
+        if isinstance(failure.unit, int):
+            index = ordered[bisect.bisect_right(starts, failure.unit) - 1].index
+            rerun[index] = rerun.get(index, 0) + 1
+    return rerun
+
+
 def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, bool]:
     """The job's units complete in ``store`` by ``plan`` (less those its next run calls
     again), and whether only its finalization is left: every task done, none to retry."""
     tasks = plan.tasks(workload.n_units)
     done = tasks_done(store, workload.job_id)
     ran = [t for t in tasks if t.index in done]
-    retry = workload.tasks_to_retry(store, ran) if ran else set()
-    complete = units_in(tasks, done)
-    if retry and workload.reruns_failed_units:  # (only their failed units run again)
-        complete -= len(workload.recorded_failures(store, [t for t in ran if t.index in retry]))
-    elif retry:
-        complete -= units_in(tasks, retry)
-    return complete, bool(plan.sized and tasks and len(ran) == len(tasks) and not retry)
+    rerun = units_to_rerun(workload, store, ran)
+    complete = units_in(tasks, done) - sum(rerun.values())
+    return complete, bool(plan.sized and tasks and len(ran) == len(tasks) and not rerun)
 
 
 def only_finalization_left(workload: Workload, options: RunOptions, store: Store) -> bool:
@@ -174,7 +187,7 @@ def only_finalization_left(workload: Workload, options: RunOptions, store: Store
     done = tasks_done(store, workload.job_id)
     if any(t.index not in done for t in tasks):
         return False
-    return not workload.tasks_to_retry(store, tasks)
+    return not units_to_rerun(workload, store, tasks)
 
 
 def interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> Interrupted:

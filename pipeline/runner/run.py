@@ -8,7 +8,6 @@ and :meth:`JobRun.summary`, built from the receipts."""
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 
@@ -28,7 +27,15 @@ from ..report import task_timings
 from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
-from .output import check_space, interrupted, is_consolidated, open_output, tasks_done, units_in
+from .output import (
+    check_space,
+    interrupted,
+    is_consolidated,
+    open_output,
+    tasks_done,
+    units_in,
+    units_to_rerun,
+)
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary, recorded_in
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
@@ -102,16 +109,12 @@ class JobRun:
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
         known = self.plan.tasks(workload.n_units)
         if store is not None and done:
-            # Complete tasks with units recorded as failed that a rerun calls again.
-            retry = workload.tasks_to_retry(store, [t for t in known if t.index in done])
-            done -= retry
-            self.rounds = next_rounds(store, workload.job_id, retry)
-            if retry and workload.reruns_failed_units:  # only those units: the others are kept
-                again = sorted((t for t in known if t.index in retry), key=lambda t: t.start)
-                self.kept = kept = {t.index: len(t.units) for t in again}
-                starts = [t.start for t in again]
-                for failure in workload.recorded_failures(store, again):
-                    kept[again[bisect.bisect_right(starts, failure.unit) - 1].index] -= 1
+            # Complete tasks with units recorded as failed that a rerun calls again: those
+            # units alone, the others' rows kept.
+            rerun = units_to_rerun(workload, store, [t for t in known if t.index in done])
+            done -= set(rerun)
+            self.rounds = next_rounds(store, workload.job_id, set(rerun))
+            self.kept = {t.index: len(t.units) - rerun[t.index] for t in known if t.index in rerun}
         self.units_skipped = complete = units_in(known, done) + sum(self.kept.values())
         if complete:
             self.echo(

@@ -13,7 +13,7 @@ from ..planning.plan import Plan
 from ..storage import Store, is_remote
 from ..summary import RunSummary, TaskTime
 from ..workload import Task, UnitFailure, Workload
-from .output import units_in
+from .output import units_in, units_to_rerun
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def finished_summary(
     tasks = plan.tasks(workload.n_units)
     if not plan.sized or any(t.index not in done for t in tasks):
         return None
-    if workload.tasks_to_retry(store, tasks):
+    if units_to_rerun(workload, store, tasks):
         return None
     summary = plan_summary(workload, store, plan, tasks, done, workers=0)
     summary.complete = True

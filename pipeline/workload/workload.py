@@ -116,13 +116,10 @@ class Workload(ABC):
         output, so a rerun would not change them)."""
         return []
 
-    #: Whether the next run calls again the units recorded as failed (user code can
-    #: fail for passing reasons); else a recorded failure is the unit's answer.
+    #: Whether the next run calls again the units ``recorded_failures`` lists (user code
+    #: can fail for passing reasons): their tasks run again for those units alone, the
+    #: others' rows kept; else a recorded failure is the unit's answer.
     reruns_failed_units: bool = False
-
-    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
-        """Of these complete tasks, those to run again for their failed units."""
-        return set()
 
     #: Settings of the fingerprint that a resumed run may change: they decide how the
     #: units still to run are run, not what a unit writes (the map's ``retries``).
@@ -148,9 +145,10 @@ class Workload(ABC):
     results: ClassVar[type[TableResults]] = TableResults
 
     def __init_subclass__(cls, **kwargs) -> None:
-        """Refuse a workload written for the contract before ``results``: an output
-        hook it still defines on itself would be ignored without a word (its default
-        table, its own verify), so its import fails naming them."""
+        """Refuse a workload written for an older contract: an output hook it still
+        defines on itself (before ``results``), or ``tasks_to_retry`` (before
+        ``reruns_failed_units`` said it), would be ignored without a word, so its
+        import fails naming them."""
         super().__init_subclass__(**kwargs)
         moved = [name for name in MOVED_HOOKS if name in vars(cls)]
         if moved:
@@ -159,4 +157,11 @@ class Workload(ABC):
                 "are members of the workload's results now, not of the Workload: write "
                 "them on a subclass of pipeline.TableResults and name it with "
                 "`results = ThatClass` (docs/plugins.md)"
+            )
+        if "tasks_to_retry" in vars(cls):
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__} defines tasks_to_retry: it is no "
+                "member of the Workload now: set `reruns_failed_units = True` instead, "
+                "and the next run calls again the units its recorded_failures lists "
+                "(docs/plugins.md)"
             )

@@ -238,9 +238,6 @@ class MapWorkload(Workload):
 
     # -- after the run --------------------------------------------------------------------
 
-    def tasks_to_retry(self, store: Store, tasks: list[Task]) -> set[int]:
-        return set(listed_parts(store, self.job_id, "failures", {t.index for t in tasks}))
-
     #: Units recorded as failed are called again by the next run of the same command.
     reruns_failed_units = True
     #: Retries never change a unit's output: a rerun may ask for more.
