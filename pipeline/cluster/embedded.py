@@ -22,6 +22,10 @@ WORKER_ENV = process_env()
 #: The workers' preloads (as worker.env lists them): the libraries tasks use, then the
 #: code every task runs.
 WORKER_PRELOADS = ("pipeline.cluster.worker", "pipeline.dispatch")
+#: How long a worker of the embedded cluster may be gone from the scheduler before
+#: Dask closes its nanny (``distributed.deploy.lost-worker-timeout``, 15 s by default):
+#: never, in effect, while the cluster lives (:func:`embedded_cluster`).
+LOST_WORKER_TIMEOUT = "365 days"
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +237,13 @@ def embedded_cluster(n_workers: int, quiet: bool, dashboard: bool = False, profi
                 f"cannot start the embedded cluster of {n_workers} workers: {exc}"
             ) from exc
     try:
-        yield cluster
+        # Dask closes a worker's nanny for good when the worker has been gone from the
+        # scheduler for this long (read at each loss) at the moment it looks: a unit
+        # that ends its worker process again and again left it gone at that moment,
+        # and the cluster with no worker. The nannies here live in this process and
+        # restart their workers: no worker of theirs is lost for that long.
+        with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
+            yield cluster
     finally:
         _close_embedded(cluster)
 
