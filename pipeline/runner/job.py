@@ -75,16 +75,25 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
 
 def run_validated_job(
-    workload: Workload, options: RunOptions, client, price, *, echo=print, store_checked=False
+    workload: Workload,
+    options: RunOptions,
+    client,
+    price,
+    *,
+    echo=print,
+    store_checked=False,
+    cluster_ready=False,
 ) -> RunSummary:
     """:func:`run_job` of a job the driver has validated: its name, its ``preflight``
-    and its ``price`` (:func:`worker_price`), and with ``store_checked`` its output
-    store's preflight. Each check runs once per job and command, so a workload's
-    preflight need not be idempotent."""
+    and its ``price`` (:func:`worker_price`), with ``store_checked`` its output store's
+    preflight, and with ``cluster_ready`` its ``prepare_cluster`` (its code shipped
+    while the driver checked the inputs). Each check runs once per job and command, so
+    a workload's preflight need not be idempotent."""
     lock = open_store(options.output) if workload.writes_output else None
     with held(lock, workload.job_id):
         try:
-            return JobRun(workload, options, client, price, echo).run(store_checked)
+            run = JobRun(workload, options, client, price, echo)
+            return run.run(store_checked, cluster_ready)
         except Interrupted:
             raise
         except KeyboardInterrupt:

@@ -65,12 +65,13 @@ class JobRun:
         self.finalize_seconds: float | None = None
         self.code = None  # the code version this run's tasks record (:class:`CodeStamp`)
 
-    def run(self, store_checked: bool = False) -> RunSummary:
-        """The job resumed, its tasks run, finalized, and its summary."""
+    def run(self, store_checked: bool = False, cluster_ready: bool = False) -> RunSummary:
+        """The job resumed, its tasks run, finalized, and its summary (``cluster_ready``:
+        the workload's ``prepare_cluster`` has run on this client)."""
         finished = self.resume(store_checked)
         if finished is not None:
             return finished
-        self.prepare()
+        self.prepare(cluster_ready)
         self.dispatch()
         if self.complete:
             self.finalize()
@@ -95,9 +96,10 @@ class JobRun:
             return finished_summary(workload, store, self.plan, self.done)
         return None
 
-    def prepare(self) -> None:
+    def prepare(self, cluster_ready: bool = False) -> None:
         """A worker to run on; the tasks done that a rerun calls again (and the units of
-        them it keeps); the space the rest needs; the workload's cluster set up."""
+        them it keeps); the space the rest needs; the workload's cluster set up (unless
+        ``cluster_ready``)."""
         workload, store, done = self.workload, self.store, self.done
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
         known = self.plan.tasks(workload.n_units)
@@ -119,7 +121,8 @@ class JobRun:
                 f"{workload.unit_name}s already complete"
             )
         check_space(workload, store, workload.n_units - complete)
-        workload.prepare_cluster(self.client)
+        if not cluster_ready:
+            workload.prepare_cluster(self.client)
 
     def dispatch(self) -> None:
         """The plan's probes (where it is not sized yet) and the rest of its tasks not
