@@ -9,6 +9,7 @@ and :meth:`JobRun.summary`, built from the receipts."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
 
@@ -21,6 +22,7 @@ from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
 from ..errors import StorageError, UnreadableObject
 from ..joblib.job_runner import JobRunner
+from ..manifest import entries_read
 from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
 from ..planning.probes import probe
 from ..planning.sizing import longest_first
@@ -28,6 +30,7 @@ from ..report import task_timings
 from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
+from .entries import EntriesReadAhead
 from .output import check_space, interrupted, is_consolidated, open_output, tasks_done, units_in
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary
 
@@ -64,6 +67,7 @@ class JobRun:
         self.recorded_before: list[UnitFailure] = []  # ... and in the tasks done before it
         self.finalize_seconds: float | None = None
         self.code = None  # the code version this run's tasks record (:class:`CodeStamp`)
+        self.entries: dict = {}  # the tasks' entries read as they reported (key -> table)
 
     def run(self, store_checked: bool = False, cluster_ready: bool = False) -> RunSummary:
         """The job resumed, its tasks run, finalized, and its summary (``cluster_ready``:
@@ -128,14 +132,22 @@ class JobRun:
         """The plan's probes (where it is not sized yet) and the rest of its tasks not
         done, on the cluster, with the run's progress; their receipts kept."""
         workload, options, plan, done = self.workload, self.options, self.plan, self.done
+        store = self.store
         try:
             with (
                 _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
-                JobRunner(
-                    workload, self.store, self.client, bar,
+                contextlib.ExitStack() as stack,
+            ):
+                ahead = None
+                if store is not None:
+                    ahead = stack.enter_context(
+                        EntriesReadAhead(store, workload.job_id, self.rounds)
+                    )
+                run = stack.enter_context(JobRunner(
+                    workload, store, self.client, bar,
                     profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
-                ) as run,
-            ):  # fmt: skip
+                    on_receipt=ahead.add if ahead is not None else None,
+                ))  # fmt: skip
                 layout = unit_layout(workload)
                 receipts, rest = [], None
                 if not plan.sized:
@@ -148,6 +160,8 @@ class JobRun:
                     )
                 receipts += rest
                 self.receipts = receipts
+                if ahead is not None:
+                    self.entries = ahead.close()
         except KeyboardInterrupt:
             raise interrupted(workload, self.store, plan) from None
         if options.profile_tasks:
@@ -167,7 +181,8 @@ class JobRun:
         if store is None:
             return
         t_final = time.perf_counter()
-        self.finalized = finalized_output(workload, store, tasks, self.options)
+        with entries_read(self.entries):  # (those read while the tasks ran)
+            self.finalized = finalized_output(workload, store, tasks, self.options)
         # Units that failed as data (a chunk whose fit failed is a row in the
         # models table, and its task is complete) count against --max-failures too,
         # including those of tasks skipped on resume.
