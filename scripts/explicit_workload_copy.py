@@ -6,7 +6,8 @@ there. A reader that follows one parameter through the calls that pass it on los
 it at that attribute. In the copy, each method of ``JobRun`` that reads
 ``self.workload`` (or calls a method that does) takes ``workload`` as its first
 parameter instead, and each call of it passes it on, from ``run_validated_job``'s
-``JobRun(workload, ...).run(...)`` down; nothing else changes. The copy is for
+``JobRun(workload, ...).run(...)`` down (``run`` renamed ``run_with_workload``, a
+name no other class defines); nothing else changes. The copy is for
 reading only (comments and formatting of the rewritten files are lost).
 
     python scripts/explicit_workload_copy.py /tmp/explicit-workload
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RUN = "pipeline/runner/run.py"
 JOB = "pipeline/runner/job.py"
 CLASS = "JobRun"
+#: ``JobRun.run``'s name in the copy, one no other class defines.
+ENTRY = "run_with_workload"
 
 
 def copy_tree(dest: Path) -> None:
@@ -90,6 +93,18 @@ class _Explicit(ast.NodeTransformer):
             return ast.copy_location(ast.Name("workload", ast.Load()), node)
         return node
 
+    def visit_Assign(self, node: ast.Assign):
+        """``workload = self.workload`` goes: the parameter is there already."""
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "workload"
+            and _reads_workload(node.value)
+            and isinstance(node.value, ast.Attribute)
+        ):
+            return None
+        return self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
         f = node.func
@@ -126,6 +141,8 @@ def rewrite_run(path: Path) -> set[str]:
             break
         takes |= more
     takes.add("run")  # the entry: run_validated_job hands the workload in here
+    # (renamed: several classes define a ``run``, so a reader could not tell which is called)
+    methods["run"].name = ENTRY
     lost = [n for n, fn in methods.items() if _is_property(fn) and _reads_workload(fn)]
     if lost:
         print(f"note: properties read self.workload (not followed): {lost}", file=sys.stderr)
@@ -138,7 +155,7 @@ def rewrite_run(path: Path) -> set[str]:
 
 
 class _PassToRun(ast.NodeTransformer):
-    """``JobRun(w, ...).run(...)`` -> ``JobRun(w, ...).run(w, ...)``."""
+    """``JobRun(w, ...).run(...)`` -> ``JobRun(w, ...).run_with_workload(w, ...)``."""
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
@@ -151,6 +168,7 @@ class _PassToRun(ast.NodeTransformer):
             and f.value.func.id == CLASS
         ):
             node.args.insert(0, f.value.args[0])
+            f.attr = ENTRY
         return node
 
 
