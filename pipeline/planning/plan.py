@@ -146,9 +146,8 @@ def load_plan(
     )  # fmt: skip
     requested = requested_units_per_task(requested, g)
     key = job_record_key(workload.job_id)
-    # Read first, then compared: the job's fingerprint (made once: a long listed grid's
-    # takes seconds), its record (its format checked) and the code versions of both.
-    current = recorded_fingerprint(workload) if store is not None else None
+    # Read first, then compared: the job's record (its format checked), its fingerprint
+    # (made once: a long listed grid's takes seconds) and the code versions of both.
     record = recorded = None
     if store is not None and store.exists(key):
         record = read_job_record(store, key)
@@ -160,6 +159,7 @@ def load_plan(
                 f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
             )
         recorded = record.get("fingerprint", {})
+    current = recorded_fingerprint(workload) if store is not None else None
     free = set(workload.resume_may_change)
     # (A key the record lacks is one an older version did not record: not compared.)
     changed = sorted(
