@@ -9,7 +9,7 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..costs.prices import worker_price
 from ..errors import Interrupted
-from ..layout import check_job_id
+from ..layout import check_job_id, tasks_done
 from ..planning.plan import load_plan
 from ..storage import Store, open_store
 from ..summary import RunSummary
@@ -20,7 +20,6 @@ from .output import (
     is_consolidated,
     only_finalization_left,
     recorded_plan,
-    tasks_done,
 )
 from .run import JobRun, finalized_output
 from .summarize import finished_summary

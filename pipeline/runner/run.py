@@ -22,8 +22,9 @@ from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
 from ..errors import StorageError, UnreadableObject
 from ..joblib.job_runner import JobRunner
+from ..layout import tasks_done
 from ..manifest import entries_read
-from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
+from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout, units_in
 from ..planning.probes import probe
 from ..planning.sizing import longest_first
 from ..report import task_timings
@@ -31,7 +32,7 @@ from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
 from .entries import EntriesReadAhead
-from .output import check_space, interrupted, is_consolidated, open_output, tasks_done, units_in
+from .output import check_space, interrupted, is_consolidated, open_output
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
@@ -48,8 +49,11 @@ class JobRun:
     inputs, its ``price``) and held by its lock: :meth:`run` takes it through its phases."""
 
     def __init__(self, workload: Workload, options: RunOptions, client, price, echo=print):
-        self.workload, self.options, self.client = workload, options, client
-        self.price, self.echo = price, echo
+        self.workload = workload
+        self.options = options
+        self.client = client
+        self.price = price
+        self.echo = echo
         self.t_command = time.perf_counter()
         self.store: Store | None = None
         self.plan: Plan | None = None
@@ -84,7 +88,8 @@ class JobRun:
     def resume(self, store_checked: bool) -> RunSummary | None:
         """The job's output opened (its tasks left by an earlier driver released), its plan
         loaded and the tasks done found: the summary of a job found complete, else None."""
-        workload, options = self.workload, self.options
+        workload = self.workload
+        options = self.options
         if workload.writes_output:
             release_left_tasks(self.client, workload, open_store(options.output).url)
         self.store = store = open_output(workload, options, self.echo, checked=store_checked)
@@ -94,9 +99,10 @@ class JobRun:
             # (a changed code is recorded before any task of it runs; the tasks done keep
             # the version their entries name)
             self.code = mark_code_version(workload, store, self.plan)
-        self.done = tasks_done(store, workload.job_id)
         # A complete job needs no cluster: the manifest is listed once, for both uses.
-        if store is not None and is_consolidated(store, workload.job_id):
+        consolidated = store is not None and is_consolidated(store, workload.job_id)
+        self.done = tasks_done(store, workload.job_id)
+        if consolidated:
             return finished_summary(workload, store, self.plan, self.done)
         return None
 
@@ -104,7 +110,9 @@ class JobRun:
         """A worker to run on; the tasks done that a rerun calls again (and the units of
         them it keeps); the space the rest needs; the workload's cluster set up (unless
         ``cluster_ready``)."""
-        workload, store, done = self.workload, self.store, self.done
+        workload = self.workload
+        store = self.store
+        done = self.done
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
         known = self.plan.tasks(workload.n_units)
         if store is not None and done:
@@ -131,7 +139,10 @@ class JobRun:
     def dispatch(self) -> None:
         """The plan's probes (where it is not sized yet) and the rest of its tasks not
         done, on the cluster, with the run's progress; their receipts kept."""
-        workload, options, plan, done = self.workload, self.options, self.plan, self.done
+        workload = self.workload
+        options = self.options
+        plan = self.plan
+        done = self.done
         store = self.store
         try:
             with (
@@ -177,7 +188,9 @@ class JobRun:
     def finalize(self) -> None:
         """The workload's finalize; the units recorded as failed (as data) in the job's
         tasks; what attempts of tasks left behind, removed."""
-        workload, store, tasks = self.workload, self.store, self.tasks
+        workload = self.workload
+        store = self.store
+        tasks = self.tasks
         if store is None:
             return
         t_final = time.perf_counter()
@@ -208,7 +221,9 @@ class JobRun:
 
     def summary(self) -> RunSummary:
         """The run's summary, from its plan, its tasks' receipts and its finalize."""
-        workload, options, receipts = self.workload, self.options, self.receipts
+        workload = self.workload
+        options = self.options
+        receipts = self.receipts
         summary = plan_summary(
             workload, self.store, self.plan, self.tasks, self.done, workers=self.n_workers
         )
