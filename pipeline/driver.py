@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cluster.connect import ClusterStart, connect
+from .cluster.connect import ClusterStart, connect, worker_threads
 from .config import (
     RunOptions,
     names_in_scope,
@@ -64,9 +64,12 @@ def run_jobs(
     urls = [u for w in workloads for u in w.input_urls()]
     urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
     urls = tuple(dict.fromkeys(urls))
+    looks_done = [_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
+    ready: list[int] = []  # the jobs whose cluster set-up ran in the cluster's start
     start = None
-    if not all(_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)):
-        start = ClusterStart(first, modules, urls)
+    if not all(looks_done):
+        pending = [n for n, done in enumerate(looks_done) if not done]
+        start = ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
     try:
         with _before_tasks("checking the inputs"):
             t0 = time.perf_counter()
@@ -104,7 +107,10 @@ def run_jobs(
     summaries: list[RunSummary] = []
     stopping = None  # (the last job's summary, and when the cluster's stop began)
     try:
-        with start or ClusterStart(first, modules, urls) as start, _profiled(first.profile):
+        if start is None:
+            pending = [n for n, done in enumerate(finished) if done is None]
+            start = ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
+        with start, _profiled(first.profile):
             t1 = time.perf_counter()
             with _before_tasks("starting the cluster"):
                 client = start.client()
@@ -114,6 +120,7 @@ def run_jobs(
                 "inputs checked": validation_seconds,
                 "cluster start": start.seconds,
                 "worker imports": start.import_seconds,
+                "cluster set-up": start.set_up_seconds,
                 "waited for the cluster": time.perf_counter() - t1,
             }
             if not first.scheduler and first.dashboard and client.dashboard_link:
@@ -125,8 +132,9 @@ def run_jobs(
                     echo(f"{_first_line(workload)} on {_cluster_name(client)}")
                     with _performance_report(job.options.report, job.job_id):
                         summary = run_validated_job(
-                            workload, job.options, client, price, echo=echo, store_checked=True
-                        )
+                            workload, job.options, client, price, echo=echo,
+                            store_checked=True, cluster_ready=n in ready,
+                        )  # fmt: skip
                 if startup:
                     summary.add_startup(startup)
                     summary.count_command(time.perf_counter() - began)
@@ -148,6 +156,26 @@ def run_jobs(
             if on_summary:
                 on_summary(job, summary)
     return summaries
+
+
+def _set_up(jobs: Sequence[Job], workloads: list[Workload], pending: list[int], ready: list[int]):
+    """The cluster's set-up for the ``pending`` jobs, run in its start thread beside the
+    input checks: each job's ``prepare_cluster`` (its code shipped to every worker, what
+    they must import checked: a round trip to every worker, seconds on a fleet), so that
+    the first task need not wait for it. Only on a cluster that has a worker already
+    (the checks need one to answer; the runner waits for one); ``ready`` gets each job
+    set up."""
+    several = len(jobs) > 1
+
+    def set_up(client) -> None:
+        if not worker_threads(client):
+            return
+        for n in pending:
+            with naming_file(jobs[n].source, several):
+                workloads[n].prepare_cluster(client)
+            ready.append(n)
+
+    return set_up
 
 
 @contextlib.contextmanager

@@ -275,3 +275,8 @@ def completed_tasks(store, job_id: str) -> set[int]:
     is written)."""
     found = (task_index(key) for key in store.list(manifest_prefix(job_id)))
     return {index for index in found if index is not None}
+
+
+def tasks_done(store, job_id: str) -> set[int]:
+    """The job's complete tasks (by their entries), none without an output."""
+    return completed_tasks(store, job_id) if store is not None else set()

@@ -22,8 +22,10 @@ settings (``code_versions``); ``pipeline verify`` counts the tasks of each and
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +57,7 @@ __all__ = [
     "code_version",
     "consolidate_manifest",
     "entry_codes",
+    "entries_read",
     "made_by",
     "entry_keys",
     "entry_parts",
@@ -162,6 +165,25 @@ def _parts_of(entry) -> dict[str, str]:
     return dict(zip(kinds, objects, strict=True))
 
 
+#: Entries read already (key -> table), which :func:`manifest_entries` takes rather than
+#: reading them again: a run's, read as its tasks reported (:mod:`pipeline.runner.entries`).
+_READ: contextvars.ContextVar[Mapping[str, object] | None] = contextvars.ContextVar(
+    "pipeline_entries_read", default=None
+)
+
+
+@contextlib.contextmanager
+def entries_read(tables: Mapping[str, object]):
+    """Within the block, :func:`manifest_entries` takes the entries in ``tables`` (key ->
+    ``pyarrow.Table``) as read. Entries are never overwritten, so one read earlier is
+    the one a read now would give."""
+    token = _READ.set(tables)
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
 def manifest_entries(store: Store, job_id: str, tasks: list[Task], order: str = UNIT_RANGE[1]):
     """Every task's current manifest entry as one table, in the order of its ``order``
     column (an entry's first unit) when it has one."""
@@ -169,7 +191,10 @@ def manifest_entries(store: Store, job_id: str, tasks: list[Task], order: str = 
 
     current = entry_keys(store, job_id)
     keys = [current.get(t.index, manifest_key(job_id, t.index)) for t in tasks]
-    parts = read_parquet_tables(store, keys)
+    read = _READ.get() or {}
+    left = [k for k in keys if k not in read]
+    fresh = dict(zip(left, read_parquet_tables(store, left), strict=True))
+    parts = [read[k] if k in read else fresh[k] for k in keys]
     manifest = pa.concat_tables(parts, promote_options="permissive")
     if order in manifest.column_names:
         return manifest.sort_by([(order, "ascending")])

@@ -237,9 +237,11 @@ def time_split(s: RunSummary) -> str:
     checked = s.startup.get("inputs checked", 0.0)
     if "cluster start" in s.startup:  # (the cluster started while the inputs were checked)
         start = checked + s.startup["waited for the cluster"]
+        set_up = s.startup.get("cluster set-up", 0.0)  # (the jobs' code shipped, say)
+        of_it = f", {seconds(set_up)} of it the jobs' set-up" if set_up >= 0.05 else ""
         parts.append(
             f"start-up {seconds(start)} (inputs checked {seconds(checked)} "
-            f"while the cluster started in {seconds(s.startup['cluster start'])})"
+            f"while the cluster started in {seconds(s.startup['cluster start'])}{of_it})"
         )
     else:
         if checked >= 0.05:

@@ -8,6 +8,7 @@ and results are checked with `pipeline verify`.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -333,9 +334,13 @@ def test_map_code_is_shipped_to_the_workers_and_its_hash_guards_resume(remote, t
     assert "points in" not in unshipped.stdout  # no task ran
 
     args = ["run", job, "--output", out, "--no-progress", *remote.driver_flags]
-    proc = pipeline_cli(args, remote.env)
+    proc = pipeline_cli([*args, "--report", tmp_path / "report"], remote.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 of 6 points" in proc.stdout
+    # The code went out (a round trip to every worker) in the cluster's start, beside
+    # the input checks: the run's clock starts with it on the workers.
+    summary = json.loads((tmp_path / "report" / "shipped-summary.json").read_text())
+    assert summary["startup"]["cluster set-up"] > 0, summary["startup"]
     shown = pipeline_cli(["results", out], remote.env)
     assert "table 'results', 6 rows" in shown.stdout, shown.stderr
     ok = pipeline_cli(["verify", out], remote.env)

@@ -8,8 +8,9 @@ worker's own process (here ``--count`` workers share one event loop and one
 GIL), the memory monitor (``memory_limit=0``, unless ``--memory-limit`` gives one:
 ``auto`` is what ``dask worker`` sets by default, and then every worker checks the
 process's memory every 100 ms, as a fleet's workers do, on the one event loop they
-share here), the statistical profiler (off) and the 20 ms event-loop tick
-measurement (every 500 ms): per-worker costs that never reach the scheduler.
+share here), the statistical profiler (off), the 20 ms event-loop tick measurement
+(every 500 ms) and the 500 ms system monitor (every 10 s): per-worker costs that
+never reach the scheduler.
 
 A worker whose scheduler connection breaks closes itself (Dask workers do not
 reconnect), and when closing takes over 30 s Dask ends its whole process
@@ -113,9 +114,16 @@ async def _main(opts) -> None:
     # Per-worker periodic work that never reaches the scheduler, made rarer: with
     # hundreds of workers on one event loop, each one's 20 ms event-loop tick
     # measurement alone is thousands of callbacks a second (stalls over 3 s are
-    # still logged).
+    # still logged); and each one's system monitor reads this one process's CPU,
+    # memory, network, disk and open files (hundreds here: every worker's connections)
+    # twice a second, half the process's CPU at 100 workers. Heartbeats still go at
+    # the scheduler's rate, with the monitor's last reading.
     dask.config.set(
-        {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "500ms"}
+        {
+            "distributed.worker.profile.enabled": False,
+            "distributed.admin.tick.interval": "500ms",
+            "distributed.admin.system-monitor.interval": "10s",
+        }
     )
     security = Security(
         tls_ca_file=opts.ca,

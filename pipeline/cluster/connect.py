@@ -9,7 +9,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import dask
 
@@ -223,12 +224,17 @@ def _closing(client):
 
 class ClusterStart:
     """:func:`connect` begun in a thread, so that the cluster starts (and its workers
-    import ``modules`` and open the stores at ``urls``) while the driver validates its
-    inputs. :meth:`client` waits for it; leaving the ``with`` block closes it,
-    whatever happened meanwhile."""
+    import ``modules`` and open the stores at ``urls``, and ``set_up(client)`` runs:
+    the jobs' code shipped, say) while the driver validates its inputs. :meth:`client`
+    waits for it and raises what failed; leaving the ``with`` block closes it, whatever
+    happened meanwhile."""
 
     def __init__(
-        self, options: RunOptions, modules: tuple[str, ...] = (), urls: tuple[str, ...] = ()
+        self,
+        options: RunOptions,
+        modules: tuple[str, ...] = (),
+        urls: tuple[str, ...] = (),
+        set_up: Callable[[Any], None] | None = None,
     ):
         check_embedded_workers(options)  # at once, not after the inputs are checked
         if not options.scheduler:
@@ -236,21 +242,27 @@ class ClusterStart:
         self._stack = contextlib.ExitStack()
         self._client = None
         self._error: BaseException | None = None
-        #: Seconds the start took, and of them the workers' imports.
-        self.seconds = self.import_seconds = 0.0
+        #: Seconds the start took, and of them the workers' imports and ``set_up``.
+        self.seconds = self.import_seconds = self.set_up_seconds = 0.0
         self._thread = threading.Thread(
-            target=self._start, args=(options, modules, urls), name="pipeline-cluster-start"
+            target=self._start,
+            args=(options, modules, urls, set_up),
+            name="pipeline-cluster-start",
         )
         self._thread.start()
 
-    def _start(self, options: RunOptions, modules: tuple[str, ...], urls: tuple[str, ...]) -> None:
+    def _start(self, options: RunOptions, modules, urls, set_up) -> None:
         t0 = time.perf_counter()
         try:
             client = self._stack.enter_context(connect(options))
             t1 = time.perf_counter()
             if (modules or urls) and not options.scheduler:  # a fleet's workers live on
                 client.run(prepare_worker, list(modules), list(urls))
-            self.import_seconds = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            self.import_seconds = t2 - t1
+            if set_up is not None:
+                set_up(client)
+                self.set_up_seconds = time.perf_counter() - t2
             self._client = client
         except BaseException as exc:  # raised in the driver's thread by client()
             self._error = exc

@@ -23,6 +23,7 @@ import logging
 import queue
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,8 @@ class TaskRunner:
     rounds: dict[int, int] = field(default_factory=dict)  # (:func:`.commit.with_rounds`)
     #: The code version its tasks record in their entries (the runner's, per run).
     code: CodeStamp | None = None
+    #: Called with each task's final receipt as it is read (a run reads its entries).
+    on_receipt: Callable[[TaskReceipt], None] | None = None
 
     def __post_init__(self) -> None:
         send_promptly(self.client)

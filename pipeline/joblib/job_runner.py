@@ -103,6 +103,8 @@ class JobRunner(TaskRunner):
                     raise KeyboardInterrupt
                 failed = len(receipt.failures) + len(receipt.recorded or ())
                 self.bar.update(receipt.units, failed=failed)
+                if self.on_receipt is not None:
+                    self.on_receipt(receipt)
                 yield receipt
         finally:
             if any(r is results for r in self._reading):

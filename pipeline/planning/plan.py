@@ -50,6 +50,11 @@ def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = (
     return tasks
 
 
+def units_in(tasks: list[Task], indices: set[int]) -> int:
+    """The units of ``tasks`` whose index is in ``indices``."""
+    return sum(len(t.units) for t in tasks if t.index in indices)
+
+
 def tasks_from_stops(head: Sequence[int], stops: Sequence[int]) -> list[Task]:
     """Tasks of ``head[i]`` units first (the probes), then tasks ending at ``stops``."""
     tasks = plan_tasks(sum(head), None, head)
@@ -141,37 +146,43 @@ def load_plan(
     )  # fmt: skip
     requested = requested_units_per_task(requested, g)
     key = job_record_key(workload.job_id)
-    if store is None or not store.exists(key):
+    # Read first, then compared: the job's record (its format checked), its fingerprint
+    # (made once: a long listed grid's takes seconds) and the code versions of both.
+    record = recorded = None
+    if store is not None and store.exists(key):
+        record = read_job_record(store, key)
+        where = store.describe(workload.job_id)
+        fmt = record.get("plan_format", 1)
+        if not isinstance(fmt, int) or fmt > PLAN_FORMAT:
+            raise ConfigError(
+                f"{where}/job.json has plan format {fmt!r}, newer than this version reads "
+                f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
+            )
+        recorded = record.get("fingerprint", {})
+    current = recorded_fingerprint(workload) if store is not None else None
+    free = set(workload.resume_may_change)
+    # (A key the record lacks is one an older version did not record: not compared.)
+    changed = sorted(
+        k for k in recorded or () if k not in free and recorded.get(k) != current.get(k)
+    )
+    code, meaning = code_changes(changed, workload.code_settings)
+    versions = {} if store is None else versions_record(
+        record and record.get("code_versions"), recorded, current, workload.code_settings
+    )  # fmt: skip
+    if record is None:
         plan = Plan(units_per_task=requested)
         if store is not None:
-            plan.fingerprint = recorded_fingerprint(workload)
-            plan.code_versions = versions_record(
-                None, None, plan.fingerprint, workload.code_settings
-            )
+            plan.fingerprint = current
+            plan.code_versions = versions
         if requested:
             save_plan(workload, store, plan)
         return plan
-    record = read_job_record(store, key)
-    where = store.describe(workload.job_id)
-    fmt = record.get("plan_format", 1)
-    if not isinstance(fmt, int) or fmt > PLAN_FORMAT:
-        raise ConfigError(
-            f"{where}/job.json has plan format {fmt!r}, newer than this version reads "
-            f"(up to {PLAN_FORMAT}); resume with a newer pipeline, or use --overwrite"
-        )
-    recorded, current = record.get("fingerprint", {}), recorded_fingerprint(workload)
-    free = set(workload.resume_may_change)
-    # (A key the record lacks is one an older version did not record: not compared.)
-    changed = sorted(k for k in recorded if k not in free and recorded.get(k) != current.get(k))
-    code, meaning = code_changes(changed, workload.code_settings)
     if meaning or (code and not keep_done):
         raise ConfigError(_refusal(workload, where, changed, meaning))
     plan = Plan.from_record(record)
     plan.fingerprint = current
     plan.code_changed = bool(code)
-    plan.code_versions = versions_record(
-        plan.code_versions, recorded, current, workload.code_settings
-    )
+    plan.code_versions = versions
     if plan.stops is not None and (
         sum(plan.head) > workload.n_units or (plan.stops and plan.stops[-1] != workload.n_units)
     ):
@@ -263,10 +274,9 @@ def mark_code_version(workload: Workload, store: Store, plan: Plan) -> CodeStamp
     """Before any task runs: the code version the workers record in each task's entry
     (:func:`pipeline.manifest.stamp_entry`), returned, and a changed one recorded in
     the job's record (its fingerprint, which the next run compares, and its settings)."""
-    code = CodeStamp(
-        code_version(plan.fingerprint, workload.code_settings), len(plan.code_versions) > 1
-    )
     if plan.code_changed:
         save_plan(workload, store, plan)
         plan.code_changed = False
-    return code
+    return CodeStamp(
+        code_version(plan.fingerprint, workload.code_settings), len(plan.code_versions) > 1
+    )

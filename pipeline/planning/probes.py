@@ -158,9 +158,8 @@ def probe(
                     rounds, counted = rounds + 1, True
                 if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
                              options, min_rounds):  # fmt: skip
-                    _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
+                    rest = _cut(run, plan, model, layout, n_workers, options, start_rest)
                     cut = True
-                    rest = _start(run, plan, layout) if start_rest else None
             receipts += got
             round_ = []
             if cut:
@@ -195,8 +194,7 @@ def probe(
         ):
             break
         large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
-    _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
-    return receipts, _start(run, plan, layout) if start_rest else None
+    return receipts, _cut(run, plan, model, layout, n_workers, options, start_rest)
 
 
 def _streamed_first_round(
@@ -241,8 +239,7 @@ def _streamed_first_round(
         if _many(samples) and 2 * larges_done >= len(larges):
             overhead = _measured_overhead(clock, SCHEDULER_SECONDS_PER_TASK)
             model = fit_costs(samples, overhead, _handover(got))
-            _cut(run, plan, model, layout, n_workers, options, taper=start_rest)
-            rest = _start(run, plan, layout) if start_rest else None
+            rest = _cut(run, plan, model, layout, n_workers, options, start_rest)
     return got, rest
 
 
@@ -290,34 +287,35 @@ def _many(samples) -> bool:
     return sum(1 for n in sizes.values() if n >= MANY_SAMPLES) >= 2
 
 
-def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, taper: bool) -> None:
-    """Cut the units after the probes by ``model`` and record the plan; with ``taper``
-    its last round tapered (not for an estimate, which samples the full-size tasks)."""
+def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, start_rest: bool):
+    """Cut the units after the probes by ``model``, record the plan and, with
+    ``start_rest``, start the tasks after the probes, longest first: their receipts
+    as they come (else None). Started, the last round is tapered (not for an
+    estimate, which samples the full-size tasks)."""
     workload, n = run.workload, run.workload.n_units
     start = sum(plan.head)
+    measured = _describe_model(model, workload.unit_name)
     if model is None:  # nothing measured: several tasks per worker, to be safe
         plan.stops = cut_tasks(
             layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
         )
     else:
         stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
-        plan.stops = tapered(layout, start, stops, model, n_workers) if taper else stops
+        plan.stops = tapered(layout, start, stops, model, n_workers) if start_rest else stops
         plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
     save_plan(workload, run.store, plan)
     log.info(
         "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
         len(plan.head),
-        _describe_model(model, workload.unit_name),
+        measured,
         n - start,
         workload.unit_name,
         len(plan.stops),
         plan.typical_size(n),
     )
-
-
-def _start(run: Launcher, plan: Plan, layout: UnitLayout):
-    """Start the tasks after the probes, longest first; their receipts as they come."""
-    rest = plan.tasks(run.workload.n_units)[len(plan.head) :]
+    if not start_rest:
+        return None
+    rest = plan.tasks(n)[len(plan.head) :]
     return run.launch(longest_first(layout, rest))
 
 

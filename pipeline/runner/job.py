@@ -9,7 +9,7 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..costs.prices import worker_price
 from ..errors import Interrupted
-from ..layout import check_job_id
+from ..layout import check_job_id, tasks_done
 from ..planning.plan import load_plan
 from ..storage import Store, open_store
 from ..summary import RunSummary
@@ -20,7 +20,6 @@ from .output import (
     is_consolidated,
     only_finalization_left,
     recorded_plan,
-    tasks_done,
 )
 from .run import JobRun, finalized_output
 from .summarize import finished_summary
@@ -75,16 +74,25 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
 
 
 def run_validated_job(
-    workload: Workload, options: RunOptions, client, price, *, echo=print, store_checked=False
+    workload: Workload,
+    options: RunOptions,
+    client,
+    price,
+    *,
+    echo=print,
+    store_checked=False,
+    cluster_ready=False,
 ) -> RunSummary:
     """:func:`run_job` of a job the driver has validated: its name, its ``preflight``
-    and its ``price`` (:func:`worker_price`), and with ``store_checked`` its output
-    store's preflight. Each check runs once per job and command, so a workload's
-    preflight need not be idempotent."""
+    and its ``price`` (:func:`worker_price`), with ``store_checked`` its output store's
+    preflight, and with ``cluster_ready`` its ``prepare_cluster`` (its code shipped
+    while the driver checked the inputs). Each check runs once per job and command, so
+    a workload's preflight need not be idempotent."""
     lock = open_store(options.output) if workload.writes_output else None
     with held(lock, workload.job_id):
         try:
-            return JobRun(workload, options, client, price, echo).run(store_checked)
+            run = JobRun(workload, options, client, price, echo)
+            return run.run(store_checked, cluster_ready)
         except Interrupted:
             raise
         except KeyboardInterrupt:

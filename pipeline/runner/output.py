@@ -13,24 +13,19 @@ import time
 from ..config import RunOptions
 from ..errors import Interrupted, JobRunning, StorageError
 from ..layout import (
-    completed_tasks,
     consolidated_manifest_key,
     job_record_key,
     lock_key,
     read_job_record,
     readable_table,
+    tasks_done,
 )
-from ..planning.plan import Plan
+from ..planning.plan import Plan, units_in
 from ..storage import Store, open_store
 from ..summary import size
 from ..workload import Task, Workload
 
 log = logging.getLogger(__name__)
-
-
-def tasks_done(store: Store | None, job_id: str) -> set[int]:
-    """The job's complete tasks (by their entries), none without an output."""
-    return completed_tasks(store, job_id) if store is not None else set()
 
 
 def open_output(
@@ -133,11 +128,6 @@ def check_space(workload: Workload, store: Store | None, units: int) -> None:
             f"output {store.url}: {size(nbytes)} of {units:,} {workload.unit_name}s still to "
             f"write, {size(free)} free on its disk; free some space or write elsewhere (--output)"
         )
-
-
-def units_in(tasks: list[Task], indices: set[int]) -> int:
-    """The units of ``tasks`` whose index is in ``indices``."""
-    return sum(len(t.units) for t in tasks if t.index in indices)
 
 
 def recorded_plan(store: Store | None, job_id: str) -> Plan | None:

@@ -8,6 +8,7 @@ and :meth:`JobRun.summary`, built from the receipts."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -20,22 +21,17 @@ from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
 from ..errors import StorageError, UnreadableObject
 from ..joblib.job_runner import JobRunner
-from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout
+from ..layout import tasks_done
+from ..manifest import entries_read
+from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout, units_in
 from ..planning.probes import probe
 from ..planning.sizing import longest_first
 from ..report import task_timings
 from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
-from .output import (
-    check_space,
-    interrupted,
-    is_consolidated,
-    open_output,
-    tasks_done,
-    units_in,
-    units_to_rerun,
-)
+from .entries import EntriesReadAhead
+from .output import check_space, interrupted, is_consolidated, open_output, units_to_rerun
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary, recorded_in
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
@@ -52,8 +48,11 @@ class JobRun:
     inputs, its ``price``) and held by its lock: :meth:`run` takes it through its phases."""
 
     def __init__(self, workload: Workload, options: RunOptions, client, price, echo=print):
-        self.workload, self.options, self.client = workload, options, client
-        self.price, self.echo = price, echo
+        self.workload = workload
+        self.options = options
+        self.client = client
+        self.price = price
+        self.echo = echo
         self.t_command = time.perf_counter()
         self.store: Store | None = None
         self.plan: Plan | None = None
@@ -71,13 +70,15 @@ class JobRun:
         self.recorded_before: list[UnitFailure] = []  # ... and in the tasks done before it
         self.finalize_seconds: float | None = None
         self.code = None  # the code version this run's tasks record (:class:`CodeStamp`)
+        self.entries: dict = {}  # the tasks' entries read as they reported (key -> table)
 
-    def run(self, store_checked: bool = False) -> RunSummary:
-        """The job resumed, its tasks run, finalized, and its summary."""
+    def run(self, store_checked: bool = False, cluster_ready: bool = False) -> RunSummary:
+        """The job resumed, its tasks run, finalized, and its summary (``cluster_ready``:
+        the workload's ``prepare_cluster`` has run on this client)."""
         finished = self.resume(store_checked)
         if finished is not None:
             return finished
-        self.prepare()
+        self.prepare(cluster_ready)
         self.dispatch()
         if self.complete:
             self.finalize()
@@ -86,7 +87,8 @@ class JobRun:
     def resume(self, store_checked: bool) -> RunSummary | None:
         """The job's output opened (its tasks left by an earlier driver released), its plan
         loaded and the tasks done found: the summary of a job found complete, else None."""
-        workload, options = self.workload, self.options
+        workload = self.workload
+        options = self.options
         if workload.writes_output:
             release_left_tasks(self.client, workload, open_store(options.output).url)
         self.store = store = open_output(workload, options, self.echo, checked=store_checked)
@@ -96,16 +98,20 @@ class JobRun:
             # (a changed code is recorded before any task of it runs; the tasks done keep
             # the version their entries name)
             self.code = mark_code_version(workload, store, self.plan)
-        self.done = tasks_done(store, workload.job_id)
         # A complete job needs no cluster: the manifest is listed once, for both uses.
-        if store is not None and is_consolidated(store, workload.job_id):
+        consolidated = store is not None and is_consolidated(store, workload.job_id)
+        self.done = tasks_done(store, workload.job_id)
+        if consolidated:
             return finished_summary(workload, store, self.plan, self.done)
         return None
 
-    def prepare(self) -> None:
+    def prepare(self, cluster_ready: bool = False) -> None:
         """A worker to run on; the tasks done that a rerun calls again (and the units of
-        them it keeps); the space the rest needs; the workload's cluster set up."""
-        workload, store, done = self.workload, self.store, self.done
+        them it keeps); the space the rest needs; the workload's cluster set up (unless
+        ``cluster_ready``)."""
+        workload = self.workload
+        store = self.store
+        done = self.done
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
         known = self.plan.tasks(workload.n_units)
         if store is not None and done:
@@ -122,20 +128,32 @@ class JobRun:
                 f"{workload.unit_name}s already complete"
             )
         check_space(workload, store, workload.n_units - complete)
-        workload.prepare_cluster(self.client)
+        if not cluster_ready:
+            workload.prepare_cluster(self.client)
 
     def dispatch(self) -> None:
         """The plan's probes (where it is not sized yet) and the rest of its tasks not
         done, on the cluster, with the run's progress; their receipts kept."""
-        workload, options, plan, done = self.workload, self.options, self.plan, self.done
+        workload = self.workload
+        options = self.options
+        plan = self.plan
+        done = self.done
+        store = self.store
         try:
             with (
                 _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
-                JobRunner(
-                    workload, self.store, self.client, bar,
+                contextlib.ExitStack() as stack,
+            ):
+                ahead = None
+                if store is not None:
+                    ahead = stack.enter_context(
+                        EntriesReadAhead(store, workload.job_id, self.rounds)
+                    )
+                run = stack.enter_context(JobRunner(
+                    workload, store, self.client, bar,
                     profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
-                ) as run,
-            ):  # fmt: skip
+                    on_receipt=ahead.add if ahead is not None else None,
+                ))  # fmt: skip
                 layout = unit_layout(workload)
                 receipts, rest = [], None
                 if not plan.sized:
@@ -148,6 +166,8 @@ class JobRun:
                     )
                 receipts += rest
                 self.receipts = receipts
+                if ahead is not None:
+                    self.entries = ahead.close()
         except KeyboardInterrupt:
             raise interrupted(workload, self.store, plan) from None
         if options.profile_tasks:
@@ -163,11 +183,14 @@ class JobRun:
     def finalize(self) -> None:
         """The workload's finalize; the units recorded as failed (as data) in the job's
         tasks; what attempts of tasks left behind, removed."""
-        workload, store, tasks = self.workload, self.store, self.tasks
+        workload = self.workload
+        store = self.store
+        tasks = self.tasks
         if store is None:
             return
         t_final = time.perf_counter()
-        self.finalized = finalized_output(workload, store, tasks, self.options)
+        with entries_read(self.entries):  # (those read while the tasks ran)
+            self.finalized = finalized_output(workload, store, tasks, self.options)
         # Units that failed as data (a chunk whose fit failed is a row in the
         # models table, and its task is complete) count against --max-failures too,
         # including those of tasks skipped on resume.
@@ -187,7 +210,9 @@ class JobRun:
 
     def summary(self) -> RunSummary:
         """The run's summary, from its plan, its tasks' receipts and its finalize."""
-        workload, options, receipts = self.workload, self.options, self.receipts
+        workload = self.workload
+        options = self.options
+        receipts = self.receipts
         summary = plan_summary(
             workload, self.store, self.plan, self.tasks, self.done, workers=self.n_workers
         )

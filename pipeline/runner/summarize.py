@@ -9,11 +9,11 @@ from dataclasses import asdict, replace
 
 from ..dispatch.receipts import TaskReceipt
 from ..manifest import summed_fingerprint
-from ..planning.plan import Plan
+from ..planning.plan import Plan, units_in
 from ..storage import Store, is_remote
 from ..summary import RunSummary, TaskTime
 from ..workload import Task, UnitFailure, Workload
-from .output import units_in, units_to_rerun
+from .output import units_to_rerun
 
 log = logging.getLogger(__name__)
 
