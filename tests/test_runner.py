@@ -348,9 +348,10 @@ def test_on_many_workers_the_rest_starts_without_waiting_for_the_first_rounds_sl
 ):
     # A first round with twice MANY_SAMPLES probes of each size is read as it comes
     # (hundreds of workers; here 8 worker processes, and 2 samples a size): a
-    # warm-up each, a 15-unit probe each, a 1-unit probe for every other (twice
-    # MANY_SAMPLES at most) and a 7-unit follower each; once 2 of each size and half
-    # the first 15-unit probes reported, the rest is cut and started. The probe holding unit 30
+    # 15-unit probe each (its worker's first task: no warm-up before it), a 1-unit
+    # probe for every other (twice MANY_SAMPLES at most) and a 7-unit follower each;
+    # once 2 of each size run warm and half the 15-unit probes reported, the rest is
+    # cut and started. The probe holding unit 30
     # is 3 s slower (and a 1-unit probe may wait behind it): the rest's tasks run
     # meanwhile instead of after it.
     import pipeline.planning.probes
@@ -361,9 +362,9 @@ def test_on_many_workers_the_rest_starts_without_waiting_for_the_first_rounds_sl
         s = run_job(w, options(tmp_path), client, echo=lambda m: None)
     assert s.complete and s.units_run == 8 * 60
     head = json.loads((tmp_path / "sq" / "job.json").read_text())["head"]
-    assert head == [1] * 8 + [15] * 8 + [1] * 4 + [7] * 8  # the followers last
+    assert head == [15] * 8 + [1] * 4 + [7] * 8  # the followers last
     timings = {t["index"]: t for t in s.task_timings}
-    slow = timings[8 + (30 - 8) // 15]
+    slow = timings[30 // 15]
     slow_end = slow["start"] + slow["seconds"]
     assert slow["seconds"] >= 3.0
     rest = [t for i, t in timings.items() if i >= len(head)]

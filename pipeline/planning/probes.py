@@ -127,8 +127,14 @@ def probe(
                     # the workers where they start on the rest.)
                     # (No followers where no rest is started: an estimate's.)
                     smalls = smalls[: 2 * MANY_SAMPLES]
-                    used = sum(warm_ups) + sum(larges) + sum(smalls)
                     if start_rest:
+                        # No warm-ups where followers come: each worker's large probe
+                        # is its first task, left out of the fit as a warm-up is, and
+                        # the smalls and the followers, two sizes run warm, fit the
+                        # line. (A warm-up a worker cost each a hand-over more, all
+                        # of them at once: 2-5 s of every worker's time at 500.)
+                        warm_ups = []
+                        used = sum(larges) + sum(smalls)
                         half = max(g, round_up(large // 2, g))
                         followers = probe_round(None, half, n_workers, left - used)
                 sizes = warm_ups + larges + smalls + followers
