@@ -92,6 +92,7 @@ class TaskRunner:
         self._checked = time.monotonic()
         self._holder = lease.ensure_lease(self.client, reconnect_seconds(self.client) + 10.0)
         self._threads = 1
+        self._batches = 0  # batches submitted (each ranks after the one before)
         url = self.store.url if self.store is not None else None
         self._job_prefix = job_prefix(self.workload, url)
         self._unheld: list[str] = []  # keys whose hold to let go of
@@ -175,12 +176,18 @@ class TaskRunner:
         call = self._call(len(tasks), again)
         for first in range(0, len(tasks), SUBMIT_BATCH):
             batch = tasks[first : first + SUBMIT_BATCH]
+            # Each batch after the one before: Dask orders the tasks of one submission,
+            # and puts submissions less than 100 ms apart level, so the first task of
+            # every batch went before the second of any (a run's last, short tasks
+            # before its long ones). Copies (stragglers.COPY_PRIORITY) still go first.
+            self._batches += 1
             futures = self.client.map(
                 run_task,
                 batch,
                 [call] * len(batch),
                 key=[self._key(run, t) for t in batch],
                 pure=False,
+                priority=-self._batches,
             )
             keys = [f.key for f in futures]
             lease.hold(self.client, self._holder, keys)
