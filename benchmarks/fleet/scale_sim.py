@@ -317,8 +317,8 @@ def run(opts) -> dict:
             figures["tasks_per_second"] = round(tasks / run_seconds, 1)
         figures["scheduler_cpu_per_task_gross"] = job_cpu / tasks
         figures["scheduler_cpu_per_task"] = max(job_cpu - heartbeat_cpu, 0.0) / tasks
-        # The scheduler's share of a core over the command: what the planner keeps at or
-        # under 25 % (heartbeats included; net: the tasks' own share).
+        # The scheduler's share of a core over the command, heartbeats included; net:
+        # the tasks' own share, what the planner keeps at or under 25 %.
         figures["scheduler_busy"] = round(job_cpu / wall, 3)
         figures["scheduler_busy_net"] = round(max(job_cpu - heartbeat_cpu, 0.0) / wall, 3)
         figures["scheduler_alive"] = scheduler.alive()
