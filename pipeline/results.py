@@ -249,7 +249,7 @@ def incomplete_note(store: Store, job_id: str, record: dict) -> str | None:
 
     # Counted from the tasks that are there: a run stopped before it had planned
     # every task (while probing) has units in none of those it planned
-    tasks = Plan.from_record(record).tasks(record["units"])
+    tasks = Plan.from_record(record).tasks
     done = completed_tasks(store, job_id)
     if all(t.index in done for t in tasks) and store.exists(consolidated_manifest_key(job_id)):
         return None

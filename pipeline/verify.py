@@ -182,7 +182,7 @@ def repair_job(
     from .planning.plan import Plan
 
     plan = Plan.from_record(record)
-    tasks = plan.tasks(record["units"])
+    tasks = plan.tasks
     starts = [t.start for t in tasks]
     hit: set[Task] = set()
     for u in damaged:

@@ -450,8 +450,8 @@ def test_a_plan_of_format_1_is_replayed_and_a_newer_one_refused(tmp_path):
     old = {"fingerprint": w.fingerprint(), "head": [1, 1, 5], "units_per_task": 20}
     store.write_bytes("sq/job.json", json.dumps(old).encode())
     plan = load_plan(w, None, store)
-    assert [(t.start, t.stop) for t in plan.tasks(100)][:4] == [(0, 1), (1, 2), (2, 7), (7, 27)]
-    assert plan.tasks(100)[-1].stop == 100
+    assert [(t.start, t.stop) for t in plan.tasks][:4] == [(0, 1), (1, 2), (2, 7), (7, 27)]
+    assert plan.tasks[-1].stop == 100
     store.write_bytes("sq/job.json", json.dumps({**old, "plan_format": 3}).encode())
     with pytest.raises(ConfigError, match="plan format 3"):
         load_plan(w, None, store)
@@ -462,7 +462,7 @@ def test_a_measured_plan_is_replayed_and_a_different_size_refused(tmp_path):
     w = SquaresWorkload("sq", 100)
     save_plan(w, store, Plan([1, 1], stops=[40, 70, 100], model={"fixed": 0.1}))
     plan = load_plan(w, None, store)
-    assert [(t.start, t.stop) for t in plan.tasks(100)] == [(0, 1), (1, 2), (2, 40), (40, 70),
+    assert [(t.start, t.stop) for t in plan.tasks] == [(0, 1), (1, 2), (2, 40), (40, 70),
                                                             (70, 100)]  # fmt: skip
     with pytest.raises(ConfigError, match="measured task sizes"):
         load_plan(w, 10, store)

@@ -99,7 +99,7 @@ def estimate(
         n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)
         run = stack.enter_context(JobRunner(workload, store, client, _NoBar()))
-        plan = Plan()
+        plan = Plan(units=n)
         layout = unit_layout(workload)
         t0 = time.perf_counter()
         small = is_small_job(n, workers)
@@ -119,8 +119,8 @@ def estimate(
         # later sizes, a dataset's later years), and the probes ran its first ones;
         # two samples of the rest missed a costlier last quarter.
         count = FULL_SIZE_TASKS_PER_WORKER * workers
-        full = _spread(plan.tasks(n)[len(plan.head) :], count) if plan.model else []
-        if count * plan.typical_size(n) > n / 2:
+        full = _spread(plan.tasks[len(plan.head) :], count) if plan.model else []
+        if count * plan.typical_size > n / 2:
             full = []  # a job of a few large tasks: those would be much of it
         receipts += run(full)
         failed = [f for r in receipts for f in r.failures]
@@ -218,7 +218,7 @@ def _spread(tasks: list, count: int) -> list:
 def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:
     """``model``'s per-unit seconds, its fixed part kept: the probes' for the units they
     ran, the full-size tasks' rate (a sample of the rest) for the others."""
-    ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
+    ranges = {t.index: (t.start, t.stop) for t in plan.tasks}
     timed = [r for r in receipts if r.complete and r.units]
     weight = sum(layout.weight(*ranges[r.index]) for r in timed)
     if not timed or weight <= 0:
@@ -231,7 +231,7 @@ def _refit(model: CostModel, receipts, plan: Plan, layout) -> CostModel:
 
 def _fallback_model(receipts, plan: Plan, layout) -> CostModel:
     """A model from tasks of one size (a job too small to probe): all per unit."""
-    ranges = {t.index: (t.start, t.stop) for t in plan.tasks(layout.n)}
+    ranges = {t.index: (t.start, t.stop) for t in plan.tasks}
     samples = [
         ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
         for r in receipts

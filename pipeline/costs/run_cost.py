@@ -216,7 +216,7 @@ def project(
     if units_per_task:
         # the runner's tasks: of whole groups (a cube job's shards), as load_plan cuts them
         size = requested_units_per_task(units_per_task, layout.granularity)
-        stops = [t.stop for t in Plan(units_per_task=size).tasks(n)]
+        stops = [t.stop for t in Plan(units_per_task=size, units=n).tasks]
     elif small:
         stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), w, 1.0, rounds=1)
     else:

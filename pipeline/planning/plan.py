@@ -79,6 +79,8 @@ class Plan:
     stops: list[int] | None = None
     #: The cost model that chose ``stops`` (recorded for the reader, not replayed).
     model: dict[str, Any] | None = None
+    #: The job's units, which the plan's tasks cover once it is sized.
+    units: int = 0
     #: The job's fingerprint as recorded, made once per run: a plan is saved up to
     #: four times, and the fingerprint of a long listed grid takes seconds to make.
     fingerprint: dict | None = field(default=None, repr=False, compare=False)
@@ -93,19 +95,23 @@ class Plan:
     def sized(self) -> bool:
         return self.stops is not None or bool(self.units_per_task)
 
-    def tasks(self, n_units: int) -> list[Task]:
+    @property
+    def tasks(self) -> list[Task]:
+        """The probes, then the tasks the stops end (or of ``units_per_task`` units)."""
         if self.stops is not None:
             return tasks_from_stops(self.head, self.stops)
-        return plan_tasks(n_units, self.units_per_task, self.head)
+        return plan_tasks(self.units, self.units_per_task, self.head)
 
     @classmethod
-    def from_record(cls, record: dict) -> Plan:
-        """The plan a job's record (``job.json``) holds."""
+    def from_record(cls, record: dict, units: int | None = None) -> Plan:
+        """The plan a job's record (``job.json``) holds, for a job of ``units`` (by
+        default as recorded: a format-1 record may not say)."""
         return cls(
             list(record.get("head") or []),
             record.get("units_per_task"),
             record.get("stops"),
             record.get("cost_model"),
+            units if units is not None else record["units"],
             code_versions=dict(record.get("code_versions") or {}),
         )
 
@@ -115,9 +121,10 @@ class Plan:
         self.head.extend(sizes)
         return plan_tasks(sum(self.head), None, self.head)[first:]
 
-    def typical_size(self, n_units: int) -> int:
+    @property
+    def typical_size(self) -> int:
         """The median size of the tasks after the probes (0 while not sized)."""
-        sizes = sorted(len(t.units) for t in self.tasks(n_units)[len(self.head) :])
+        sizes = sorted(len(t.units) for t in self.tasks[len(self.head) :])
         return sizes[len(sizes) // 2] if sizes else 0
 
 
@@ -170,7 +177,7 @@ def load_plan(
         record and record.get("code_versions"), recorded, current, workload.code_settings
     )  # fmt: skip
     if record is None:
-        plan = Plan(units_per_task=requested)
+        plan = Plan(units_per_task=requested, units=workload.n_units)
         if store is not None:
             plan.fingerprint = current
             plan.code_versions = versions
@@ -179,7 +186,7 @@ def load_plan(
         return plan
     if meaning or (code and not keep_done):
         raise ConfigError(_refusal(workload, where, changed, meaning))
-    plan = Plan.from_record(record)
+    plan = Plan.from_record(record, workload.n_units)
     plan.fingerprint = current
     plan.code_changed = bool(code)
     plan.code_versions = versions
@@ -194,7 +201,7 @@ def load_plan(
         was = (
             f"{plan.units_per_task} units per task"
             if plan.stops is None
-            else f"measured task sizes (about {plan.typical_size(workload.n_units)} units)"
+            else f"measured task sizes (about {plan.typical_size} units)"
         )
         raise ConfigError(
             f"--units-per-task {asked}: the output at {where} was planned with {was}; "
@@ -245,7 +252,7 @@ def missing_tasks(store: Store, job_id: str, record: dict) -> list[Task]:
     """The tasks the job's record plans that have not written their manifest entry:
     what its next run runs, and what its tables lack."""
     done = completed_tasks(store, job_id)
-    return [t for t in Plan.from_record(record).tasks(record["units"]) if t.index not in done]
+    return [t for t in Plan.from_record(record).tasks if t.index not in done]
 
 
 def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:

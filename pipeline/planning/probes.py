@@ -80,7 +80,7 @@ def probe(
     limit = max(g, probe_limit(n, n_workers, g))
     large = min(limit, LARGE_PROBE_FACTOR * g)
     # Probes an interrupted run recorded but did not finish come first (a warm-up).
-    round_ = [t for t in plan.tasks(n) if t.index not in done]
+    round_ = [t for t in plan.tasks if t.index not in done]
     receipts: list[TaskReceipt] = []
     samples: list[ProbeSample] = []
     overhead = SCHEDULER_SECONDS_PER_TASK
@@ -317,11 +317,11 @@ def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, start_res
         n - start,
         workload.unit_name,
         len(plan.stops),
-        plan.typical_size(n),
+        plan.typical_size,
     )
     if not start_rest:
         return None
-    rest = plan.tasks(n)[len(plan.head) :]
+    rest = plan.tasks[len(plan.head) :]
     return run.launch(longest_first(layout, rest))
 
 

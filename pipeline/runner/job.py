@@ -52,7 +52,7 @@ def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> Run
         summary = finished_summary(workload, store, plan, done)
         if summary is None:  # (another run changed it meanwhile)
             return None
-        tasks = plan.tasks(workload.n_units)
+        tasks = plan.tasks
         summary.details.update(finalized_output(workload, store, tasks, options))
         store.discard_incomplete(workload.job_id)
     summary.finalized_now = True
@@ -91,12 +91,11 @@ def run_validated_job(
     lock = open_store(options.output) if workload.writes_output else None
     with held(lock, workload.job_id):
         try:
-            run = JobRun(workload, options, client, price, echo)
-            return run.run(store_checked, cluster_ready)
+            return JobRun(workload, options, client, price, echo).run(store_checked, cluster_ready)
         except Interrupted:
             raise
         except KeyboardInterrupt:
             # Before its tasks (the output opened, the plan loaded) or after them (the
             # summary, the finalization): what is complete, counted from the store.
             store = open_store(options.output) if workload.writes_output else None
-            raise interrupted(workload, store, recorded_plan(store, workload.job_id)) from None
+            raise interrupted(workload, store, recorded_plan(workload, store)) from None

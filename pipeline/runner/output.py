@@ -113,10 +113,8 @@ def _units_left(workload: Workload, store: Store) -> int:
     key = job_record_key(workload.job_id)
     if not store.exists(key):
         return workload.n_units
-    plan = Plan.from_record(read_job_record(store, key))
-    return workload.n_units - units_in(
-        plan.tasks(workload.n_units), tasks_done(store, workload.job_id)
-    )
+    plan = Plan.from_record(read_job_record(store, key), workload.n_units)
+    return workload.n_units - units_in(plan.tasks, tasks_done(store, workload.job_id))
 
 
 def check_space(workload: Workload, store: Store | None, units: int) -> None:
@@ -130,13 +128,13 @@ def check_space(workload: Workload, store: Store | None, units: int) -> None:
         )
 
 
-def recorded_plan(store: Store | None, job_id: str) -> Plan | None:
+def recorded_plan(workload: Workload, store: Store | None) -> Plan | None:
     """The job's plan as its record holds it, read only (None: no record); the run
     itself compares the settings."""
-    key = job_record_key(job_id)
+    key = job_record_key(workload.job_id)
     if store is None or not store.exists(key):
         return None
-    return Plan.from_record(read_job_record(store, key))
+    return Plan.from_record(read_job_record(store, key), workload.n_units)
 
 
 def units_to_rerun(workload: Workload, store: Store, tasks: list[Task]) -> dict[int, int]:
@@ -158,7 +156,7 @@ def units_to_rerun(workload: Workload, store: Store, tasks: list[Task]) -> dict[
 def stored_units(workload: Workload, store: Store, plan: Plan) -> tuple[int, bool]:
     """The job's units complete in ``store`` by ``plan`` (less those its next run calls
     again), and whether only its finalization is left: every task done, none to retry."""
-    tasks = plan.tasks(workload.n_units)
+    tasks = plan.tasks
     done = tasks_done(store, workload.job_id)
     ran = [t for t in tasks if t.index in done]
     rerun = units_to_rerun(workload, store, ran)
@@ -170,10 +168,10 @@ def only_finalization_left(workload: Workload, options: RunOptions, store: Store
     """Whether the job's every task is done and the job not finalized (a run stopped
     between its last task and its manifest's consolidation): its next run needs no
     cluster. Read only, from the record as it is (the run compares the settings)."""
-    plan = recorded_plan(store, workload.job_id) if workload.writes_output else None
+    plan = recorded_plan(workload, store) if workload.writes_output else None
     if options.overwrite or plan is None or not plan.sized:
         return False
-    tasks = plan.tasks(workload.n_units)
+    tasks = plan.tasks
     done = tasks_done(store, workload.job_id)
     if any(t.index not in done for t in tasks):
         return False

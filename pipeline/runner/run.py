@@ -113,7 +113,7 @@ class JobRun:
         store = self.store
         done = self.done
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
-        known = self.plan.tasks(workload.n_units)
+        known = self.plan.tasks
         if store is not None and done:
             # Complete tasks with units recorded as failed that a rerun calls again: those
             # units alone, the others' rows kept.
@@ -141,7 +141,7 @@ class JobRun:
         store = self.store
         try:
             with (
-                _progress(workload, options, units_in(plan.tasks(workload.n_units), done)) as bar,
+                _progress(workload, options, units_in(plan.tasks, done)) as bar,
                 contextlib.ExitStack() as stack,
             ):
                 ahead = None
@@ -158,7 +158,7 @@ class JobRun:
                 receipts, rest = [], None
                 if not plan.sized:
                     receipts, rest = probe(run, plan, done, options, self.n_workers, layout)
-                self.tasks = tasks = plan.tasks(workload.n_units)
+                self.tasks = tasks = plan.tasks
                 if rest is None:
                     ran = done | {r.index for r in receipts}
                     rest = run.launch(

@@ -31,7 +31,7 @@ def plan_summary(
         output=store.describe(workload.job_id) if store else None,
         units=workload.n_units,
         tasks=len(tasks),
-        units_per_task=plan.units_per_task or plan.typical_size(workload.n_units),
+        units_per_task=plan.units_per_task or plan.typical_size,
         probe_tasks=len(plan.head),
         tasks_skipped=len(done),
         units_skipped=units_in(tasks, done),
@@ -44,7 +44,7 @@ def finished_summary(
     workload: Workload, store: Store, plan: Plan, done: set[int]
 ) -> RunSummary | None:
     """The summary of a job whose every task is ``done`` with nothing to retry, else None."""
-    tasks = plan.tasks(workload.n_units)
+    tasks = plan.tasks
     if not plan.sized or any(t.index not in done for t in tasks):
         return None
     if units_to_rerun(workload, store, tasks):
