@@ -15,6 +15,7 @@ import numbers
 
 from . import registry
 from .errors import PipelineError, StorageError, WorkloadError
+from .layout import check_job_id
 from .workload import OutputFile, TableResults, Task, TaskOutput, Workload
 
 __all__ = [
@@ -45,7 +46,9 @@ def describe(workload: Workload) -> str:
 
 
 def preflight(workload: Workload) -> None:
-    """``workload.preflight()``, and what it must leave: ``n_units``, at least 1."""
+    """The job's name (:func:`~pipeline.layout.check_job_id`), ``workload.preflight()``,
+    and what it must leave: ``n_units``, at least 1."""
+    check_job_id(workload.job_id)
     try:
         workload.preflight()
     except PipelineError:

@@ -25,6 +25,7 @@ inputs/                             the cube jobs' default frames (made once)
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -38,6 +39,7 @@ __all__ = [
     "reads_below",
     "completed_tasks",
     "job_folder",
+    "is_consolidated",
     "job_records",
     "job_record_key",
     "read_job_record",
@@ -55,6 +57,8 @@ __all__ = [
     "receipt_key",
     "receipts_prefix",
 ]
+
+log = logging.getLogger(__name__)
 
 
 #: Folders of the output that are not jobs' (besides those starting with '_').
@@ -226,6 +230,20 @@ def current_entries(keys) -> dict[int, str]:
 
 def consolidated_manifest_key(job_id: str) -> str:
     return join(job_id, "manifest.parquet")
+
+
+def is_consolidated(store, job_id: str) -> bool:
+    """Whether the job's consolidated manifest is there and readable: one damaged after
+    its run (garbage in manifest.parquet) made the job "complete" with its index lost;
+    the run now writes it again from the tasks' entries."""
+    key = consolidated_manifest_key(job_id)
+    if not store.exists(key):
+        return False
+    damage = readable_table(store, key)
+    if damage is not None:
+        log.warning("%s is damaged (%s): written again from the tasks' entries",
+                    store.describe(key), damage)  # fmt: skip
+    return damage is None
 
 
 def part_key(job_id: str, table: str, index: int) -> str:

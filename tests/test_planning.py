@@ -460,7 +460,8 @@ def test_a_plan_of_format_1_is_replayed_and_a_newer_one_refused(tmp_path):
 def test_a_measured_plan_is_replayed_and_a_different_size_refused(tmp_path):
     store = LocalStore(tmp_path)
     w = SquaresWorkload("sq", 100)
-    save_plan(w, store, Plan([1, 1], stops=[40, 70, 100], model={"fixed": 0.1}))
+    plan = Plan([1, 1], stops=[40, 70, 100], model={"fixed": 0.1}, fingerprint=w.fingerprint())
+    save_plan(w, store, plan)
     plan = load_plan(w, None, store)
     assert [(t.start, t.stop) for t in plan.tasks] == [(0, 1), (1, 2), (2, 40), (40, 70),
                                                             (70, 100)]  # fmt: skip

@@ -27,10 +27,10 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..errors import PipelineError
 from ..joblib.job_runner import JobRunner
-from ..planning.plan import Plan, unit_layout
+from ..planning.plan import Plan, load_plan
 from ..planning.probe_sizes import is_small_job
 from ..planning.probes import probe
-from ..planning.sizing import CostModel, ProbeSample, fit_costs
+from ..planning.sizing import CostModel, ProbeSample, fit_costs, unit_layout
 from ..runner.output import open_output
 from ..storage import is_remote, open_store
 from ..summary import TaskTime, count
@@ -99,7 +99,7 @@ def estimate(
         n, workers = workload.n_units, count_workers(client)
         workload.prepare_cluster(client)
         run = stack.enter_context(JobRunner(workload, store, client, _NoBar()))
-        plan = Plan(units=n)
+        plan = load_plan(workload, None, store)
         layout = unit_layout(workload)
         t0 = time.perf_counter()
         small = is_small_job(n, workers)

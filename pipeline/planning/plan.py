@@ -31,10 +31,6 @@ from ..manifest import CodeStamp, code_changes, code_version, versions_record
 from ..storage import Store
 from ..workload import Task, Workload
 from .probe_sizes import round_up
-from .sizing import (
-    UnitLayout,
-    make_layout,
-)
 
 
 def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = ()) -> list[Task]:
@@ -126,17 +122,6 @@ class Plan:
         """The median size of the tasks after the probes (0 while not sized)."""
         sizes = sorted(len(t.units) for t in self.tasks[len(self.head) :])
         return sizes[len(sizes) // 2] if sizes else 0
-
-
-def unit_layout(workload: Workload) -> UnitLayout:
-    """The planner's view of the workload's units: boundaries, weights, bytes read."""
-    return make_layout(
-        workload.n_units,
-        workload.granularity,
-        workload.natural_boundaries(),
-        workload.unit_weights(),
-        workload.read_bytes,
-    )
 
 
 def load_plan(
@@ -256,14 +241,15 @@ def missing_tasks(store: Store, job_id: str, record: dict) -> list[Task]:
 
 
 def save_plan(workload: Workload, store: Store | None, plan: Plan) -> None:
-    """Record ``plan`` before any task it adds runs."""
+    """Record ``plan`` (loaded by :func:`load_plan`, which made its fingerprint) before
+    any task it adds runs."""
     if store is None:
         return
     record = {
         "plan_format": PLAN_FORMAT,
         "workload": workload.kind,
         "job_id": workload.job_id,
-        "fingerprint": plan.fingerprint or recorded_fingerprint(workload),
+        "fingerprint": plan.fingerprint,
         "head": plan.head,
         "units_per_task": plan.units_per_task,
         "stops": plan.stops,

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from ..config import RunOptions
 from ..dispatch.launch import Launcher
 from ..dispatch.receipts import TaskReceipt
-from .plan import Plan, save_plan, unit_layout
+from .plan import Plan, save_plan
 from .probe_sizes import (
     LARGE_PROBE_FACTOR,
     PROBE_SECONDS,
@@ -36,6 +36,7 @@ from .sizing import (
     fit_costs,
     longest_first,
     overhead_can_bind,
+    unit_layout,
 )
 from .tail import tapered
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..workload import Workload
+
 #: The most of one scheduler core the job's tasks may take, at the planned task rate.
 SCHEDULER_SHARE = 0.25
 #: The most of a worker's time its tasks' own costs (fixed part, hand-over) may take:
@@ -353,3 +355,14 @@ def makespan(
         heapq.heappush(free, heapq.heappop(free) + cost + model.overhead + model.handover)
     # The scheduler handles tasks one after another: a floor of its own.
     return max(max(free), len(stops) * model.overhead)
+
+
+def unit_layout(workload: Workload) -> UnitLayout:
+    """The planner's view of the workload's units: boundaries, weights, bytes read."""
+    return make_layout(
+        workload.n_units,
+        workload.granularity,
+        workload.natural_boundaries(),
+        workload.unit_weights(),
+        workload.read_bytes,
+    )

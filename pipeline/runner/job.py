@@ -9,7 +9,7 @@ from ..config import RunOptions
 from ..contract import preflight
 from ..costs.prices import worker_price
 from ..errors import Interrupted
-from ..layout import check_job_id, tasks_done
+from ..layout import is_consolidated, tasks_done
 from ..planning.plan import load_plan
 from ..storage import Store, open_store
 from ..summary import RunSummary
@@ -17,7 +17,6 @@ from ..workload import Workload
 from .output import (
     held,
     interrupted,
-    is_consolidated,
     only_finalization_left,
     recorded_plan,
 )
@@ -67,7 +66,6 @@ def run_job(workload: Workload, options: RunOptions, client, *, echo=print) -> R
     Ctrl-C raises :class:`Interrupted`, which says how much of the job is complete;
     :class:`JobRunning` when another run of the job is writing the same output.
     """
-    check_job_id(workload.job_id)
     preflight(workload)
     price = worker_price(options)  # a bad price setting fails before any task
     return run_validated_job(workload, options, client, price, echo=echo)

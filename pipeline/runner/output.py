@@ -13,11 +13,9 @@ import time
 from ..config import RunOptions
 from ..errors import Interrupted, JobRunning, StorageError
 from ..layout import (
-    consolidated_manifest_key,
     job_record_key,
     lock_key,
     read_job_record,
-    readable_table,
     tasks_done,
 )
 from ..planning.plan import Plan, units_in
@@ -44,20 +42,6 @@ def open_output(
         if removed:
             echo(f"--overwrite: removed {removed} objects of {store.describe(workload.job_id)}")
     return store
-
-
-def is_consolidated(store: Store, job_id: str) -> bool:
-    """Whether the job's consolidated manifest is there and readable: one damaged after
-    its run (garbage in manifest.parquet) made the job "complete" with its index lost;
-    the run now writes it again from the tasks' entries."""
-    key = consolidated_manifest_key(job_id)
-    if not store.exists(key):
-        return False
-    damage = readable_table(store, key)
-    if damage is not None:
-        log.warning("%s is damaged (%s): written again from the tasks' entries",
-                    store.describe(key), damage)  # fmt: skip
-    return damage is None
 
 
 @contextlib.contextmanager

@@ -21,17 +21,17 @@ from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
 from ..errors import StorageError, UnreadableObject
 from ..joblib.job_runner import JobRunner
-from ..layout import tasks_done
+from ..layout import is_consolidated, tasks_done
 from ..manifest import entries_read
-from ..planning.plan import Plan, load_plan, mark_code_version, unit_layout, units_in
+from ..planning.plan import Plan, load_plan, mark_code_version, units_in
 from ..planning.probes import probe
-from ..planning.sizing import longest_first
+from ..planning.sizing import longest_first, unit_layout
 from ..report import task_timings
 from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
 from .entries import EntriesReadAhead
-from .output import check_space, interrupted, is_consolidated, open_output, units_to_rerun
+from .output import check_space, interrupted, open_output, units_to_rerun
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary, recorded_in
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
