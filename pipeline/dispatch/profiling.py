@@ -11,6 +11,7 @@ each).
 from __future__ import annotations
 
 import cProfile
+import logging
 import marshal
 import pstats
 from collections.abc import Callable, Iterable
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["merge_profiles", "profiled", "run_queue_seconds"]
+
+log = logging.getLogger(__name__)
 
 
 def profiled(fn: Callable[..., Any], *args) -> tuple[Any, bytes]:
@@ -40,7 +43,8 @@ class _Marshalled:
 
 def merge_profiles(blobs: Iterable[bytes | None], path: str, job_id: str) -> str | None:
     """Merge the tasks' statistics into one pstats file; return its path (None if no
-    task sent any, e.g. every task was already complete)."""
+    task sent any, e.g. every task was already complete, or where it could not be
+    written: the job's results are written, and it still completes)."""
     blobs = [b for b in blobs if b]
     if not blobs:
         return None
@@ -48,8 +52,12 @@ def merge_profiles(blobs: Iterable[bytes | None], path: str, job_id: str) -> str
     for blob in blobs[1:]:
         stats.add(_Marshalled(blob))
     out = Path(path.replace("{job}", job_id))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stats.dump_stats(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stats.dump_stats(out)
+    except OSError as exc:
+        log.warning("the task profile was not written: %s", exc)
+        return None
     return str(out)
 
 

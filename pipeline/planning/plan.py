@@ -46,11 +46,6 @@ def plan_tasks(n_units: int, units_per_task: int | None, head: Sequence[int] = (
     return tasks
 
 
-def units_in(tasks: list[Task], indices: set[int]) -> int:
-    """The units of ``tasks`` whose index is in ``indices``."""
-    return sum(len(t.units) for t in tasks if t.index in indices)
-
-
 def tasks_from_stops(head: Sequence[int], stops: Sequence[int]) -> list[Task]:
     """Tasks of ``head[i]`` units first (the probes), then tasks ending at ``stops``."""
     tasks = plan_tasks(sum(head), None, head)
@@ -86,6 +81,8 @@ class Plan:
     #: Whether this run's code settings differ from the record's (a ``keep_done``
     #: run): the run records its own fingerprint before any task runs.
     code_changed: bool = field(default=False, compare=False)
+    #: The code version this run's tasks record (None without a store).
+    code: CodeStamp | None = field(default=None, repr=False, compare=False)
 
     @property
     def sized(self) -> bool:
@@ -161,8 +158,11 @@ def load_plan(
     versions = {} if store is None else versions_record(
         record and record.get("code_versions"), recorded, current, workload.code_settings
     )  # fmt: skip
+    stamp = None if store is None else CodeStamp(
+        code_version(current, workload.code_settings), len(versions) > 1
+    )  # fmt: skip
     if record is None:
-        plan = Plan(units_per_task=requested, units=workload.n_units)
+        plan = Plan(units_per_task=requested, units=workload.n_units, code=stamp)
         if store is not None:
             plan.fingerprint = current
             plan.code_versions = versions
@@ -175,6 +175,7 @@ def load_plan(
     plan.fingerprint = current
     plan.code_changed = bool(code)
     plan.code_versions = versions
+    plan.code = stamp
     if plan.stops is not None and (
         sum(plan.head) > workload.n_units or (plan.stops and plan.stops[-1] != workload.n_units)
     ):
@@ -270,6 +271,4 @@ def mark_code_version(workload: Workload, store: Store, plan: Plan) -> CodeStamp
     if plan.code_changed:
         save_plan(workload, store, plan)
         plan.code_changed = False
-    return CodeStamp(
-        code_version(plan.fingerprint, workload.code_settings), len(plan.code_versions) > 1
-    )
+    return plan.code

@@ -310,6 +310,7 @@ def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, start_res
         stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
         plan.stops = tapered(layout, start, stops, model, n_workers) if start_rest else stops
         plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
+    rest = longest_first(layout, plan.tasks[len(plan.head) :]) if start_rest else None
     save_plan(workload, run.store, plan)
     log.info(
         "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
@@ -320,10 +321,7 @@ def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, start_res
         len(plan.stops),
         plan.typical_size,
     )
-    if not start_rest:
-        return None
-    rest = plan.tasks[len(plan.head) :]
-    return run.launch(longest_first(layout, rest))
+    return None if rest is None else run.launch(rest)
 
 
 def _worker(r: TaskReceipt) -> tuple[str, int, str]:

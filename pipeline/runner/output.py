@@ -18,7 +18,7 @@ from ..layout import (
     read_job_record,
     tasks_done,
 )
-from ..planning.plan import Plan, units_in
+from ..planning.plan import Plan
 from ..storage import Store, open_store
 from ..summary import size
 from ..workload import Task, Workload
@@ -99,6 +99,11 @@ def _units_left(workload: Workload, store: Store) -> int:
         return workload.n_units
     plan = Plan.from_record(read_job_record(store, key), workload.n_units)
     return workload.n_units - units_in(plan.tasks, tasks_done(store, workload.job_id))
+
+
+def units_in(tasks: list[Task], indices: set[int]) -> int:
+    """The units of ``tasks`` whose index is in ``indices``."""
+    return sum(len(t.units) for t in tasks if t.index in indices)
 
 
 def check_space(workload: Workload, store: Store | None, units: int) -> None:

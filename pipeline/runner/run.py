@@ -16,6 +16,7 @@ from ..config import RunOptions
 from ..costs.run_cost import add_run_cost
 from ..dispatch import WORKERLESS_SECONDS, release_left_tasks
 from ..dispatch.commit import next_rounds, sweep_leftovers
+from ..dispatch.profiling import merge_profiles
 from ..dispatch.progress import Progress
 from ..dispatch.receipts import TaskReceipt
 from ..dispatch.workers import first_workers
@@ -23,7 +24,7 @@ from ..errors import StorageError, UnreadableObject
 from ..joblib.job_runner import JobRunner
 from ..layout import is_consolidated, tasks_done
 from ..manifest import entries_read
-from ..planning.plan import Plan, load_plan, mark_code_version, units_in
+from ..planning.plan import Plan, load_plan, mark_code_version
 from ..planning.probes import probe
 from ..planning.sizing import longest_first, unit_layout
 from ..report import task_timings
@@ -31,7 +32,7 @@ from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Task, UnitFailure, Workload
 from .entries import EntriesReadAhead
-from .output import check_space, interrupted, open_output, units_to_rerun
+from .output import check_space, open_output, units_in, units_to_rerun
 from .summarize import add_receipts, add_recorded, finished_summary, plan_summary, recorded_in
 
 __all__ = ["WAIT_FOR_WORKERS", "JobRun", "finalized_output"]
@@ -114,12 +115,12 @@ class JobRun:
         done = self.done
         self.n_workers = first_workers(self.client, WAIT_FOR_WORKERS)
         known = self.plan.tasks
+        rerun = {}
         if store is not None and done:
             # Complete tasks with units recorded as failed that a rerun calls again: those
             # units alone, the others' rows kept.
             rerun = units_to_rerun(workload, store, [t for t in known if t.index in done])
             done -= set(rerun)
-            self.rounds = next_rounds(store, workload.job_id, set(rerun))
             self.kept = {t.index: len(t.units) - rerun[t.index] for t in known if t.index in rerun}
         self.units_skipped = complete = units_in(known, done) + sum(self.kept.values())
         if complete:
@@ -128,6 +129,8 @@ class JobRun:
                 f"{workload.unit_name}s already complete"
             )
         check_space(workload, store, workload.n_units - complete)
+        if rerun:
+            self.rounds = next_rounds(store, workload.job_id, set(rerun))
         if not cluster_ready:
             workload.prepare_cluster(self.client)
 
@@ -139,39 +142,35 @@ class JobRun:
         plan = self.plan
         done = self.done
         store = self.store
-        try:
-            with (
-                _progress(workload, options, units_in(plan.tasks, done)) as bar,
-                contextlib.ExitStack() as stack,
-            ):
-                ahead = None
-                if store is not None:
-                    ahead = stack.enter_context(
-                        EntriesReadAhead(store, workload.job_id, self.rounds)
-                    )
-                run = stack.enter_context(JobRunner(
-                    workload, store, self.client, bar,
-                    profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
-                    on_receipt=ahead.add if ahead is not None else None,
-                ))  # fmt: skip
-                layout = unit_layout(workload)
-                receipts, rest = [], None
-                if not plan.sized:
-                    receipts, rest = probe(run, plan, done, options, self.n_workers, layout)
-                self.tasks = tasks = plan.tasks
-                if rest is None:
-                    ran = done | {r.index for r in receipts}
-                    rest = run.launch(
-                        longest_first(layout, [t for t in tasks if t.index not in ran])
-                    )
-                receipts += rest
-                self.receipts = receipts
-                if ahead is not None:
-                    self.entries = ahead.close()
-        except KeyboardInterrupt:
-            raise interrupted(workload, self.store, plan) from None
+        with (
+            # (a rerun task's kept units count with it, as its receipt counts them)
+            _progress(workload, options, self.units_skipped - sum(self.kept.values())) as bar,
+            contextlib.ExitStack() as stack,
+        ):
+            ahead = None
+            if store is not None:
+                ahead = stack.enter_context(EntriesReadAhead(store, workload.job_id, self.rounds))
+            run = stack.enter_context(JobRunner(
+                workload, store, self.client, bar,
+                profile=bool(options.profile_tasks), rounds=self.rounds, code=self.code,
+                on_receipt=ahead.add if ahead is not None else None,
+            ))  # fmt: skip
+            layout = unit_layout(workload)
+            receipts, rest = [], None
+            if not plan.sized:
+                receipts, rest = probe(run, plan, done, options, self.n_workers, layout)
+            self.tasks = tasks = plan.tasks
+            if rest is None:
+                ran = done | {r.index for r in receipts}
+                rest = run.launch(longest_first(layout, [t for t in tasks if t.index not in ran]))
+            receipts += rest
+            self.receipts = receipts
+            if ahead is not None:
+                self.entries = ahead.close()
         if options.profile_tasks:
-            self.task_profile = _merged_profile(self.receipts, options, workload.job_id)
+            self.task_profile = merge_profiles(
+                (r.profile for r in self.receipts), options.profile_tasks, workload.job_id
+            )
 
     @property
     def complete(self) -> bool:
@@ -214,9 +213,9 @@ class JobRun:
         options = self.options
         receipts = self.receipts
         summary = plan_summary(
-            workload, self.store, self.plan, self.tasks, self.done, workers=self.n_workers
-        )
-        summary.units_skipped = self.units_skipped
+            workload, self.store, self.plan, self.tasks, self.done,
+            units_skipped=self.units_skipped, workers=self.n_workers,
+        )  # fmt: skip
         if self.task_profile:
             summary.details["task_profile"] = self.task_profile
         add_receipts(
@@ -266,18 +265,6 @@ def finalized_output(workload: Workload, store: Store, tasks: list[Task], option
             f"stored is missing or damaged ({exc}); `pipeline verify {options.output} "
             "--repair`, then this command again, runs the damaged tasks again"
         ) from None
-
-
-def _merged_profile(receipts: list[TaskReceipt], options: RunOptions, job_id: str):
-    """The tasks' profiles merged into one file (None where it could not be written: the
-    job's results are written, and it still completes)."""
-    from ..dispatch.profiling import merge_profiles
-
-    try:
-        return merge_profiles((r.profile for r in receipts), options.profile_tasks, job_id)
-    except OSError as exc:
-        log.warning("the task profile was not written: %s", exc)
-        return None
 
 
 def _progress(workload: Workload, options: RunOptions, units_done: int) -> Progress:

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 
 from ..dispatch.receipts import TaskReceipt
 from ..manifest import summed_fingerprint
-from ..planning.plan import Plan, units_in
+from ..planning.plan import Plan
 from ..storage import Store, is_remote
 from ..summary import RunSummary, TaskTime
 from ..workload import Task, UnitFailure, Workload
@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 
 def plan_summary(
     workload: Workload, store: Store | None, plan: Plan, tasks: list[Task], done: set[int],
-    workers: int,
+    *, units_skipped: int, workers: int,
 ) -> RunSummary:  # fmt: skip
-    """The summary's job and plan: what it is, where it goes, its tasks and those done."""
+    """The summary's job and plan: what it is, where it goes, its tasks and those done
+    (``units_skipped``: the units complete before the run)."""
     return RunSummary(
         job_id=workload.job_id,
         workload=workload.kind,
@@ -34,7 +35,7 @@ def plan_summary(
         units_per_task=plan.units_per_task or plan.typical_size,
         probe_tasks=len(plan.head),
         tasks_skipped=len(done),
-        units_skipped=units_in(tasks, done),
+        units_skipped=units_skipped,
         workers=workers,
         reruns_failed_units=workload.reruns_failed_units,
     )
@@ -49,7 +50,9 @@ def finished_summary(
         return None
     if units_to_rerun(workload, store, tasks):
         return None
-    summary = plan_summary(workload, store, plan, tasks, done, workers=0)
+    summary = plan_summary(
+        workload, store, plan, tasks, done, units_skipped=workload.n_units, workers=0
+    )
     summary.complete = True
     add_recorded(summary, workload.recorded_failures(store, tasks), workload, in_run=False)
     return summary
