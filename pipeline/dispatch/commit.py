@@ -33,7 +33,13 @@ import secrets
 from collections.abc import Iterable
 
 from ..errors import UnreadableObject
-from ..layout import attempt_of, entry_round, manifest_key, written_by_attempt
+from ..layout import (
+    attempt_of,
+    consolidated_manifest_key,
+    entry_round,
+    manifest_key,
+    written_by_attempt,
+)
 from ..storage import Store, read_parquet_object
 from ..workload import Task, Workload
 
@@ -145,13 +151,12 @@ def sweep_leftovers(store: Store, workload: Workload) -> int:
     """Delete a complete job's :func:`leftovers`, the keys its consolidated manifest
     lists kept; how many. Only once every task is complete: an attempt still running
     then can only lose, and removes what it writes itself."""
-    from ..layout import consolidated_manifest_key
-
     column = workload.results.manifest_columns[0]
     try:
         manifest = read_parquet_object(store, consolidated_manifest_key(workload.job_id), [column])
     except (FileNotFoundError, UnreadableObject):
         return 0
-    found = leftovers(store, workload.job_id, set(objects_of(workload, manifest)))
+    listed = set(objects_of(workload, manifest))
+    found = leftovers(store, workload.job_id, listed)
     _delete(store, found)
     return len(found)
