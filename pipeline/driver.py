@@ -66,10 +66,13 @@ def run_jobs(
     urls = tuple(dict.fromkeys(urls))
     looks_done = [_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
     ready: list[int] = []  # the jobs whose cluster set-up ran in the cluster's start
-    start = None
-    if not all(looks_done):
-        pending = [n for n, done in enumerate(looks_done) if not done]
-        start = ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
+
+    def start_cluster(done: list) -> ClusterStart:
+        """The cluster started, set up for the jobs not ``done``."""
+        pending = [n for n, job_done in enumerate(done) if not job_done]
+        return ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
+
+    start = None if all(looks_done) else start_cluster(looks_done)
     try:
         with _before_tasks("checking the inputs"):
             t0 = time.perf_counter()
@@ -108,8 +111,7 @@ def run_jobs(
     stopping = None  # (the last job's summary, and when the cluster's stop began)
     try:
         if start is None:
-            pending = [n for n, done in enumerate(finished) if done is None]
-            start = ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
+            start = start_cluster([done is not None for done in finished])
         with start, _profiled(first.profile):
             t1 = time.perf_counter()
             with _before_tasks("starting the cluster"):
