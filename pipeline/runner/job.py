@@ -18,7 +18,6 @@ from .output import (
     held,
     interrupted,
     only_finalization_left,
-    recorded_plan,
 )
 from .run import JobRun, finalized_output
 from .summarize import finished_summary
@@ -93,7 +92,7 @@ def run_validated_job(
         except Interrupted:
             raise
         except KeyboardInterrupt:
-            # Before its tasks (the output opened, the plan loaded) or after them (the
-            # summary, the finalization): what is complete, counted from the store.
+            # Before, while or after its tasks run: what is complete, counted from the
+            # store by the plan its record holds (each task's recorded before it runs).
             store = open_store(options.output) if workload.writes_output else None
-            raise interrupted(workload, store, recorded_plan(workload, store)) from None
+            raise interrupted(workload, store) from None

@@ -167,12 +167,14 @@ def only_finalization_left(workload: Workload, options: RunOptions, store: Store
     return not units_to_rerun(workload, store, tasks)
 
 
-def interrupted(workload: Workload, store: Store | None, plan: Plan | None) -> Interrupted:
-    """Ctrl-C: the units complete in the store (none without a recorded plan), and
-    whether only the job's finalization is left, counted again once the cluster stopped."""
+def interrupted(workload: Workload, store: Store | None) -> Interrupted:
+    """Ctrl-C: the units complete in the store by the job's recorded plan (none without
+    one), and whether only the job's finalization is left, counted again once the
+    cluster stopped."""
 
     def count() -> tuple[int, bool]:
-        if store is None or plan is None:
+        plan = recorded_plan(workload, store)
+        if plan is None:
             return 0, False
         return stored_units(workload, store, plan)
 
