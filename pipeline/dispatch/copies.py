@@ -10,6 +10,12 @@ one that had started would run on unseen (a Dask task's thread cannot be stopped
 and its worker, free to the scheduler's eyes, would be handed tasks that wait
 behind it. Held, it is seen: executing long, it makes its worker slow, and the
 tasks queued behind it get backups.
+
+Copies are decided and submitted under the runner's gate, the one its submissions
+pass: the receipts that came while the scheduler was surveyed are taken first (a
+survey can show a task executing that has reported since: a worker's running tasks
+are as of its last heartbeat), so a task whose receipt is in is never copied, and a
+runner that has started closing makes none.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +59,23 @@ class Copy:
 class Copies:
     """The copies of the tasks of one runner's runs (keys starting with ``prefix``).
     ``call()`` is what a copy runs with (a task submitted again: a stored entry is its
-    receipt); ``unhold(keys)`` lets go of keys held for the driver."""
+    receipt); ``unhold(keys)`` lets go of keys held for the driver. ``gate`` is the
+    runner's lock on submitting; ``heard()``, called holding it, takes the receipts
+    already in and says whether the runner still submits (not closing)."""
 
-    def __init__(self, client, prefix: str, call: Callable, holder, unhold: Callable):
+    def __init__(
+        self,
+        client,
+        prefix: str,
+        call: Callable,
+        holder,
+        unhold: Callable,
+        gate: AbstractContextManager,
+        heard: Callable[[], bool],
+    ):
         self.client, self.prefix, self._call = client, prefix, call
         self._holder, self._unhold = holder, unhold
+        self._gate, self._heard = gate, heard
         #: Attempts of tasks that reported, held while the scheduler has them on a worker.
         self._losers: list[str] = []
         #: The most copies in flight at once so far (logged as it grows).
@@ -91,9 +110,6 @@ class Copies:
             self._unhold([run.keys[index]])
         run.keys[index], run.futures[index] = copy.key, copy.future
         return True
-
-    def futures(self, run: Launch) -> list:
-        return [copy.future for extra in run.extra.values() for copy in extra]
 
     def forget(self, run: Launch) -> None:
         """Let go of ``run``'s copies: it ended, or the connection was lost (those still
@@ -136,7 +152,24 @@ class Copies:
             for run, c in copies
             if c.key in executing or now - c.since < stragglers.lost_after(run)
         )
+        with self._gate:
+            if not self._heard():  # (the survey's answer may be older than receipts in)
+                return  # closing: no more copies
+            in_flight = self._copy_lost(lost, survey, seen, cap, in_flight, now)
+            in_flight = self._back_up(runs, survey, cap, in_flight, now)
+        if in_flight > self.peak:
+            self.peak = in_flight
+            log.info("copies in flight: %d, the most so far (bound: %d, %.0f %% of %d worker "
+                     "threads)", in_flight, cap, 100 * stragglers.COPY_SHARE,
+                     survey.threads or threads)  # fmt: skip
+
+    def _copy_lost(self, lost, survey: Survey, seen: bool, cap: int, in_flight: int,
+                   now: float) -> int:  # fmt: skip
+        """Copies of the lost tasks (``lost``: (run, index)) not heard from since; the
+        copies in flight then."""
         for run, index in lost:
+            if index not in run.pending:
+                continue  # (its receipt came while the scheduler was surveyed)
             attempts = [run.keys.get(index)] + [c.key for c in run.extra.get(index, [])]
             places = [p for key in attempts if (p := survey.placed.get(key)) is not None]
             run.tried.setdefault(index, set()).update(p.worker for p in places if p.worker)
@@ -151,10 +184,16 @@ class Copies:
                             index, stragglers.lost_after(run))  # fmt: skip
                 self._copy(run, index, "copy", survey, now)
                 in_flight += 1
+        return in_flight
+
+    def _back_up(self, runs: Sequence[Launch], survey: Survey, cap: int, in_flight: int,
+                 now: float) -> int:  # fmt: skip
+        """Backups of the slow tasks the survey names, not heard from; the copies in
+        flight then."""
         for key, placed in survey.slow.items():
             if in_flight >= cap:
                 break
-            run, index = self._owner(runs, key)
+            run, index = self._owner(runs, key)  # (None once its receipt is in)
             over = stragglers.backup_after(run) if run is not None else None
             if over is None or index in run.extra or run.copies[index] >= stragglers.MAX_COPIES:
                 continue
@@ -171,11 +210,7 @@ class Copies:
                     else f"executing for {placed.executing:.1f} s",
                     placed.worker, stragglers.median(run),
                 )  # fmt: skip
-        if in_flight > self.peak:
-            self.peak = in_flight
-            log.info("copies in flight: %d, the most so far (bound: %d, %.0f %% of %d worker "
-                     "threads)", in_flight, cap, 100 * stragglers.COPY_SHARE,
-                     survey.threads or threads)  # fmt: skip
+        return in_flight
 
     def _unheard(self, run: Launch, threads: int, now: float) -> list[int]:
         """The tasks of ``run``'s tail unheard from for as long as a lost task (their

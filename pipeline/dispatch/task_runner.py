@@ -13,6 +13,9 @@ takes the receipts published meanwhile from the scheduler's log of the topic and
 submits the tasks not heard from again under the same keys: the scheduler attaches
 those queued or running, and one that completed meanwhile (its key gone) finds its
 manifest entry and reports it without running again.
+
+Submissions, copies (:mod:`.copies`) and closing pass one gate (a lock): once closing,
+nothing is submitted; copies are decided with the receipts already in taken first.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import logging
 import queue
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,9 +100,13 @@ class TaskRunner:
         url = self.store.url if self.store is not None else None
         self._job_prefix = job_prefix(self.workload, url)
         self._unheld: list[str] = []  # keys whose hold to let go of
+        #: Held to submit tasks or copies, and to close (then nothing more is submitted).
+        self._gate = threading.Lock()
+        self._closing = False
         again = lambda: self._call(1, True)  # noqa: E731 (what a copy runs with)
         keys = f"{self._job_prefix}{self._token}-"
-        self._copies = Copies(self.client, keys, again, self._holder, self._unheld.extend)
+        self._copies = Copies(self.client, keys, again, self._holder, self._unheld.extend,
+                              self._gate, self._heard)  # fmt: skip
 
     def __enter__(self) -> TaskRunner:
         return self
@@ -107,23 +115,30 @@ class TaskRunner:
         self.close()
 
     def close(self) -> None:
-        """Cancel the tasks not heard from (they would run on: the scheduler's
-        fire-and-forget client wants them), stop listening for this runner's receipts,
-        and free the workers of its workload."""
+        """Submit nothing more, cancel the tasks not heard from and their copies (they
+        would run on: the scheduler's fire-and-forget client wants them), let go of the
+        attempts held, stop listening for receipts, free the workers of the workload."""
+        self._stop_submitting()
         for run in list(self._launches):
-            self._abandon(run)
+            self._drop(run, set(run.pending))
         self._copies.close()
         self._let_go()
         self._topic.close(self._token)
         self._workload.close()
         forget_receipts(self.store, self.workload.job_id, self._token)
 
-    def _abandon(self, run: Launch) -> None:
-        futures = [f for i, f in run.futures.items() if i in run.pending]
-        futures += self._copies.futures(run)
-        if futures and self.client.status == "running":
-            with contextlib.suppress(Exception):
-                self.client.cancel(futures, force=True)
+    def _stop_submitting(self) -> None:
+        """Nothing more goes to the scheduler (one it processed after the driver left
+        would be reported into a closed connection); after a submission under way."""
+        with self._gate:
+            self._closing = True
+
+    def _heard(self) -> bool:
+        """Under the gate: take the receipts in (no copy of a reported task); False once closing."""
+        if self._closing:
+            return False
+        self._take_inbox()
+        return True
 
     def _drop(self, run: Launch, indices: set[int]) -> None:
         """Stop ``run``'s tasks ``indices`` not heard from: their first submissions and
@@ -173,7 +188,12 @@ class TaskRunner:
     def _submit(self, run: Launch, tasks: list[Task], *, again: bool = False) -> None:
         if not tasks:
             return
-        call = self._call(len(tasks), again)
+        call = self._call(len(tasks), again)  # (may ship the workload: a call, ungated)
+        with self._gate:
+            if not self._closing:
+                self._submit_batches(run, tasks, call)
+
+    def _submit_batches(self, run: Launch, tasks: list[Task], call: TaskCall) -> None:
         for first in range(0, len(tasks), SUBMIT_BATCH):
             batch = tasks[first : first + SUBMIT_BATCH]
             # Each batch after the one before: Dask orders the tasks of one submission,
@@ -201,11 +221,9 @@ class TaskRunner:
 
     def _finish(self, run: Launch) -> None:
         """Let go of ``run`` (its receipts read, or no more): its tasks not heard from
-        cancelled, its futures released."""
-        self._abandon(run)
+        cancelled with their copies, its futures released."""
+        self._drop(run, set(run.pending))
         self._launches = [r for r in self._launches if r is not run]
-        for index in list(run.pending):
-            self._owner.pop(index, None)
         for future in run.futures.values():
             future.release()
         run.futures.clear()
@@ -333,13 +351,15 @@ class TaskRunner:
             run.attempts[task.index] += 1
             self._submit(run, [task], again=True)
 
+    def _take_inbox(self) -> None:
+        """Route every receipt already in the inbox to its run, waiting for none."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._accept(decode(self._inbox.get_nowait()))
+
     def _catch_up(self) -> None:
         self._topic.catch_up()
-        while True:
-            try:
-                self._accept(decode(self._inbox.get_nowait()))
-            except queue.Empty:
-                break
+        self._take_inbox()
         pending = {i: t for run in self._launches for i, t in run.pending.items()}
         for receipt in stored_receipts(self.store, self.workload.job_id, self._token, pending):
             self._accept(receipt)

@@ -55,8 +55,10 @@ class JobRunner(TaskRunner):
         self.session = Session(runner=self)
 
     def close(self) -> None:
-        """Stop the launches not read to the end (a run interrupted), the session's
-        thread, then the runner (tasks not heard from cancelled)."""
+        """Submit nothing more (the session's thread may still be in a poll); stop the
+        launches not read to the end (a run interrupted), the session's thread, then
+        the runner (tasks not heard from cancelled, with their copies)."""
+        self._stop_submitting()
         while self._reading:
             _stop(self._reading.pop())
         self.session.close()
