@@ -56,7 +56,6 @@ class Progress:
         self.every, self.clock = every, clock
         self.stream = stream if stream is not None else sys.stderr
         self.done = self.failed = 0
-        self.lines_told = 0
         self._start = self._last = clock()
         self._step = 0  # the last tenth told
         if show is False:
@@ -126,7 +125,6 @@ class Progress:
 
     def _tell(self, now: float) -> None:
         print(self.line(now), file=self.stream, flush=True)
-        self.lines_told += 1
 
     def close(self) -> None:
         if self._bar is not None:

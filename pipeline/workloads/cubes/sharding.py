@@ -94,10 +94,6 @@ class Share(Sequence):
         """Cubes ``first, first + step, ...`` of the share (a loader worker's)."""
         return self.ids(self.positions[first::step])
 
-    def padded(self) -> int:
-        """How many of this share's cubes are repeats (padding): 0 or 1."""
-        return sum(1 for p in self.positions[-1:] if p >= self.n)
-
     def n_batches(self, batch: int) -> int:
         return -(-len(self) // batch)
 
