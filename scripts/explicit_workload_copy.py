@@ -157,6 +157,9 @@ def rewrite_run(path: Path) -> set[str]:
 class _PassToRun(ast.NodeTransformer):
     """``JobRun(w, ...).run(...)`` -> ``JobRun(w, ...).run_with_workload(w, ...)``."""
 
+    def __init__(self):
+        self.rewritten = 0
+
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
         f = node.func
@@ -169,11 +172,18 @@ class _PassToRun(ast.NodeTransformer):
         ):
             node.args.insert(0, f.value.args[0])
             f.attr = ENTRY
+            self.rewritten += 1
         return node
 
 
 def rewrite_job(path: Path) -> None:
-    tree = _PassToRun().visit(ast.parse(path.read_text()))
+    """Each ``JobRun(w, ...).run(...)`` passes ``w`` on; refused where there is none (a
+    run object made and run in two statements would leave the copy's reader stopped at
+    the constructor, with figures that look fine)."""
+    passing = _PassToRun()
+    tree = passing.visit(ast.parse(path.read_text()))
+    if not passing.rewritten:
+        raise SystemExit(f"{path}: no {CLASS}(...).run(...) call to pass the workload through")
     path.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
 
 
