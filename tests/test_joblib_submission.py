@@ -10,6 +10,7 @@ import pickle
 
 from distributed.protocol import pickle as dask_pickle
 from joblib import Parallel
+from support.call_tasks import call_task
 from support.waiting import wait_for
 
 from pipeline.joblib import PipelineBackend
@@ -20,12 +21,6 @@ from pipeline.joblib.session import CallJob
 
 def square(x):
     return x * x
-
-
-def _task(index: int, func, *args) -> CallTask:
-    nested = PipelineBackend(nesting_level=0).get_nested_backend()
-    payload = pickle_batch(CallBatch([(func, args, {})], nested))
-    return CallTask.inline(index, index, index + 1, payload)
 
 
 def test_receipts_that_came_together_come_out_of_one_poll():
@@ -41,7 +36,7 @@ def test_receipts_that_came_together_come_out_of_one_poll():
     ):  # fmt: skip
         runner = CallRunner(CallsWorkload(job_id="joblib-submission"), client)
         try:
-            runner.add([_task(i, square, i) for i in range(8)])
+            runner.add([call_task(i, square, i) for i in range(8)])
             # (the receipts, each an event, wait in the runner's inbox)
             wait_for("8 receipts in the inbox", lambda: runner._inbox.qsize() >= 8, timeout=60)
             receipts = runner.poll()

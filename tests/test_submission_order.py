@@ -14,12 +14,12 @@ import time
 
 import pytest
 from distributed import Client, LocalCluster
+from support.call_tasks import call_task
 from support.waiting import wait_for
 
 from pipeline.dispatch import task_runner
-from pipeline.joblib import PipelineBackend
 from pipeline.joblib.call_runner import CallRunner
-from pipeline.joblib.calls import CallBatch, CallsWorkload, CallTask, pickle_batch
+from pipeline.joblib.calls import CallsWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -36,12 +36,6 @@ def record(path: str, index: int) -> None:
         f.write(f"{index}\n")
 
 
-def _task(index: int, func, *args) -> CallTask:
-    nested = PipelineBackend(nesting_level=0).get_nested_backend()
-    payload = pickle_batch(CallBatch([(func, args, {})], nested))
-    return CallTask.inline(index, index, index + 1, payload)
-
-
 def test_tasks_start_in_the_order_submitted_across_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(task_runner, "SUBMIT_BATCH", 3)  # 10 tasks: 4 batches
     gate, order = tmp_path / "gate", tmp_path / "order"
@@ -55,7 +49,7 @@ def test_tasks_start_in_the_order_submitted_across_batches(tmp_path, monkeypatch
             client.processing().values()), timeout=60)  # fmt: skip
         runner = CallRunner(CallsWorkload(job_id="order"), client)
         try:
-            runner.add([_task(i, record, str(order), i) for i in range(10)])
+            runner.add([call_task(i, record, str(order), i) for i in range(10)])
             on_scheduler = lambda: client.run_on_scheduler(  # noqa: E731
                 lambda dask_scheduler: sum(
                     1 for k in dask_scheduler.tasks if str(k).startswith("pipeline-")
