@@ -143,8 +143,7 @@ class JobRun:
         done = self.done
         store = self.store
         with (
-            # (a rerun task's kept units count with it, as its receipt counts them)
-            _progress(workload, options, self.units_skipped - sum(self.kept.values())) as bar,
+            _progress(workload, options, units_in(plan.tasks, done)) as bar,
             contextlib.ExitStack() as stack,
         ):
             ahead = None
