@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 from support.map_jobs import gated_job
@@ -241,6 +240,7 @@ def test_killed_driver_resumes_writing_only_what_is_missing(remote, tmp_path):
 
 def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch):
     from pipeline import RunOptions, connect, load_jobs, run_job
+    from pipeline.runner import entries
 
     for k, v in remote.env.items():
         monkeypatch.setenv(k, v)
@@ -275,21 +275,21 @@ def test_worker_killed_mid_run_loses_and_duplicates_nothing(remote, monkeypatch)
         assert run_job(clean.build(), clean.options, client, echo=lambda m: None).complete
         faulted = job(f"s3://{BUCKET}/faulted")
         parts_at_kill = []
+        heard = []
+        read_ahead = entries.EntriesReadAhead.add
 
-        def kill_mid_run():
-            wait_for(
-                "5 tasks of the faulted run",
-                lambda: len(remote.keys("faulted/cubes/manifest/")) >= 5,
-                300,
-                interval=0.02,
-            )
-            remote.cluster.kill_worker(0)
-            parts_at_kill.append(len(remote.keys("faulted/cubes/manifest/")))
+        def kill_mid_run(self, receipt):
+            # The fifth receipt in: worker 0 is killed from the run's own receipt loop,
+            # so the run cannot end before it (a thread watching the store could be
+            # outrun by the whole job).
+            read_ahead(self, receipt)
+            heard.append(receipt.index)
+            if len(heard) == 5:
+                remote.cluster.kill_worker(0)
+                parts_at_kill.append(len(remote.keys("faulted/cubes/manifest/")))
 
-        killer = threading.Thread(target=kill_mid_run, daemon=True)
-        killer.start()
+        monkeypatch.setattr(entries.EntriesReadAhead, "add", kill_mid_run)
         summary = run_job(faulted.build(), faulted.options, client, echo=lambda m: None)
-        killer.join(10)
         assert parts_at_kill and parts_at_kill[0] < 150, "the worker was not killed mid-run"
         assert not remote.cluster.workers[0].alive()
         assert len(client.scheduler_info()["workers"]) == 1
