@@ -74,6 +74,12 @@ class TaskReceipt:
     def complete(self) -> bool:
         return not self.failures
 
+    @property
+    def worker_key(self) -> tuple[str, int, str]:
+        """The Dask worker that ran it: host, process and address (workers can share a
+        process)."""
+        return (self.worker, self.pid, self.worker_address)
+
 
 #: The key of a receipt's event message (other events on the topic are Dask's).
 MARK = "pipeline-receipt"

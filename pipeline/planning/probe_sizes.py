@@ -17,6 +17,7 @@ __all__ = [
     "SMALL_JOB_UNITS_PER_WORKER",
     "aligned_probes",
     "cut_is_settled",
+    "first_round",
     "is_small_job",
     "next_large_probe",
     "probe_limit",
@@ -81,6 +82,47 @@ def cut_is_settled(
         if len(cut_tasks(layout, start, scaled, n_workers, task_seconds, rounds)) != count:
             return False
     return True
+
+
+def first_round(
+    left: int, large: int, granularity: int, n_workers: int, start_rest: bool, many: int
+) -> tuple[list[int], bool, int]:
+    """The first round's sizes, whether it is read as it comes, and its followers (the
+    last sizes). A warm-up per worker first (each worker's first task to start), then
+    a large probe for every worker and a small one for every other: two sizes to fit a
+    line through, and rounds that differ by a small task between workers. (A large
+    and a small for only every other worker would leave the others idle through the
+    large ones.) Read as it comes where twice ``many`` (samples that fit the model in
+    one round) of each size run: half of each may be stuck behind slow probes and the
+    other half still measures the model."""
+    g = granularity
+    warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
+    rest = left - sum(warm_ups)
+    larges = probe_round(None, large, n_workers, rest)
+    smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
+    streamed = large > g and min(len(larges), len(smalls)) >= 2 * many
+    followers: list[int] = []
+    if streamed:
+        # Twice ``many`` small probes are enough to fit (each a task more, whose
+        # hand-over costs its worker as much as a large one's); and a follower of half
+        # the large size for every worker: the workers keep at the job's units while
+        # the round's receipts come back, the rest is cut and its tasks reach them.
+        # (Dask hands the followers to whichever worker is free first, so some take
+        # two and some none: half a large probe is what that leaves between the
+        # workers where they start on the rest.) (No followers where no rest is
+        # started: an estimate's.)
+        smalls = smalls[: 2 * many]
+        if start_rest:
+            # No warm-ups where followers come: each worker's large probe is its first
+            # task, left out of the fit as a warm-up is, and the smalls and the
+            # followers, two sizes run warm, fit the line. (A warm-up a worker cost
+            # each a hand-over more, all of them at once: 2-5 s of every worker's time
+            # at 500.)
+            warm_ups = []
+            used = sum(larges) + sum(smalls)
+            half = max(g, round_up(large // 2, g))
+            followers = probe_round(None, half, n_workers, left - used)
+    return warm_ups + larges + smalls + followers, streamed, len(followers)
 
 
 def probe_round(small: int | None, large: int, n_workers: int, left: int) -> list[int]:

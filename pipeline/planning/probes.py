@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import math
 import statistics
 from dataclasses import asdict
 
@@ -19,11 +18,11 @@ from .probe_sizes import (
     PROBE_SECONDS,
     aligned_probes,
     cut_is_settled,
+    first_round,
     is_small_job,
     next_large_probe,
     probe_limit,
     probe_round,
-    round_up,
 )
 from .scheduler_cpu import SchedulerCpu
 from .sizing import (
@@ -40,9 +39,13 @@ from .sizing import (
 )
 from .tail import tapered
 
-__all__ = ["probe"]
+__all__ = ["ProbeRounds", "probe"]
 
 log = logging.getLogger(__name__)
+
+
+#: Probes of each of two sizes that fit the cost model in one measured round.
+MANY_SAMPLES = 32
 
 
 def probe(
@@ -55,14 +58,9 @@ def probe(
     start_rest: bool = True,
     min_rounds: int = 2,
 ):
-    """Run probe tasks until they measure the cost model, then cut the rest of ``plan``.
+    """Run probe tasks until they measure the cost model, then cut the rest of ``plan``
+    (:class:`ProbeRounds`); a small job's plan is cut unprobed.
 
-    Each round is waited for: its tasks' durations size the next. A worker's first
-    task also loads its inputs, so the first round of this run starts with one small
-    task per worker, a warm-up left out of the fit (each worker's first task to
-    start is), then a large and a small task for every other worker; the later
-    rounds give each worker a large task. The scheduler's CPU per task is read while
-    the first round runs (:class:`SchedulerCpu`) where it could bind.
     ``layout``: the workload's :func:`unit_layout`, if the caller has it already.
     ``min_rounds``: measured rounds before the probes may stop (an estimate, whose
     probes' work is not kept, takes one when it measured enough).
@@ -70,222 +68,298 @@ def probe(
     their receipts as they come (None when the caller is to start them: a small
     job's, or all without ``start_rest``).
     """
-    workload, n = run.workload, run.workload.n_units
-    g = workload.granularity
-    layout = layout or unit_layout(workload)
-    if not plan.head and is_small_job(n, n_workers):
-        plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
-        save_plan(workload, run.store, plan)
-        log.info("small job: %d %ss in %d tasks, unprobed", n, workload.unit_name, len(plan.stops))
+    layout = layout or unit_layout(run.workload)
+    if not plan.head and is_small_job(run.workload.n_units, n_workers):
+        _unprobed(run, plan, layout, n_workers)
         return [], None
-    limit = max(g, probe_limit(n, n_workers, g))
-    large = min(limit, LARGE_PROBE_FACTOR * g)
-    # Probes an interrupted run recorded but did not finish come first (a warm-up).
-    round_ = [t for t in plan.tasks if t.index not in done]
-    receipts: list[TaskReceipt] = []
-    samples: list[ProbeSample] = []
-    overhead = SCHEDULER_SECONDS_PER_TASK
-    # Measured while the first round runs, where it could bind (no tasks of its own).
-    clock = SchedulerCpu(run.client, overhead_can_bind(n_workers, options.task_seconds))
-    model, rounds, first_round, cut, handover = None, 0, True, False, 0.0
-    followers: list[int] = []  # the streamed first round's, after its small probes
-    streamed = False  # the first round read as it comes (see _streamed_first_round)
-    while True:
-        left = n - sum(plan.head)
-        resumed = bool(round_)
-        if not round_:
-            if not left:
-                break
-            # Small probes in the first measured round only: their fixed part stays
-            # in the fit, and on S3 every task pays a request or more.
-            sizes = probe_round(g if rounds == 0 else None, large, n_workers, left)
-            if rounds:
-                # A follower of the same size queued behind each large probe: the
-                # workers keep working while the probes report and the rest is cut,
-                # not idle for that round trip.
-                sizes += probe_round(None, large, n_workers, left - sum(sizes))
-                sizes = aligned_probes(layout, sum(plan.head), sizes)
-            elif first_round:  # a warm-up per worker first: each worker's first to start
-                warm_ups = [min(g, left)] * min(n_workers, math.ceil(left / g))
-                # A large probe for every worker and a small one for every other: two
-                # sizes to fit a line through, and rounds that differ by a small task
-                # between workers. (A large and a small for only every other worker
-                # would leave the others idle through the large ones.)
-                rest = left - sum(warm_ups)
-                larges = probe_round(None, large, n_workers, rest)
-                smalls = probe_round(None, g, -(-n_workers // 2), rest - sum(larges))
-                # Read as it comes where half of each size may be stuck behind slow
-                # probes and the other half still measures the model.
-                streamed = large > g and min(len(larges), len(smalls)) >= 2 * MANY_SAMPLES
-                if streamed:
-                    # Twice MANY_SAMPLES small probes are enough to fit (each a task
-                    # more, whose hand-over costs its worker as much as a large one's);
-                    # and a follower of half the large size for every worker: the
-                    # workers keep at the job's units while the round's receipts come
-                    # back, the rest is cut and its tasks reach them. (Dask hands the
-                    # followers to whichever worker is free first, so some take two
-                    # and some none: half a large probe is what that leaves between
-                    # the workers where they start on the rest.)
-                    # (No followers where no rest is started: an estimate's.)
-                    smalls = smalls[: 2 * MANY_SAMPLES]
-                    if start_rest:
-                        # No warm-ups where followers come: each worker's large probe
-                        # is its first task, left out of the fit as a warm-up is, and
-                        # the smalls and the followers, two sizes run warm, fit the
-                        # line. (A warm-up a worker cost each a hand-over more, all
-                        # of them at once: 2-5 s of every worker's time at 500.)
-                        warm_ups = []
-                        used = sum(larges) + sum(smalls)
-                        half = max(g, round_up(large // 2, g))
-                        followers = probe_round(None, half, n_workers, left - used)
-                sizes = warm_ups + larges + smalls + followers
-            round_ = plan.add_probes(sizes)
-            save_plan(workload, run.store, plan)
-        ranges = {t.index: (t.start, t.stop) for t in round_}
-        if first_round and streamed:
-            got, started = _streamed_first_round(
-                run, plan, round_, layout, clock, n_workers, options, start_rest, len(followers)
-            )
-            if started is not False:
-                return receipts + got, started
-        elif first_round or resumed:
-            # Waited for whole: each worker's first task is told apart by its start.
-            got = _gathered(run, round_, clock)
-        else:
-            got, counted = [], False
-            # The later rounds are read as they come: once a probe settles the cut,
-            # the rest starts at once, on the workers whose probes are done.
-            for r in run.launch(round_):
-                got.append(r)
-                if cut or not (r.complete and r.units):
-                    continue
-                samples.append(_sample(layout, ranges, r))
-                model = fit_costs(samples, overhead, handover)
-                if not counted:  # the round counts from its first measured probe
-                    rounds, counted = rounds + 1, True
-                if _measured(samples, model, large, limit, rounds, layout, plan, n_workers,
-                             options, min_rounds):  # fmt: skip
-                    rest = _cut(run, plan, model, layout, n_workers, options, start_rest)
-                    cut = True
-            receipts += got
-            round_ = []
-            if cut:
-                return receipts, rest
-            if not any(r.complete and r.units for r in got):
+    rounds = ProbeRounds(run, plan, layout, options, n_workers, start_rest, min_rounds)
+    return rounds.measure(done)
+
+
+def _unprobed(run: Launcher, plan: Plan, layout: UnitLayout, n_workers: int) -> None:
+    """A small job's plan: one round of tasks, recorded."""
+    workload = run.workload
+    plan.stops = cut_tasks(layout, 0, CostModel(0.0, 1.0), n_workers, 1.0, rounds=1)
+    save_plan(workload, run.store, plan)
+    log.info(
+        "small job: %d %ss in %d tasks, unprobed",
+        workload.n_units,
+        workload.unit_name,
+        len(plan.stops),
+    )
+
+
+class ProbeRounds:
+    """One plan's probe rounds, and what they have measured: the samples, the cost
+    model fitted to them, the rounds measured and the next large probe's size.
+
+    Each round is waited for: its tasks' durations size the next. A worker's first
+    task also loads its inputs, so the first round of this run starts with one small
+    task per worker, a warm-up left out of the fit (each worker's first task to
+    start is), then a large and a small task for every other worker; the later
+    rounds give each worker a large task. The scheduler's CPU per task is read while
+    the first round runs (:class:`SchedulerCpu`) where it could bind.
+    """
+
+    def __init__(
+        self,
+        run: Launcher,
+        plan: Plan,
+        layout: UnitLayout,
+        options: RunOptions,
+        n_workers: int,
+        start_rest: bool = True,
+        min_rounds: int = 2,
+    ):
+        self.launcher, self.plan, self.layout = run, plan, layout
+        self.options, self.n_workers = options, n_workers
+        self.start_rest, self.min_rounds = start_rest, min_rounds
+        self.n, self.granularity = run.workload.n_units, run.workload.granularity
+        g = self.granularity
+        self.limit = max(g, probe_limit(self.n, n_workers, g))
+        self.large = min(self.limit, LARGE_PROBE_FACTOR * g)
+        self.receipts: list[TaskReceipt] = []
+        self.ranges: dict[int, tuple[int, int]] = {}  # each probe's units, by task index
+        self.samples: list[ProbeSample] = []
+        self.model: CostModel | None = None
+        self.rounds = 0  # rounds measured
+        self.overhead = SCHEDULER_SECONDS_PER_TASK
+        self.handover = 0.0
+        # Measured while the first round runs, where it could bind (no tasks of its own).
+        self.clock = SchedulerCpu(run.client, overhead_can_bind(n_workers, options.task_seconds))
+        self.streamed = False  # the first round read as it comes (_streamed_first_round)
+        self.n_followers = 0  # the streamed first round's, after its small probes
+
+    def measure(self, done: set[int]):
+        """The rounds, until the model is measured or no probe can measure it, then the
+        rest cut: the probes' receipts and the rest's, as :func:`probe` returns them."""
+        # Probes an interrupted run recorded but did not finish come first (a warm-up).
+        round_ = [t for t in self.plan.tasks if t.index not in done]
+        first = True
+        while True:
+            resumed = bool(round_)
+            if not round_:
+                if sum(self.plan.head) == self.n:
+                    break
+                round_ = self._next_round(first)
+            self.ranges.update((t.index, (t.start, t.stop)) for t in round_)
+            if first and self.streamed:
+                got, rest = self._streamed_first_round(round_)
+                if rest is not False:
+                    return self.receipts + got, rest
+            elif not (first or resumed):
+                got, rest = self._streamed_round(round_)
+                self.receipts += got
+                if rest is not False:
+                    return self.receipts, rest
+                if not _timed(got):
+                    break  # nothing to measure (failed units, or the cluster failing under us)
+                self._next_large()
+                round_ = []
+                continue
+            else:
+                # Waited for whole: each worker's first task is told apart by its start.
+                got = list(self._launched(round_))
+            self.receipts += got
+            timed = self._read_whole(got, first, resumed)
+            first, round_ = False, []
+            if not timed:
+                if resumed and any(r.complete for r in got):
+                    continue  # the interrupted run's probes warmed the workers: measure now
                 break  # nothing to measure (failed units, or the cluster failing under us)
-            large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
-            continue
-        receipts += got
-        timed = [r for r in got if r.complete and r.units]
-        if clock.enabled:
-            overhead = _measured_overhead(clock, overhead)
-        if first_round:
+            self._add(timed)
+            self.rounds += 1
+            if self._measured():
+                break
+            self._next_large()
+        return self.receipts, self.cut(self.model)
+
+    def _next_round(self, first: bool) -> list:
+        """The next round's probes, added to the plan and recorded before they run."""
+        at = sum(self.plan.head)
+        left, large, n_workers = self.n - at, self.large, self.n_workers
+        if first:
+            sizes, self.streamed, self.n_followers = first_round(
+                left, large, self.granularity, n_workers, self.start_rest, MANY_SAMPLES
+            )
+        elif not self.rounds:
+            # (after an interrupted run's probes) Small probes in the first measured
+            # round only: their fixed part stays in the fit, and on S3 every task
+            # pays a request or more.
+            sizes = probe_round(self.granularity, large, n_workers, left)
+        else:
+            # A follower of the same size queued behind each large probe: the
+            # workers keep working while the probes report and the rest is cut,
+            # not idle for that round trip.
+            sizes = probe_round(None, large, n_workers, left)
+            sizes += probe_round(None, large, n_workers, left - sum(sizes))
+            sizes = aligned_probes(self.layout, at, sizes)
+        round_ = self.plan.add_probes(sizes)
+        save_plan(self.launcher.workload, self.launcher.store, self.plan)
+        return round_
+
+    def _streamed_first_round(self, round_: list):
+        """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each
+        size at least), read as it comes: each worker's first task to report is cold,
+        left out; once the others hold MANY_SAMPLES of each size and half the large
+        probes have reported, the rest is cut and started, to run behind the round's
+        last probes rather than after the slowest of them. The round's last followers
+        follow the large probes (counted as samples, not as large probes to wait
+        for); the scheduler's CPU per task is read from the clock at the cut.
+        Returns the round's receipts and the rest's (None without ``start_rest``), or
+        False where the round ended before it was measured (then read whole)."""
+        smallest = min(t.stop - t.start for t in round_)
+        probes = round_[: len(round_) - self.n_followers]  # (the followers last)
+        larges = {t.index for t in probes if t.stop - t.start > smallest}
+        got: list[TaskReceipt] = []
+        samples: list[ProbeSample] = []
+        warm: set[tuple[str, int, str]] = set()  # workers (worker_key) heard from
+        larges_done, rest = 0, False
+        for r in self._launched(round_):
+            got.append(r)
+            larges_done += r.index in larges
+            worker = r.worker_key
+            cold = worker not in warm
+            warm.add(worker)
+            if rest is not False or cold or not (r.complete and r.units):
+                continue
+            samples.append(self._sample(r))
+            # Half the large probes in: the hand-over is then that of the round's typical
+            # worker (the first to report are those that waited least between tasks).
+            if _many(samples) and 2 * larges_done >= len(larges):
+                overhead = self._measured_overhead(SCHEDULER_SECONDS_PER_TASK)
+                rest = self.cut(fit_costs(samples, overhead, _handover(got)))
+        return got, rest
+
+    def _streamed_round(self, round_: list):
+        """A later round, read as it comes: once a probe settles the cut, the rest
+        starts at once, on the workers whose probes are done. Returns the round's
+        receipts and the rest's, or False where the round did not settle it."""
+        got: list[TaskReceipt] = []
+        rest, counted = False, False
+        for r in self.launcher.launch(round_):
+            got.append(r)
+            if rest is not False or not (r.complete and r.units):
+                continue
+            self._add([r])
+            if not counted:  # the round counts from its first measured probe
+                self.rounds, counted = self.rounds + 1, True
+            if self._measured():
+                rest = self.cut(self.model)
+        return got, rest
+
+    def _read_whole(self, got: list[TaskReceipt], first: bool, resumed: bool):
+        """A round waited for whole: the scheduler's CPU per task, where read; in the
+        first round, the model of the workers' cold tasks (a fallback) and the
+        hand-over between tasks. Returns its receipts that measure the model."""
+        timed = _timed(got)
+        if self.clock.enabled:
+            self.overhead = self._measured_overhead(self.overhead)
+        if first:
             # Cold, so slower than the rest will be: left out of the fit, and only a
             # fallback should no other task be measured (a small job used up).
             cold = _first_tasks(timed)
             if cold:
-                model = fit_costs([_sample(layout, ranges, r) for r in cold])
+                self.model = fit_costs([self._sample(r) for r in cold])
             cold_tasks = {r.index for r in cold}
             timed = [] if resumed else [r for r in timed if r.index not in cold_tasks]
-            handover = _handover(got)
-        first_round, round_ = False, []
-        if not timed:
-            if resumed and any(r.complete for r in got):
-                continue  # the interrupted run's probes warmed the workers: measure now
-            break  # nothing to measure (failed units, or the cluster failing under us)
-        samples += [_sample(layout, ranges, r) for r in timed]
-        model = fit_costs(samples, overhead, handover)
-        rounds += 1
-        if _measured(
-            samples, model, large, limit, rounds, layout, plan, n_workers, options, min_rounds
-        ):
-            break
-        large = next_large_probe(model.per_unit, _fixed(model), large, limit, g)
-    return receipts, _cut(run, plan, model, layout, n_workers, options, start_rest)
+            self.handover = _handover(got)
+        return timed
+
+    def _add(self, timed: list[TaskReceipt]) -> None:
+        """Receipts that measure the model: their samples in, the model fitted again."""
+        self.samples += [self._sample(r) for r in timed]
+        self.model = fit_costs(self.samples, self.overhead, self.handover)
+
+    def _sample(self, r: TaskReceipt) -> ProbeSample:
+        weight = self.layout.weight(*self.ranges[r.index])
+        return ProbeSample(weight, r.seconds, r.read_seconds, r.bytes_read)
+
+    def _measured(self) -> bool:
+        """Whether the probes have measured enough to cut the rest.
+
+        Measured, not modelled: the largest probe's time beyond reading lasts
+        PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
+        outweighs that; and ``min_rounds`` rounds at least (two for a run, since two
+        points fit any line; an estimate, whose probes' work is thrown away, may stop
+        after one). (The reads are measured apart, their fixed part with them.) Or
+        the rest is cut into as many tasks whatever a closer slope would be. Or the
+        round held :data:`MANY_SAMPLES` probes of each of two sizes, as a round does
+        on hundreds of workers: their many points fit the line however noisy each
+        is, where another round would cost every worker another probe and another
+        wait for the slowest."""
+        if self.large >= self.limit or _many(self.samples):
+            return True
+        if self.rounds < self.min_rounds:
+            return False
+        biggest = max(self.samples, key=lambda p: p.units)
+        work = biggest.seconds - biggest.read_seconds
+        return work >= max(PROBE_SECONDS, 2 * self.model.fixed_beyond_reads) or cut_is_settled(
+            self.layout, sum(self.plan.head), self.model, self.n_workers, self.options.task_seconds
+        )
+
+    def _next_large(self) -> None:
+        model = self.model
+        self.large = next_large_probe(
+            model.per_unit, model.fixed_beyond_reads, self.large, self.limit, self.granularity
+        )
+
+    def cut(self, model: CostModel | None):
+        """Cut the units after the probes by ``model``, record the plan and, with
+        ``start_rest``, start the tasks after the probes, longest first: their receipts
+        as they come (else None). Started, the last round is tapered (not for an
+        estimate, which samples the full-size tasks)."""
+        plan, layout, n_workers = self.plan, self.layout, self.n_workers
+        workload = self.launcher.workload
+        start = sum(plan.head)
+        if model is None:  # nothing measured: several tasks per worker, to be safe
+            plan.stops = cut_tasks(
+                layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
+            )
+        else:
+            stops = cut_tasks(layout, start, model, n_workers, self.options.task_seconds)
+            plan.stops = (
+                tapered(layout, start, stops, model, n_workers) if self.start_rest else stops
+            )
+            plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
+        rest = longest_first(layout, plan.tasks[len(plan.head) :]) if self.start_rest else None
+        save_plan(workload, self.launcher.store, plan)
+        log.info(
+            "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
+            len(plan.head),
+            model.describe(workload.unit_name) if model else "nothing measured",
+            self.n - start,
+            workload.unit_name,
+            len(plan.stops),
+            plan.typical_size,
+        )
+        return None if rest is None else self.launcher.launch(rest)
+
+    def _launched(self, tasks: list):
+        """``launch(tasks)``, the scheduler's CPU read as their receipts come."""
+        self.clock.submitted(len(tasks))
+        for r in self.launcher.launch(tasks):
+            self.clock.reported()
+            yield r
+
+    def _measured_overhead(self, assumed: float) -> float:
+        """The scheduler's CPU per task over the readings so far, else ``assumed``; no
+        readings after this one."""
+        measured = self.clock.per_task()
+        self.clock.enabled = False
+        if measured is None:
+            return assumed
+        log.info(
+            "scheduling: %.3g ms of the scheduler's CPU per task (read while %d probes ran)",
+            measured * 1e3,
+            round(self.clock.tasks),
+        )
+        return measured
 
 
-def _streamed_first_round(
-    run: Launcher,
-    plan: Plan,
-    round_: list,
-    layout: UnitLayout,
-    clock: SchedulerCpu,
-    n_workers: int,
-    options: RunOptions,
-    start_rest: bool,
-    n_followers: int = 0,
-):
-    """The first round on many workers (twice :data:`MANY_SAMPLES` probes of each size
-    at least), read as it comes: each worker's first task to report is cold, left out;
-    once the others hold MANY_SAMPLES of each size and half the large probes have
-    reported, the rest is cut and started, to run behind the round's last probes
-    rather than after the slowest of them. The round's last ``n_followers`` tasks
-    follow the large probes (counted as samples, not as large probes to wait for);
-    the scheduler's CPU per task is read from ``clock`` at the cut.
-    Returns the round's receipts and the rest's (None without ``start_rest``), or
-    False where the round ended before it was measured (the caller reads it whole)."""
-    ranges = {t.index: (t.start, t.stop) for t in round_}
-    smallest = min(t.stop - t.start for t in round_)
-    probes = round_[: len(round_) - n_followers]  # (the followers last)
-    larges = {t.index for t in probes if t.stop - t.start > smallest}
-    got: list[TaskReceipt] = []
-    samples: list[ProbeSample] = []
-    warm: set[tuple[str, int, str]] = set()  # workers (_worker) heard from
-    larges_done, rest = 0, False
-    for r in _launched(run, round_, clock):
-        got.append(r)
-        larges_done += r.index in larges
-        worker = _worker(r)
-        cold = worker not in warm
-        warm.add(worker)
-        if rest is not False or cold or not (r.complete and r.units):
-            continue
-        samples.append(_sample(layout, ranges, r))
-        # Half the large probes in: the hand-over is then that of the round's typical
-        # worker (the first to report are those that waited least between tasks).
-        if _many(samples) and 2 * larges_done >= len(larges):
-            overhead = _measured_overhead(clock, SCHEDULER_SECONDS_PER_TASK)
-            model = fit_costs(samples, overhead, _handover(got))
-            rest = _cut(run, plan, model, layout, n_workers, options, start_rest)
-    return got, rest
-
-
-def _sample(layout: UnitLayout, ranges: dict, r: TaskReceipt) -> ProbeSample:
-    return ProbeSample(layout.weight(*ranges[r.index]), r.seconds, r.read_seconds, r.bytes_read)
-
-
-def _fixed(model: CostModel) -> float:
-    return model.fixed - model.read_fixed
-
-
-def _measured(
-    samples, model, large, limit, rounds, layout, plan, n_workers, options, min_rounds=2
-) -> bool:
-    """Whether the probes have measured enough to cut the rest.
-
-    Measured, not modelled: the largest probe's time beyond reading lasts
-    PROBE_SECONDS and twice the fixed part beyond reading, so its per-unit part
-    outweighs that; and ``min_rounds`` rounds at least (two for a run, since two
-    points fit any line; an estimate, whose probes' work is thrown away, may stop
-    after one). (The
-    reads are measured apart, their fixed part with them.) Or the rest is cut into
-    as many tasks whatever a closer slope would be. Or the round held
-    :data:`MANY_SAMPLES` probes of each of two sizes, as a round does on hundreds of
-    workers: their many points fit the line however noisy each is, where another
-    round would cost every worker another probe and another wait for the slowest."""
-    if large >= limit or _many(samples):
-        return True
-    if rounds < min_rounds:
-        return False
-    biggest = max(samples, key=lambda p: p.units)
-    work = biggest.seconds - biggest.read_seconds
-    return work >= max(PROBE_SECONDS, 2 * _fixed(model)) or cut_is_settled(
-        layout, sum(plan.head), model, n_workers, options.task_seconds
-    )
-
-
-#: Probes of each of two sizes that fit the cost model in one measured round.
-MANY_SAMPLES = 32
+def _timed(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
+    """The receipts that measure the model: complete tasks with units."""
+    return [r for r in receipts if r.complete and r.units]
 
 
 def _many(samples) -> bool:
@@ -294,47 +368,11 @@ def _many(samples) -> bool:
     return sum(1 for n in sizes.values() if n >= MANY_SAMPLES) >= 2
 
 
-def _cut(run: Launcher, plan: Plan, model, layout, n_workers, options, start_rest: bool):
-    """Cut the units after the probes by ``model``, record the plan and, with
-    ``start_rest``, start the tasks after the probes, longest first: their receipts
-    as they come (else None). Started, the last round is tapered (not for an
-    estimate, which samples the full-size tasks)."""
-    workload, n = run.workload, run.workload.n_units
-    start = sum(plan.head)
-    measured = _describe_model(model, workload.unit_name)
-    if model is None:  # nothing measured: several tasks per worker, to be safe
-        plan.stops = cut_tasks(
-            layout, start, CostModel(0.0, 1.0), n_workers, 1.0, rounds=MIN_TASKS_PER_WORKER
-        )
-    else:
-        stops = cut_tasks(layout, start, model, n_workers, options.task_seconds)
-        plan.stops = tapered(layout, start, stops, model, n_workers) if start_rest else stops
-        plan.model = {k: float(f"{v:.4g}") for k, v in asdict(model).items()}
-    rest = longest_first(layout, plan.tasks[len(plan.head) :]) if start_rest else None
-    save_plan(workload, run.store, plan)
-    log.info(
-        "%d probe tasks: %s; the other %d %ss in %d tasks (typically %d)",
-        len(plan.head),
-        measured,
-        n - start,
-        workload.unit_name,
-        len(plan.stops),
-        plan.typical_size,
-    )
-    return None if rest is None else run.launch(rest)
-
-
-def _worker(r: TaskReceipt) -> tuple[str, int, str]:
-    """The Dask worker that ran ``r``: host, process and address (workers can share a
-    process)."""
-    return (r.worker, r.pid, r.worker_address)
-
-
 def _first_tasks(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
     """Each worker's first task to start among ``receipts``."""
     first: dict[tuple[str, int, str], TaskReceipt] = {}
     for r in receipts:
-        key = _worker(r)
+        key = r.worker_key
         if key not in first or r.started < first[key].started:
             first[key] = r
     return list(first.values())
@@ -349,47 +387,9 @@ def _handover(receipts: list[TaskReceipt]) -> float:
     runs: dict[tuple[str, int, str], list[TaskReceipt]] = collections.defaultdict(list)
     for r in receipts:
         if r.started and r.worker_address:
-            runs[_worker(r)].append(r)
+            runs[r.worker_key].append(r)
     gaps = []
     for ran in runs.values():
         ran.sort(key=lambda r: r.started)
         gaps += [max(0.0, b.started - a.started - a.seconds) for a, b in itertools.pairwise(ran)]
     return statistics.fmean(gaps) if gaps else 0.0
-
-
-def _launched(run: Launcher, tasks: list, clock: SchedulerCpu):
-    """``run.launch(tasks)``, the scheduler's CPU read as their receipts come."""
-    clock.submitted(len(tasks))
-    for r in run.launch(tasks):
-        clock.reported()
-        yield r
-
-
-def _gathered(run: Launcher, tasks: list, clock: SchedulerCpu) -> list[TaskReceipt]:
-    return list(_launched(run, tasks, clock))
-
-
-def _measured_overhead(clock: SchedulerCpu, assumed: float) -> float:
-    """The scheduler's CPU per task over the readings so far, else ``assumed``; no
-    readings after this one."""
-    measured = clock.per_task()
-    clock.enabled = False
-    if measured is None:
-        return assumed
-    log.info(
-        "scheduling: %.3g ms of the scheduler's CPU per task (read while %d probes ran)",
-        measured * 1e3,
-        round(clock.tasks),
-    )
-    return measured
-
-
-def _describe_model(model: CostModel | None, unit: str) -> str:
-    if model is None:
-        return "nothing measured"
-    return (
-        f"a task takes {model.fixed:.3g} s + {model.per_unit:.3g} s per {unit}"
-        + (f" + {model.per_byte * 1e9:.3g} s per GB read" if model.per_byte else "")
-        + f", {model.handover:.3g} s between tasks"
-        + f", and {model.overhead * 1e3:.3g} ms of scheduling"
-    )

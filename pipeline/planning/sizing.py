@@ -83,6 +83,18 @@ class CostModel:
     def seconds(self, units: float, bytes_read: float = 0.0) -> float:
         return self.fixed + self.per_unit * units + self.per_byte * bytes_read
 
+    @property
+    def fixed_beyond_reads(self) -> float:
+        return self.fixed - self.read_fixed
+
+    def describe(self, unit: str) -> str:
+        return (
+            f"a task takes {self.fixed:.3g} s + {self.per_unit:.3g} s per {unit}"
+            + (f" + {self.per_byte * 1e9:.3g} s per GB read" if self.per_byte else "")
+            + f", {self.handover:.3g} s between tasks"
+            + f", and {self.overhead * 1e3:.3g} ms of scheduling"
+        )
+
 
 @dataclass(frozen=True)
 class ProbeSample:
