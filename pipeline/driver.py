@@ -46,138 +46,173 @@ def run_jobs(
     Ctrl-C before any task raises :class:`InterruptedBeforeTasks`; during a job,
     :class:`pipeline.errors.Interrupted`.
     """
-    t_begin = time.perf_counter()
-    began = min(started, t_begin) if started is not None else t_begin
-    first = jobs[0].options
-    _check_one_cluster(jobs)
-    _check_profile_paths(jobs)
-    several = len(jobs) > 1
-    workloads = []
-    with _before_tasks("setting up the jobs (writing any default inputs)"):
-        for job in jobs:
-            with naming_file(job.source, several):
-                check_driver_paths(job.options, job.job_id)
-                workloads.append(job.build())
-                check_inputs_outside(workloads[-1], job.options)
-    t_built = time.perf_counter()
-    modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
-    urls = [u for w in workloads for u in w.input_urls()]
-    urls += [job.options.output for job, w in zip(jobs, workloads, strict=True) if w.writes_output]
-    urls = tuple(dict.fromkeys(urls))
-    looks_done = [_looks_complete(w, job.options) for job, w in zip(jobs, workloads, strict=True)]
-    ready: list[int] = []  # the jobs whose cluster set-up ran in the cluster's start
+    return BatchRun(jobs, echo, on_summary, started).run()
 
-    def start_cluster(done: list) -> ClusterStart:
-        """The cluster started, set up for the jobs not ``done``."""
+
+class BatchRun:
+    """One command's jobs, run phase by phase on one cluster: :meth:`build` (each job's
+    workload), :meth:`validate` (their inputs, prices and outputs, while the cluster
+    starts), then :meth:`run_on` the cluster, each job's summary told as it ends."""
+
+    def __init__(self, jobs: Sequence[Job], echo=print, on_summary=None, started=None):
+        self.t_begin = time.perf_counter()
+        self.began = min(started, self.t_begin) if started is not None else self.t_begin
+        self.jobs, self.echo, self.on_summary = jobs, echo, on_summary
+        self.first = jobs[0].options  # (the jobs share its cluster settings)
+        self.several = len(jobs) > 1
+        self.workloads: list[Workload] = []
+        self.prices: list = []  # each job's worker price, checked once
+        #: Each job's summary where it is complete (or finalized without a cluster).
+        self.finished: list[RunSummary | None] = []
+        self.ready: list[int] = []  # the jobs whose cluster set-up ran in the cluster's start
+        self.startup: dict[str, float] = {}  # the command's seconds before the first task
+
+    def run(self) -> list[RunSummary]:
+        """The batch checked, built and validated, then run unless every job is complete."""
+        _check_one_cluster(self.jobs)
+        _check_profile_paths(self.jobs)
+        self.build()
+        looks_done = [_looks_complete(w, j.options) for j, w in self._pairs()]
+        start = None if all(looks_done) else self.start_cluster(looks_done)
+        try:
+            self.validate()
+        except BaseException:
+            if start is not None:
+                # Closed here, before the error is shown: a cluster closed while the
+                # interpreter exits has its workers print tracebacks of lost heartbeats.
+                start.close()
+            raise
+        if all(s is not None for s in self.finished):
+            if start is not None:
+                start.close()
+            for job, summary in zip(self.jobs, self.finished, strict=True):
+                self._tell(job, summary)
+            return self.finished
+        if start is None:
+            start = self.start_cluster([done is not None for done in self.finished])
+        return self.run_on(start)
+
+    def build(self) -> None:
+        """Each job's workload (writing any default inputs), its paths checked."""
+        with _before_tasks("setting up the jobs (writing any default inputs)"):
+            for job in self.jobs:
+                with naming_file(job.source, self.several):
+                    check_driver_paths(job.options, job.job_id)
+                    self.workloads.append(job.build())
+                    check_inputs_outside(self.workloads[-1], job.options)
+        self.startup["python start"] = self.t_begin - self.began
+        self.startup["job set-up"] = time.perf_counter() - self.t_begin
+
+    def start_cluster(self, done: list[bool]) -> ClusterStart:
+        """The cluster started, set up for the jobs not ``done``: the workers import
+        every job's modules and reach every job's inputs and output."""
+        workloads = self.workloads
+        modules = tuple(dict.fromkeys(m for w in workloads for m in w.worker_modules))
+        urls = [u for w in workloads for u in w.input_urls()]
+        urls += [job.options.output for job, w in self._pairs() if w.writes_output]
         pending = [n for n, job_done in enumerate(done) if not job_done]
-        return ClusterStart(first, modules, urls, _set_up(jobs, workloads, pending, ready))
+        set_up = self._set_up(pending)
+        return ClusterStart(self.first, modules, tuple(dict.fromkeys(urls)), set_up)
 
-    start = None if all(looks_done) else start_cluster(looks_done)
-    try:
+    def validate(self) -> None:
+        """Each job's inputs (``preflight``), price and output store, once; the jobs
+        whose tasks are all done finalized here, with no cluster; the space the others
+        need."""
         with _before_tasks("checking the inputs"):
             t0 = time.perf_counter()
-            prices = []  # (each job's checks run here, once: run_validated_job skips them)
-            for job, workload in zip(jobs, workloads, strict=True):
-                with naming_file(job.source, several):
+            for job, workload in self._pairs():
+                with naming_file(job.source, self.several):
                     preflight(workload)
                     # A bad instance type or price file, before any task
-                    prices.append(worker_price(job.options))
+                    self.prices.append(worker_price(job.options))
                     if workload.writes_output:
                         open_store(job.options.output).preflight()
-            finished = []
-            for job, workload in zip(jobs, workloads, strict=True):
-                with naming_file(job.source, several):
-                    # (a job whose tasks are all done is finalized here, with no cluster)
-                    finished.append(completed_job(workload, job.options))
+            for job, workload in self._pairs():
+                with naming_file(job.source, self.several):
+                    self.finished.append(completed_job(workload, job.options))
             # (a complete job writes nothing more: its record and manifest were just read)
-            writing = zip(jobs, workloads, finished, strict=True)
+            writing = zip(self.jobs, self.workloads, self.finished, strict=True)
             check_batch_space([(w, job.options) for job, w, done in writing if done is None])
-            validation_seconds = time.perf_counter() - t0
-    except BaseException:
-        if start is not None:
-            # Closed here, before the error is shown: a cluster closed while the
-            # interpreter exits has its workers print tracebacks of lost heartbeats.
-            start.close()
-        raise
-    if all(s is not None for s in finished):
-        if start is not None:
-            start.close()
-        for job, summary in zip(jobs, finished, strict=True):
-            _write_report(job.options, job.job_id, summary, echo)
-            if on_summary:
-                on_summary(job, summary)
-        return finished
-    summaries: list[RunSummary] = []
-    stopping = None  # (the last job's summary, and when the cluster's stop began)
-    try:
-        if start is None:
-            start = start_cluster([done is not None for done in finished])
-        with start, _profiled(first.profile):
-            t1 = time.perf_counter()
-            with _before_tasks("starting the cluster"):
-                client = start.client()
-            startup = {
-                "python start": t_begin - began,
-                "job set-up": t_built - t_begin,
-                "inputs checked": validation_seconds,
-                "cluster start": start.seconds,
-                "worker imports": start.import_seconds,
-                "cluster set-up": start.set_up_seconds,
-                "waited for the cluster": time.perf_counter() - t1,
-            }
-            if not first.scheduler and first.dashboard and client.dashboard_link:
-                echo(f"dashboard: {client.dashboard_link}")
-            for n, (job, workload, price) in enumerate(zip(jobs, workloads, prices, strict=True)):
-                if finished[n] is not None:  # (complete, or finalized above)
-                    summary = finished[n]
-                else:
-                    echo(f"{_first_line(workload)} on {_cluster_name(client)}")
-                    with _performance_report(job.options.report, job.job_id):
-                        summary = run_validated_job(
-                            workload, job.options, client, price, echo=echo,
-                            store_checked=True, cluster_ready=n in ready,
-                        )  # fmt: skip
-                if startup:
-                    summary.add_startup(startup)
-                    summary.count_command(time.perf_counter() - began)
-                    startup = {}
-                summaries.append(summary)
-                if n == len(jobs) - 1:
-                    stopping = (job, summary, time.perf_counter())
-                    break
-                _write_report(job.options, job.job_id, summary, echo)
-                if on_summary:
-                    on_summary(job, summary)
-    finally:
-        if stopping is not None:
-            # Told once the cluster has stopped: its stop is part of the command's time
-            job, summary, t_stop = stopping
-            summary.shutdown_seconds = time.perf_counter() - t_stop
-            summary.count_command(summary.command_seconds + summary.shutdown_seconds)
-            _write_report(job.options, job.job_id, summary, echo)
-            if on_summary:
-                on_summary(job, summary)
-    return summaries
+            self.startup["inputs checked"] = time.perf_counter() - t0
 
+    def run_on(self, start: ClusterStart) -> list[RunSummary]:
+        """The jobs not complete run on ``start``'s cluster, one after another; each
+        summary told as its job ends, the last one's once the cluster has stopped."""
+        summaries: list[RunSummary] = []
+        stopping = None  # (the last job's summary, and when the cluster's stop began)
+        try:
+            with start, _profiled(self.first.profile):
+                client = self._client(start)
+                for n, (job, workload) in enumerate(self._pairs()):
+                    summary = self.finished[n]  # (complete, or finalized without a cluster)
+                    if summary is None:
+                        summary = self._run_one(n, job, workload, client)
+                    if self.startup:
+                        summary.add_startup(self.startup)
+                        summary.count_command(time.perf_counter() - self.began)
+                        self.startup = {}
+                    summaries.append(summary)
+                    if n == len(self.jobs) - 1:
+                        stopping = (job, summary, time.perf_counter())
+                        break
+                    self._tell(job, summary)
+        finally:
+            if stopping is not None:
+                # Told once the cluster has stopped: its stop is part of the command's time
+                job, summary, t_stop = stopping
+                summary.shutdown_seconds = time.perf_counter() - t_stop
+                summary.count_command(summary.command_seconds + summary.shutdown_seconds)
+                self._tell(job, summary)
+        return summaries
 
-def _set_up(jobs: Sequence[Job], workloads: list[Workload], pending: list[int], ready: list[int]):
-    """The cluster's set-up for the ``pending`` jobs, run in its start thread beside the
-    input checks: each job's ``prepare_cluster`` (its code shipped to every worker, what
-    they must import checked: a round trip to every worker, seconds on a fleet), so that
-    the first task need not wait for it. Only on a cluster that has a worker already
-    (the checks need one to answer; the runner waits for one); ``ready`` gets each job
-    set up."""
-    several = len(jobs) > 1
+    def _set_up(self, pending: list[int]):
+        """The cluster's set-up for the ``pending`` jobs, run in its start thread beside
+        the input checks: each job's ``prepare_cluster`` (its code shipped to every
+        worker, what they must import checked: a round trip to every worker, seconds on
+        a fleet), so that the first task need not wait for it. Only on a cluster that
+        has a worker already (the checks need one to answer; the runner waits for one);
+        ``ready`` gets each job set up."""
 
-    def set_up(client) -> None:
-        if not worker_threads(client):
-            return
-        for n in pending:
-            with naming_file(jobs[n].source, several):
-                workloads[n].prepare_cluster(client)
-            ready.append(n)
+        def set_up(client) -> None:
+            if not worker_threads(client):
+                return
+            for n in pending:
+                with naming_file(self.jobs[n].source, self.several):
+                    self.workloads[n].prepare_cluster(client)
+                self.ready.append(n)
 
-    return set_up
+        return set_up
+
+    def _client(self, start: ClusterStart):
+        """The started cluster's client, once it is up (the wait counted)."""
+        t1 = time.perf_counter()
+        with _before_tasks("starting the cluster"):
+            client = start.client()
+        self.startup["cluster start"] = start.seconds
+        self.startup["worker imports"] = start.import_seconds
+        self.startup["cluster set-up"] = start.set_up_seconds
+        self.startup["waited for the cluster"] = time.perf_counter() - t1
+        if not self.first.scheduler and self.first.dashboard and client.dashboard_link:
+            self.echo(f"dashboard: {client.dashboard_link}")
+        return client
+
+    def _run_one(self, n: int, job: Job, workload: Workload, client) -> RunSummary:
+        self.echo(f"{_first_line(workload)} on {_cluster_name(client)}")
+        with _performance_report(job.options.report, job.job_id):
+            # (its checks ran in validate, once: run_validated_job skips them)
+            return run_validated_job(
+                workload, job.options, client, self.prices[n], echo=self.echo,
+                store_checked=True, cluster_ready=n in self.ready,
+            )  # fmt: skip
+
+    def _tell(self, job: Job, summary: RunSummary) -> None:
+        """A job's summary told: its report written, ``on_summary`` called."""
+        _write_report(job.options, job.job_id, summary, self.echo)
+        if self.on_summary:
+            self.on_summary(job, summary)
+
+    def _pairs(self):
+        return zip(self.jobs, self.workloads, strict=True)
 
 
 @contextlib.contextmanager
