@@ -478,6 +478,17 @@ def test_a_resume_after_an_input_file_changed_is_refused(tmp_path, client, monke
         run(client, tmp_path / "long", **settings)
 
 
+def test_files_given_as_empty_text_are_refused_not_the_working_folder(
+    tmp_path, client, monkeypatch
+):
+    """`--files ''` ran over every file below the working folder, its outputs too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_bytes(b"abc")
+    with pytest.raises(InputError, match=r"^no files given: set files \(--files FOLDER"):
+        run(client, tmp_path / "out", function=f"{FN}:file_size", files="")
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_output_inside_a_files_input_is_refused(tmp_path, client):
     """`--files in --output in/results`: the rerun listed the job's own results as its
     inputs (and was refused, 'other settings (files)')."""
