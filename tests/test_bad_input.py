@@ -255,6 +255,19 @@ def test_output_that_is_a_file_is_named(tmp_path, under):
     assert (tmp_path / "afile").read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("output", ["", "file://"])
+def test_an_output_naming_no_place_is_refused_not_the_working_folder(tmp_path, output):
+    """`--output ''` (or `output = ""`) wrote the job's folder and `_locks` into the
+    working folder, while PIPELINE_OUTPUT='' meant the default."""
+    job = tmp_path / "job.toml"
+    job.write_text(f'output = "{output}"\ncubes = 5\n')
+    message = rf"output = '{output}' \(--output\) names no place; give a folder or s3://"
+    with pytest.raises(ConfigError, match=message):
+        load_jobs([str(job)], {}, environ={})
+    with pytest.raises(ConfigError, match=message):
+        load_jobs([], {"output": output}, environ={})
+
+
 def test_job_file_with_wrong_type(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('cubes = "many"\n')
