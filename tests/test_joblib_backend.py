@@ -49,6 +49,18 @@ def raise_on(x, bad):
     return x
 
 
+class TwoArgumentError(Exception):
+    """Pickles, but does not load back: its __init__ wants more than its args."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def raise_two_argument_error(x):
+    raise TwoArgumentError(f"bad value {x}", 3)
+
+
 def slow_square(x, seconds):
     time.sleep(seconds)
     return x * x
@@ -118,6 +130,16 @@ def test_exception_type_and_remote_traceback():
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback)
     assert "raise_on" in cause.text and "KeyError" in cause.text
+
+
+def test_an_exception_that_does_not_load_back_is_told_with_its_traceback():
+    """It was a TypeError of its __init__'s missing argument, raised as the driver
+    loaded it: the call's error and the worker's traceback were lost."""
+    told = (r"^TwoArgumentError: bad value \d \(raised on the worker; the exception itself "
+            r"does not pickle and load back: TypeError: .*__init__\(\) missing")  # fmt: skip
+    with pytest.raises(RuntimeError, match=told) as info:
+        Parallel(n_jobs=2)(delayed(raise_two_argument_error)(i) for i in range(4))
+    assert "raise_two_argument_error" in info.value.__cause__.text
 
 
 def test_an_exception_cancels_the_remaining_calls(tmp_path):
