@@ -23,6 +23,7 @@ from .schemes import is_remote, scheme_of, store_class
 
 __all__ = [
     "LocalStore",
+    "checked_output",
     "Store",
     "join",
     "open_file",
@@ -66,6 +67,18 @@ def _open_store(url: str) -> Store:
             "a local folder whose name ends in ':' can be given as ./" + url
         )
     return cls.from_url(url)
+
+
+def checked_output(output: str) -> Store:
+    """The store of ``output``, for a folder under it that a job's set-up writes (its
+    ``inputs``), checked first so that a bad output is named as given: ``s3://`` (read
+    as ``s3:/inputs``, a URL missing a '/'), a local file or a folder under one (the
+    writes under it failed with a bare "Not a directory"). An object store's own
+    check, a round trip, is left to the run's."""
+    store = open_store(output)
+    if not store.remote:
+        store.preflight()
+    return store
 
 
 def open_file(path, mode: str = "rb", encoding: str | None = None):
