@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import re
 
 from ..errors import ConfigError
@@ -45,13 +46,18 @@ def open_store(url: str) -> Store:
     """The store for ``url``: a local path, ``file://`` path, ``s3://bucket/prefix``,
     or a URL of a scheme a package adds (:mod:`.schemes`).
 
-    Cached per process so that each worker keeps one client per store.
+    Cached per process so that each worker keeps one client per store (a relative
+    local path per working folder: ``out`` after ``os.chdir`` is another folder).
     """
-    return _open_store(str(url))
+    url = str(url)
+    local = scheme_of(url) == "file" and not os.path.isabs(
+        os.path.expanduser(url.removeprefix("file://"))
+    )
+    return _open_store(url, os.getcwd() if local else "")
 
 
 @functools.lru_cache(maxsize=16)
-def _open_store(url: str) -> Store:
+def _open_store(url: str, _working_folder: str) -> Store:
     scheme = scheme_of(url)
     try:
         cls = store_class(scheme)
