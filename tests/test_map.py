@@ -637,6 +637,19 @@ def test_a_single_value_is_a_row_of_one_column(tmp_path, client):
     ]
 
 
+def test_arrays_in_a_row_are_values_as_a_returned_array_is(tmp_path, client):
+    """`return np.eye(2)` was a list of lists and `return {"m": np.eye(2)}` failed its
+    unit (as did a 0-d array, np.median's of an axis-less array): 'Can only convert
+    1-dimensional array values'."""
+    s = run(client, tmp_path, function=f"{FN}:arrays_in_a_row", grid={"x": [1, 2]})
+    assert s.units_failed == 0
+    assert results_table(str(tmp_path)).to_pylist() == [
+        {"unit": u, "x": x, "matrix": [[x, 0.0], [0.0, x]], "mean": x * 1.5,
+         "vector": [0.0, 1.0]}
+        for u, x in enumerate([1, 2])
+    ]  # fmt: skip
+
+
 def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, client):
     df = pd.DataFrame({"g": np.repeat(["a", "b"], 4), "h": ["p", "q"] * 4, "y": np.arange(8.0)})
     data = tmp_path / "data"
