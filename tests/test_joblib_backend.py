@@ -329,6 +329,31 @@ def test_script_without_a_main_guard(tmp_path):
     assert out.stdout.strip().splitlines()[-2:] == ["on the cluster: True", "[0, 1, 8, 27, 64]"]
 
 
+TWO_CLUSTERS = """
+import joblib
+import pipeline  # noqa: F401
+from joblib import Parallel, delayed
+
+for workers in (1, 2):
+    with joblib.parallel_config(backend="pipeline", workers=workers):
+        print(Parallel(n_jobs=2)(delayed(abs)(-x) for x in range(3)))
+"""
+
+
+def test_a_program_on_two_clusters_ends_without_dasks_closing_lines(tmp_path):
+    """The sessions were closed first opened first: the first cluster's close put back
+    the level of Dask's log handlers, and the second's printed 18 INFO lines."""
+    script = tmp_path / "script.py"
+    script.write_text(TWO_CLUSTERS)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[0, 1, 2]", "[0, 1, 2]"]
+    assert "distributed." not in out.stderr, out.stderr
+
+
 # -- resume ----------------------------------------------------------------------------
 
 RESUMABLE = """
