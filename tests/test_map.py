@@ -478,6 +478,26 @@ def test_a_resume_after_an_input_file_changed_is_refused(tmp_path, client, monke
         run(client, tmp_path / "long", **settings)
 
 
+def test_pipeline_map_takes_paths_as_path_objects(tmp_path, client):
+    """`output=Path(...)` (and data=, files=) was refused: "--output: expected a
+    string, got PosixPath(...)"; a DataFrame as data= was shown whole as "--data"."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.txt").write_bytes(b"abc")
+    pq.write_table(pa.table({"g": ["a", "b"], "y": [1.0, 2.0]}), tmp_path / "d.parquet")
+    s = pipeline.map(userfns.file_size, files=files, output=tmp_path / "f", client=client,
+                     verbose=0)  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "f")).column("bytes").to_pylist() == [3]
+    s = pipeline.map(userfns.chunk_stats, data=tmp_path / "d.parquet", chunk_by="g",
+                     output=tmp_path / "d", client=client, verbose=0)  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "d")).column("n").to_pylist() == [1, 1]
+    frame = pd.DataFrame({"g": ["a"], "y": [1.0]})
+    with pytest.raises(ConfigError, match=r"^pipeline.map: data= is a parquet file, folder or "
+                       r"s3:// prefix, not a DataFrame: write it with df.to_parquet"):  # fmt: skip
+        pipeline.map(userfns.chunk_stats, data=frame, chunk_rows=1, output=tmp_path / "x",
+                     client=client, verbose=0)  # fmt: skip
+
+
 def test_files_given_as_empty_text_are_refused_not_the_working_folder(
     tmp_path, client, monkeypatch
 ):
