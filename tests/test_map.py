@@ -808,6 +808,8 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
          "grid key 'unit' has the name"),
         ({"function": f"{FN}:file_size", "files": "/no/such/folder"}, InputError,
          "no such folder"),
+        ({"function": f"{FN}:power", "grid": {"x": [1]}, "code": "/no/such/code.py"},
+         ConfigError, r"code = '/no/such/code.py': no such file or folder \(/no/such/code.py: "),
         ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},
          InputError, "/no/such/data: no such folder or file"),
         ({"function": "power", "grid": {"x": [1]}}, ConfigError, "expected 'module:callable'"),

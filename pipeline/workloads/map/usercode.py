@@ -174,6 +174,11 @@ def check_code_path(path: str) -> Path:
         return p.resolve()
     if p.is_dir() and any(p.rglob("*.py")):
         return p.resolve()
+    if not p.exists():  # (told "expected a .py file" of a .py file's name)
+        raise ConfigError(
+            f"code = {path!r}: no such file or folder ({p.absolute()}: a job file's paths "
+            "are taken from the folder the command runs in)"
+        )
     raise ConfigError(f"code = {path!r}: expected a .py file or a folder of Python code")
 
 
