@@ -1072,6 +1072,21 @@ def test_code_elsewhere_imports_on_the_driver_too(tmp_path, client):
     assert s.complete and results_table(str(tmp_path / "b")).column("v").to_pylist() == [5, 10]
 
 
+def test_code_that_is_not_shipped_is_not_the_jobs_code(tmp_path, client):
+    """`code = "."` beside a `.venv`: its modules (never shipped) were hashed into the
+    job's code, so that a package installed there refused the resume (and hashing them
+    took seconds)."""
+    project = tmp_path / "project"
+    (project / ".venv" / "lib").mkdir(parents=True)
+    (project / "project_fns.py").write_text("def f(x):\n    return {'v': 7 * x}\n")
+    (project / ".venv" / "lib" / "installed.py").write_text("VERSION = 1\n")
+    settings = {"function": "project_fns:f", "code": str(project), "grid": {"x": [1, 2]}}
+    assert run(client, tmp_path / "o", **settings).complete
+    (project / ".venv" / "lib" / "installed.py").write_text("VERSION = 2\n")
+    again = run(client, tmp_path / "o", **settings)
+    assert again.complete and again.units_run == 0
+
+
 def _scaler(k):
     def scale(x):
         return {"y": x * k}
