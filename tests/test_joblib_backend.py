@@ -216,6 +216,28 @@ def test_large_numpy_arguments_and_results():
     assert [a[0] for a in arrays] == [0, 1, 2, 3] and all(a.size == 100_000 for a in arrays)
 
 
+def _multiplier(k):
+    def times(x):
+        return x * k
+
+    return times
+
+
+def test_results_kept_are_of_the_same_captured_values(tmp_path):
+    """A call's key hashed its function's source alone: with a closure's value or a
+    partial's argument changed, the program got the results kept of the old one."""
+    changed = r"holds the results of .*\(its code has changed since\)"
+    with joblib.parallel_config(backend="pipeline", workers=WORKERS, output=str(tmp_path)):
+        assert Parallel(n_jobs=2)(delayed(_multiplier(2))(x) for x in range(4)) == [0, 2, 4, 6]
+        assert Parallel(n_jobs=2)(delayed(_multiplier(2))(x) for x in range(4)) == [0, 2, 4, 6]
+        with pytest.raises(pipeline.ConfigError, match=changed):
+            Parallel(n_jobs=2)(delayed(_multiplier(3))(x) for x in range(4))
+        plus = functools.partial(add, z=1)
+        assert Parallel(n_jobs=2)(delayed(plus)(x) for x in range(3)) == [1, 2, 3]
+        with pytest.raises(pipeline.ConfigError, match=changed):
+            Parallel(n_jobs=2)(delayed(functools.partial(add, z=5))(x) for x in range(3))
+
+
 def test_without_output_nothing_is_kept(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = Parallel(n_jobs=2)(delayed(np.full)(100_000, i) for i in range(3))
