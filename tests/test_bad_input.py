@@ -255,6 +255,38 @@ def test_output_that_is_a_file_is_named(tmp_path, under):
     assert (tmp_path / "afile").read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("output", ["", "file://"])
+def test_an_output_naming_no_place_is_refused_not_the_working_folder(tmp_path, output):
+    """`--output ''` (or `output = ""`) wrote the job's folder and `_locks` into the
+    working folder, while PIPELINE_OUTPUT='' meant the default."""
+    job = tmp_path / "job.toml"
+    job.write_text(f'output = "{output}"\ncubes = 5\n')
+    message = rf"output = '{output}' \(--output\) names no place; give a folder or s3://"
+    with pytest.raises(ConfigError, match=message):
+        load_jobs([str(job)], {}, environ={})
+    with pytest.raises(ConfigError, match=message):
+        load_jobs([], {"output": output}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("output", "error", "said"),
+    [
+        ("afile", StorageError, r"output {tmp}/afile: {tmp}/afile is a file, expected a folder"),
+        ("s3://", ConfigError, r"S3 URL 's3://' has no bucket"),
+    ],
+)
+def test_default_frames_under_a_bad_output_name_the_output(tmp_path, output, error, said):
+    """The frames' write failed as `cannot write .../afile/inputs/frames-.../frame-00000
+    .parquet: Not a directory`, and `s3://` as `'s3:/inputs/frames-...' reads as a URL
+    missing a '/' (did you mean 's3://inputs/...'?)`: a bucket the user never named."""
+    (tmp_path / "afile").write_text("not a folder")
+    output = output if "://" in output else str(tmp_path / output)
+    cli = {"output": output, "cubes": 2, "dim": 4, "workers": 1, "progress": False}
+    with pytest.raises(error, match=said.format(tmp=tmp_path)):
+        run_jobs(load_jobs([], cli, environ={}), echo=lambda m: None)
+    assert (tmp_path / "afile").read_text() == "not a folder"
+
+
 def test_job_file_with_wrong_type(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('cubes = "many"\n')

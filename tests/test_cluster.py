@@ -98,6 +98,22 @@ def test_plaintext_scheduler_beyond_loopback_is_refused_before_connecting():
         pass
 
 
+@pytest.mark.parametrize("address", ["junk", "tls://junk"])
+def test_a_scheduler_address_without_a_port_is_named_before_connecting(address):
+    """It was a traceback of Dask's ValueError."""
+    from pipeline import ClusterError
+
+    with (
+        pytest.raises(
+            ClusterError,
+            match=rf"^--scheduler {address}: missing port number in "
+            r"address 'junk'; expected tls://HOST:PORT",
+        ),  # fmt: skip
+        connect(RunOptions(scheduler=address)),
+    ):
+        pass
+
+
 def test_partial_tls_settings_name_what_is_missing(tmp_path):
     import pytest
 

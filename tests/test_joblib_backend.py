@@ -49,6 +49,18 @@ def raise_on(x, bad):
     return x
 
 
+class TwoArgumentError(Exception):
+    """Pickles, but does not load back: its __init__ wants more than its args."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def raise_two_argument_error(x):
+    raise TwoArgumentError(f"bad value {x}", 3)
+
+
 def slow_square(x, seconds):
     time.sleep(seconds)
     return x * x
@@ -118,6 +130,16 @@ def test_exception_type_and_remote_traceback():
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback)
     assert "raise_on" in cause.text and "KeyError" in cause.text
+
+
+def test_an_exception_that_does_not_load_back_is_told_with_its_traceback():
+    """It was a TypeError of its __init__'s missing argument, raised as the driver
+    loaded it: the call's error and the worker's traceback were lost."""
+    told = (r"^TwoArgumentError: bad value \d \(raised on the worker; the exception itself "
+            r"does not pickle and load back: TypeError: .*__init__\(\) missing")  # fmt: skip
+    with pytest.raises(RuntimeError, match=told) as info:
+        Parallel(n_jobs=2)(delayed(raise_two_argument_error)(i) for i in range(4))
+    assert "raise_two_argument_error" in info.value.__cause__.text
 
 
 def test_an_exception_cancels_the_remaining_calls(tmp_path):
@@ -192,6 +214,28 @@ def test_large_numpy_arguments_and_results():
     # results beyond what a receipt carries come back through the store
     arrays = Parallel(n_jobs=2)(delayed(np.full)(100_000, i) for i in range(4))
     assert [a[0] for a in arrays] == [0, 1, 2, 3] and all(a.size == 100_000 for a in arrays)
+
+
+def _multiplier(k):
+    def times(x):
+        return x * k
+
+    return times
+
+
+def test_results_kept_are_of_the_same_captured_values(tmp_path):
+    """A call's key hashed its function's source alone: with a closure's value or a
+    partial's argument changed, the program got the results kept of the old one."""
+    changed = r"holds the results of .*\(its code has changed since\)"
+    with joblib.parallel_config(backend="pipeline", workers=WORKERS, output=str(tmp_path)):
+        assert Parallel(n_jobs=2)(delayed(_multiplier(2))(x) for x in range(4)) == [0, 2, 4, 6]
+        assert Parallel(n_jobs=2)(delayed(_multiplier(2))(x) for x in range(4)) == [0, 2, 4, 6]
+        with pytest.raises(pipeline.ConfigError, match=changed):
+            Parallel(n_jobs=2)(delayed(_multiplier(3))(x) for x in range(4))
+        plus = functools.partial(add, z=1)
+        assert Parallel(n_jobs=2)(delayed(plus)(x) for x in range(3)) == [1, 2, 3]
+        with pytest.raises(pipeline.ConfigError, match=changed):
+            Parallel(n_jobs=2)(delayed(functools.partial(add, z=5))(x) for x in range(3))
 
 
 def test_without_output_nothing_is_kept(tmp_path, monkeypatch):
@@ -305,6 +349,31 @@ def test_script_without_a_main_guard(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-2:] == ["on the cluster: True", "[0, 1, 8, 27, 64]"]
+
+
+TWO_CLUSTERS = """
+import joblib
+import pipeline  # noqa: F401
+from joblib import Parallel, delayed
+
+for workers in (1, 2):
+    with joblib.parallel_config(backend="pipeline", workers=workers):
+        print(Parallel(n_jobs=2)(delayed(abs)(-x) for x in range(3)))
+"""
+
+
+def test_a_program_on_two_clusters_ends_without_dasks_closing_lines(tmp_path):
+    """The sessions were closed first opened first: the first cluster's close put back
+    the level of Dask's log handlers, and the second's printed 18 INFO lines."""
+    script = tmp_path / "script.py"
+    script.write_text(TWO_CLUSTERS)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[0, 1, 2]", "[0, 1, 2]"]
+    assert "distributed." not in out.stderr, out.stderr
 
 
 # -- resume ----------------------------------------------------------------------------

@@ -155,6 +155,40 @@ def test_keep_done_from_python_and_a_changed_meaning_still_refused(tmp_path, cli
     assert _calls(calls) == sorted([*range(8), 3])
 
 
+def test_keep_done_on_a_complete_job_records_the_new_code(tmp_path, client):
+    """It said the job complete, without recording the new code: the same command
+    without --keep-done was refused again, each time."""
+    import pipeline
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    source = tmp_path / "fitmod.py"
+
+    def load(text: str):
+        source.write_text(text)
+        spec = importlib.util.spec_from_file_location("fitmod", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.fit
+
+    grid = {"x": list(range(8)), "calls": [str(calls)]}
+    common = {"grid": grid, "output": str(tmp_path / "out"), "name": "fit", "client": client,
+              "progress": False, "units_per_task": 4, "verbose": 0}  # fmt: skip
+    assert pipeline.map(load(FIXED), **common).complete
+    edited = load(FIXED.replace("def fit(x, calls):\n", 'def fit(x, calls):\n    """Doc."""\n'))
+    with pytest.raises(ConfigError, match=r"other settings \(function_source\)"):
+        pipeline.map(edited, **common)
+    kept = pipeline.map(edited, keep_done=True, **common)
+    assert kept.complete and kept.units_run == 0
+    again = pipeline.map(edited, **common)
+    assert again.complete and again.units_run == 0
+    assert _calls(calls) == list(range(8))
+    record = json.loads((tmp_path / "out" / "fit" / "job.json").read_text())
+    assert len(record["code_versions"]) == 2
+    (check,) = verify_output(str(tmp_path / "out"))
+    assert check.ok and len(check.code_versions) == 1  # (every task by the first code)
+
+
 def _regressions(data, engine: str, **settings) -> RegressionWorkload:
     job = RegressionJob(data=data, formula=FORMULA, chunk_by="chunk", engine=engine, **settings)
     return RegressionWorkload(job, "reg")

@@ -478,6 +478,37 @@ def test_a_resume_after_an_input_file_changed_is_refused(tmp_path, client, monke
         run(client, tmp_path / "long", **settings)
 
 
+def test_pipeline_map_takes_paths_as_path_objects(tmp_path, client):
+    """`output=Path(...)` (and data=, files=) was refused: "--output: expected a
+    string, got PosixPath(...)"; a DataFrame as data= was shown whole as "--data"."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.txt").write_bytes(b"abc")
+    pq.write_table(pa.table({"g": ["a", "b"], "y": [1.0, 2.0]}), tmp_path / "d.parquet")
+    s = pipeline.map(userfns.file_size, files=files, output=tmp_path / "f", client=client,
+                     verbose=0)  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "f")).column("bytes").to_pylist() == [3]
+    s = pipeline.map(userfns.chunk_stats, data=tmp_path / "d.parquet", chunk_by="g",
+                     output=tmp_path / "d", client=client, verbose=0)  # fmt: skip
+    assert s.complete and results_table(str(tmp_path / "d")).column("n").to_pylist() == [1, 1]
+    frame = pd.DataFrame({"g": ["a"], "y": [1.0]})
+    with pytest.raises(ConfigError, match=r"^pipeline.map: data= is a parquet file, folder or "
+                       r"s3:// prefix, not a DataFrame: write it with df.to_parquet"):  # fmt: skip
+        pipeline.map(userfns.chunk_stats, data=frame, chunk_rows=1, output=tmp_path / "x",
+                     client=client, verbose=0)  # fmt: skip
+
+
+def test_files_given_as_empty_text_are_refused_not_the_working_folder(
+    tmp_path, client, monkeypatch
+):
+    """`--files ''` ran over every file below the working folder, its outputs too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_bytes(b"abc")
+    with pytest.raises(InputError, match=r"^no files given: set files \(--files FOLDER"):
+        run(client, tmp_path / "out", function=f"{FN}:file_size", files="")
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_output_inside_a_files_input_is_refused(tmp_path, client):
     """`--files in --output in/results`: the rerun listed the job's own results as its
     inputs (and was refused, 'other settings (files)')."""
@@ -626,6 +657,19 @@ def test_a_single_value_is_a_row_of_one_column(tmp_path, client):
     ]
 
 
+def test_arrays_in_a_row_are_values_as_a_returned_array_is(tmp_path, client):
+    """`return np.eye(2)` was a list of lists and `return {"m": np.eye(2)}` failed its
+    unit (as did a 0-d array, np.median's of an axis-less array): 'Can only convert
+    1-dimensional array values'."""
+    s = run(client, tmp_path, function=f"{FN}:arrays_in_a_row", grid={"x": [1, 2]})
+    assert s.units_failed == 0
+    assert results_table(str(tmp_path)).to_pylist() == [
+        {"unit": u, "x": x, "matrix": [[x, 0.0], [0.0, x]], "mean": x * 1.5,
+         "vector": [0.0, 1.0]}
+        for u, x in enumerate([1, 2])
+    ]  # fmt: skip
+
+
 def test_a_series_rows_as_dicts_and_a_groupbys_frame_keep_every_value(tmp_path, client):
     df = pd.DataFrame({"g": np.repeat(["a", "b"], 4), "h": ["p", "q"] * 4, "y": np.arange(8.0)})
     data = tmp_path / "data"
@@ -764,6 +808,8 @@ def test_a_value_no_column_can_hold_fails_only_its_unit(tmp_path, client):
          "grid key 'unit' has the name"),
         ({"function": f"{FN}:file_size", "files": "/no/such/folder"}, InputError,
          "no such folder"),
+        ({"function": f"{FN}:power", "grid": {"x": [1]}, "code": "/no/such/code.py"},
+         ConfigError, r"code = '/no/such/code.py': no such file or folder \(/no/such/code.py: "),
         ({"function": f"{FN}:chunk_stats", "data": "/no/such/data", "chunk_rows": 2},
          InputError, "/no/such/data: no such folder or file"),
         ({"function": "power", "grid": {"x": [1]}}, ConfigError, "expected 'module:callable'"),
@@ -1024,6 +1070,21 @@ def test_code_elsewhere_imports_on_the_driver_too(tmp_path, client):
     s = run(client, tmp_path / "b", function="pkg_elsewhere.mod:g",
             code=str(lib / "pkg_elsewhere"), grid={"x": [1, 2]})  # fmt: skip
     assert s.complete and results_table(str(tmp_path / "b")).column("v").to_pylist() == [5, 10]
+
+
+def test_code_that_is_not_shipped_is_not_the_jobs_code(tmp_path, client):
+    """`code = "."` beside a `.venv`: its modules (never shipped) were hashed into the
+    job's code, so that a package installed there refused the resume (and hashing them
+    took seconds)."""
+    project = tmp_path / "project"
+    (project / ".venv" / "lib").mkdir(parents=True)
+    (project / "project_fns.py").write_text("def f(x):\n    return {'v': 7 * x}\n")
+    (project / ".venv" / "lib" / "installed.py").write_text("VERSION = 1\n")
+    settings = {"function": "project_fns:f", "code": str(project), "grid": {"x": [1, 2]}}
+    assert run(client, tmp_path / "o", **settings).complete
+    (project / ".venv" / "lib" / "installed.py").write_text("VERSION = 2\n")
+    again = run(client, tmp_path / "o", **settings)
+    assert again.complete and again.units_run == 0
 
 
 def _scaler(k):

@@ -18,7 +18,16 @@ import support.map_jobs as map_jobs
 from mapfns import bulk
 
 import pipeline
-from pipeline import ConfigError, InputError, MapJob, MapWorkload, RunOptions, load_jobs, run_job
+from pipeline import (
+    ConfigError,
+    InputError,
+    MapJob,
+    MapWorkload,
+    RunOptions,
+    StorageError,
+    load_jobs,
+    run_job,
+)
 from pipeline.results import results_table, write_results
 
 BULK = "mapfns.bulk"
@@ -153,6 +162,28 @@ def test_a_bad_points_file_is_refused_naming_it_before_any_task(
     with pytest.raises(error, match=said):
         run(client, tmp_path, function=f"{BULK}:typed", grid=str(tmp_path / "points.csv"))
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "error", "said"),
+    [
+        ("afile", StorageError, r"output {tmp}/afile: {tmp}/afile is a file, expected a folder"),
+        ("afile/sub", StorageError, r"output {tmp}/afile/sub: {tmp}/afile is a file, expected a"),
+        ("s3://", ConfigError, r"S3 URL 's3://' has no bucket"),
+    ],
+)
+def test_an_output_the_points_cannot_be_copied_to_is_named_as_given(output, error, said, tmp_path):
+    """The copy's write failed as `cannot write .../afile/inputs/points-....parquet:
+    Not a directory`, and `s3://` as `'s3:/inputs' reads as a URL missing a '/' (did
+    you mean 's3://inputs'?)`: a bucket the user never named."""
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "points.csv").write_text("i,x\n1,2\n")
+    output = output if "://" in output else str(tmp_path / output)
+    points = str(tmp_path / "points.csv")
+    w = MapWorkload(MapJob(function=f"{BULK}:typed", grid=points), "m", output=output)
+    with pytest.raises(error, match=said.format(tmp=tmp_path)):
+        w.preflight()
+    assert (tmp_path / "afile").read_text() == "not a folder"
 
 
 def test_a_points_file_whose_every_point_returns_nothing_has_its_key_columns(tmp_path, client):

@@ -119,6 +119,16 @@ def test_a_url_missing_a_slash_is_refused_not_made_a_local_folder(tmp_path, monk
     assert open_store("C:/data").root.name == "data"  # a drive letter is no URL
 
 
+def test_a_relative_path_is_opened_in_the_working_folder_of_each_call(tmp_path, monkeypatch):
+    """The stores are cached by URL: `out` opened again after os.chdir (a notebook's
+    second pipeline.map(..., output="out")) was the first folder's `out`."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        assert open_store("out").url == str(tmp_path / folder / "out")
+        assert open_store("file://out").url == str(tmp_path / folder / "out")
+
+
 def test_local_write_killed_midway_is_invisible_and_discarded(tmp_path):
     # A real process killed with SIGKILL in the middle of a write, as a lost worker is.
     root = tmp_path / "store"

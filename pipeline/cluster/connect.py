@@ -305,7 +305,13 @@ def _require_tls_beyond_loopback(address: str) -> None:
     from distributed.comm import parse_address, parse_host_port
 
     scheme, location = parse_address(address)
-    host = parse_host_port(location)[0] if scheme in ("tcp", "tls") else ""
+    try:
+        host = parse_host_port(location)[0] if scheme in ("tcp", "tls") else ""
+    except ValueError as exc:  # ("missing port number in address 'host'": a traceback)
+        raise ClusterError(
+            f"--scheduler {address}: {exc}; expected tls://HOST:PORT (or tcp://HOST:PORT on "
+            "this machine's loopback)"
+        ) from None
     if scheme == "tcp" and not _is_loopback(host):
         raise ClusterError(
             f"--scheduler {address}: plaintext connections beyond loopback are refused; use "

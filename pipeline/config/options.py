@@ -36,6 +36,13 @@ class RunOptions:
                 f"cluster; the cluster at scheduler = {self.scheduler!r} has the workers "
                 "started for it (add some with `dask worker`): leave workers out"
             )
+        if isinstance(self.output, str) and not self.output.removeprefix("file://").strip():
+            # A local path of '' is the working folder: the job's folder and the output's
+            # own (_locks, inputs) among the user's files
+            raise ConfigError(
+                f"output = {self.output!r} (--output) names no place; give a folder or "
+                "s3://bucket/prefix (unset: results)"
+            )
         for name in _LOCAL_FILES:
             value = getattr(self, name)
             if isinstance(value, str) and "://" in value:

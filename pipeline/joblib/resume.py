@@ -23,7 +23,6 @@ both. Without ``output`` nothing is kept and nothing read.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import pickle
 import re
@@ -42,18 +41,23 @@ PLAN_FORMAT = 2
 
 
 def call_identity(func) -> tuple[str, str]:
-    """The function's ``module:qualname`` and a digest of its code (its source, else
-    its bytecode): a changed function is another function."""
+    """The function's ``module:qualname`` and a digest of its code: its source with
+    the values it captures (a closure's, a partial's arguments) or reads from its module
+    (constants, helpers' source), as a map job's is hashed, else its bytecode. A changed
+    function is another function: with its source alone, a constant or a closure's
+    value changed returned the results kept of the old one."""
     import functools
 
+    from ..workloads.map.usercode import source_hash
+
+    digest = source_hash(func)
     while isinstance(func, functools.partial):
         func = func.func
-    try:
-        code = inspect.getsource(func).encode()
-    except (OSError, TypeError):
+    if digest is None:
         code_obj = getattr(func, "__code__", None)
         code = code_obj.co_code if code_obj is not None else repr(func).encode()
-    return describe_call(func), hashlib.sha256(code).hexdigest()[:16]
+        digest = hashlib.sha256(code).hexdigest()[:16]
+    return describe_call(func), digest
 
 
 def job_name(func) -> str:

@@ -63,16 +63,20 @@ def session_for(settings: dict[str, Any]) -> Session:
         if session is None or session.closed:
             if not _SESSIONS:
                 _close_at_exit()
+            _SESSIONS.pop(key, None)  # (a new one goes last: closed first)
             session = _SESSIONS[key] = Session(options)
         return session
 
 
 def close_sessions() -> None:
-    """Close every session (their clusters with them); at the program's exit."""
+    """Close every session (their clusters with them); at the program's exit. The last
+    opened first: each embedded cluster lowers Dask's log handlers' level as it starts
+    and puts back the level it found as it closes, so the first one's close, first,
+    let the others' closing print Dask's INFO lines."""
     with _SESSIONS_LOCK:
         sessions = list(_SESSIONS.values())
         _SESSIONS.clear()
-    for session in sessions:
+    for session in reversed(sessions):
         session.close()
 
 

@@ -37,6 +37,11 @@ def pack(outcome: tuple, spill_url: str | None, name: str) -> bytes:
     """Worker: ``outcome`` as the receipt's value: its pickle, or where it was stored."""
     try:
         data = cloudpickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+        if outcome[0] == "error":
+            # An exception whose __init__ takes other arguments than its args (one that
+            # calls super().__init__(message) alone) pickles, then fails as the driver
+            # loads it, with a TypeError that hid the call's own error and traceback
+            pickle.loads(data)
     except Exception as exc:
         data = cloudpickle.dumps(_unpicklable(outcome, exc))
     if len(data) <= INLINE_VALUE_BYTES:
@@ -74,7 +79,7 @@ def _unpicklable(outcome: tuple, exc: BaseException) -> tuple:
         original = outcome[1]
         error = RuntimeError(
             f"{type(original).__name__}: {original} (raised on the worker; the exception "
-            f"itself does not pickle: {exc})"
+            f"itself does not pickle and load back: {type(exc).__name__}: {exc})"
         )
         return ("error", error, outcome[2])
     error = TypeError(f"a joblib call's result cannot be sent back: it does not pickle ({exc})")

@@ -10,7 +10,7 @@ from ..contract import preflight
 from ..costs.prices import worker_price
 from ..errors import Interrupted
 from ..layout import is_consolidated, tasks_done
-from ..planning.plan import load_plan
+from ..planning.plan import load_plan, mark_code_version
 from ..storage import Store, open_store
 from ..summary import RunSummary
 from ..workload import Workload
@@ -34,7 +34,15 @@ def completed_job(workload: Workload, options: RunOptions) -> RunSummary | None:
     if not is_consolidated(store, workload.job_id):
         return _finalized_now(workload, options, store)
     plan = load_plan(workload, options.units_per_task, store, options.keep_done)
-    return finished_summary(workload, store, plan, tasks_done(store, workload.job_id))
+    summary = finished_summary(workload, store, plan, tasks_done(store, workload.job_id))
+    if summary is not None and plan.code_changed:
+        # --keep-done with the job complete: its new code recorded, as a run records it
+        # before its tasks, so that the same command without the option says complete
+        # (it was refused again, the new code never recorded)
+        with held(store, workload.job_id):
+            plan = load_plan(workload, options.units_per_task, store, options.keep_done)
+            mark_code_version(workload, store, plan)
+    return summary
 
 
 def _finalized_now(workload: Workload, options: RunOptions, store: Store) -> RunSummary | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import re
 
 from ..errors import ConfigError
@@ -23,6 +24,7 @@ from .schemes import is_remote, scheme_of, store_class
 
 __all__ = [
     "LocalStore",
+    "checked_output",
     "Store",
     "join",
     "open_file",
@@ -44,13 +46,18 @@ def open_store(url: str) -> Store:
     """The store for ``url``: a local path, ``file://`` path, ``s3://bucket/prefix``,
     or a URL of a scheme a package adds (:mod:`.schemes`).
 
-    Cached per process so that each worker keeps one client per store.
+    Cached per process so that each worker keeps one client per store (a relative
+    local path per working folder: ``out`` after ``os.chdir`` is another folder).
     """
-    return _open_store(str(url))
+    url = str(url)
+    local = scheme_of(url) == "file" and not os.path.isabs(
+        os.path.expanduser(url.removeprefix("file://"))
+    )
+    return _open_store(url, os.getcwd() if local else "")
 
 
 @functools.lru_cache(maxsize=16)
-def _open_store(url: str) -> Store:
+def _open_store(url: str, _working_folder: str) -> Store:
     scheme = scheme_of(url)
     try:
         cls = store_class(scheme)
@@ -66,6 +73,18 @@ def _open_store(url: str) -> Store:
             "a local folder whose name ends in ':' can be given as ./" + url
         )
     return cls.from_url(url)
+
+
+def checked_output(output: str) -> Store:
+    """The store of ``output``, for a folder under it that a job's set-up writes (its
+    ``inputs``), checked first so that a bad output is named as given: ``s3://`` (read
+    as ``s3:/inputs``, a URL missing a '/'), a local file or a folder under one (the
+    writes under it failed with a bare "Not a directory"). An object store's own
+    check, a round trip, is left to the run's."""
+    store = open_store(output)
+    if not store.remote:
+        store.preflight()
+    return store
 
 
 def open_file(path, mode: str = "rb", encoding: str | None = None):

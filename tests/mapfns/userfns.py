@@ -122,6 +122,13 @@ def one_value(x):
             "matrix": np.eye(2), "pair": (0.25, 3)}[x]  # fmt: skip
 
 
+def arrays_in_a_row(x):
+    """A row of numpy arrays of 2, 0 and 1 dimensions, as a returned array is taken."""
+    import numpy as np
+
+    return {"matrix": np.eye(2) * x, "mean": np.array(x * 1.5), "vector": np.arange(2.0)}
+
+
 def mixed_types(x):
     return {"v": x if x % 2 else f"text {x}"}
 

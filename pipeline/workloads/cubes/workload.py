@@ -26,7 +26,7 @@ from ...config import check_settings, setting
 from ...errors import StorageError
 from ...layout import attempt_key, consolidated_manifest_key, shard_key
 from ...manifest import checksum, manifest_entries, summed_fingerprint
-from ...storage import Store, open_store, write_parquet
+from ...storage import Store, checked_output, open_store, write_parquet
 from ...workload import TableResults, Task, TaskOutput, UnitFailure, Workload
 from .frames import (
     FrameSet,
@@ -325,6 +325,7 @@ def auto_frames_url(output: str, dim: int, seed: int) -> str:
 
 def ensure_auto_frames(output: str, dim: int, seed: int, echo=print) -> str:
     """Make the default input frames under the output once, and return their URL."""
+    checked_output(output)
     url = auto_frames_url(output, dim, seed)
     store = open_store(url)
     if len(frame_keys(store.list())[0]) < dim:

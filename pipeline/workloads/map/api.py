@@ -18,10 +18,10 @@ __all__ = ["map_job"]
 def map_job(
     fn: Callable,
     *,
-    data: str | None = None,
+    data: str | os.PathLike | None = None,
     grid: Mapping[str, list] | Sequence[Mapping] | str | os.PathLike | None = None,
-    files: str | None = None,
-    output: str | None = None,
+    files: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
     name: str | None = None,
     client=None,
     **settings,
@@ -55,17 +55,24 @@ def map_job(
             f"pipeline.map: {given} set up a cluster, but client= gives the cluster to run "
             "on; leave them out (or the client, to have pipeline.map start or reach one)"
         )
+    if hasattr(data, "columns") and hasattr(data, "to_parquet"):
+        raise ConfigError(
+            "pipeline.map: data= is a parquet file, folder or s3:// prefix, not a DataFrame: "
+            "write it with df.to_parquet(path) first (or give grid=df: a call per row)"
+        )
+    # (paths as pathlib.Path: refused as "--output: expected a string, got PosixPath")
+    settings = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in settings.items()}
     given = {
         "name": name,
         "function": describe_function(fn),
-        "data": data,
+        "data": _text(data),
         "grid": _grid_value(grid),
-        "files": files,
+        "files": _text(files),
         **{k: v for k, v in settings.items() if k in map_keys},
     }
     job = resolve(MapJob, None, given)
     run_given = {k: v for k, v in settings.items() if k in run_keys}
-    options = resolve(RunOptions, None, {"output": output, **run_given})
+    options = resolve(RunOptions, None, {"output": _text(output), **run_given})
     workload = MapWorkload(job, name or _default_name(fn), fn=fn, output=options.output)
     return workload, options
 
@@ -77,6 +84,10 @@ def _default_name(fn: Callable) -> str:
         fn = fn.func
     name = re.sub(r"[^\w.-]", "", getattr(fn, "__name__", "")).lstrip("._")
     return name or "map"
+
+
+def _text(path):
+    return os.fspath(path) if isinstance(path, os.PathLike) else path
 
 
 def _grid_value(grid) -> dict | list | str | None:

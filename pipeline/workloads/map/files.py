@@ -24,6 +24,9 @@ __all__ = ["list_files"]
 def list_files(where: str) -> list[tuple[str, str]]:
     """``(path, version)`` of each file ``where`` names, in path order; an error that
     says what was looked for when there is none."""
+    if not where.strip():
+        # (a Path of '' is the working folder: every file below it, outputs included)
+        raise InputError("no files given: set files (--files FOLDER, a glob or s3://bucket/prefix)")
     try:
         found = _in_object_store(where) if is_remote(where) else _local(where)
     except OSError as exc:  # (StorageError too)

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ...config.settings import RowsFile
 from ...errors import ConfigError, InputError
-from ...storage import open_store
+from ...storage import checked_output, open_store
 from .points_record import PointsRecord
 
 __all__ = ["ROWS_PER_GROUP", "ScannedPoints", "scan_points"]
@@ -114,6 +114,7 @@ def _open(source: RowsFile, where: str, fixed: dict) -> tuple[pa.Schema, Iterato
 def _scan(source: RowsFile, where: str, output: str | None, fixed: dict | None = None,
           names: list[str] | None = None) -> ScannedPoints:  # fmt: skip
     schema = None
+    store = _copies(output)
     with tempfile.TemporaryDirectory(prefix="pipeline-points-") as tmp:
         try:
             schema, batches = _open(source, where, fixed or {})
@@ -136,7 +137,6 @@ def _scan(source: RowsFile, where: str, output: str | None, fixed: dict | None =
             raise InputError(f"{where}: no rows; expected a row per call")
         # Named by the points and their columns' types: the same rows, the same copy
         name = hashlib.sha256(f"{points.hexdigest()} {schema} {ROWS_PER_GROUP}".encode())
-        store = open_store(f"{output.rstrip('/')}/inputs" if output else _local_copies())
         key = f"points-{name.hexdigest()[:32]}.parquet"
         if not store.exists(key):
             store.write(key, _chunks(Path(tmp) / "points.parquet"))
@@ -208,6 +208,13 @@ def _chunks(path: Path, size: int = 8 << 20) -> Iterator[bytes]:
     with open(path, "rb") as f:
         while chunk := f.read(size):
             yield chunk
+
+
+def _copies(output: str | None):
+    """The store the copy goes to: ``<output>/inputs``, the output checked first."""
+    if not output:
+        return open_store(_local_copies())
+    return open_store(f"{checked_output(output).url}/inputs")
 
 
 def _local_copies() -> str:

@@ -263,6 +263,9 @@ def _plain(value):
 def _one_row(row: dict) -> pa.Table:
     """A returned row as a table, or an error naming the column it cannot hold."""
     for name, value in row.items():
+        if isinstance(value, np.ndarray) and value.ndim != 1:
+            # As a returned array is: a 0-d one its value, one of more dimensions lists
+            value = row[name] = value.tolist()
         try:
             pa.array([value])
         except _UNCONVERTIBLE as exc:

@@ -158,10 +158,16 @@ def failure_frame(exc: BaseException) -> str | None:
 
 
 def code_hash(path: str | os.PathLike) -> str:
-    """A hash of a ``.py`` file or a folder's ``.py`` files (names and bytes)."""
+    """A hash of a ``.py`` file or a folder's ``.py`` files (names and bytes): those
+    shipped, not in hidden folders or caches (``code = "."`` beside a ``.venv`` read its
+    ten thousand modules, and a package installed there made the job's code another)."""
     p = Path(path)
     digest = hashlib.sha256()
-    files = [p] if p.is_file() else sorted(p.rglob("*.py"))
+    files = [p] if p.is_file() else sorted(
+        f for f in p.rglob("*.py")
+        if not any(part.startswith(".") or part == "__pycache__"
+                   for part in f.relative_to(p.parent).parts)
+    )  # fmt: skip
     for f in files:
         digest.update(str(f.relative_to(p.parent)).encode())
         digest.update(f.read_bytes())
@@ -174,6 +180,11 @@ def check_code_path(path: str) -> Path:
         return p.resolve()
     if p.is_dir() and any(p.rglob("*.py")):
         return p.resolve()
+    if not p.exists():  # (told "expected a .py file" of a .py file's name)
+        raise ConfigError(
+            f"code = {path!r}: no such file or folder ({p.absolute()}: a job file's paths "
+            "are taken from the folder the command runs in)"
+        )
     raise ConfigError(f"code = {path!r}: expected a .py file or a folder of Python code")
 
 
