@@ -27,6 +27,7 @@ import json
 import pickle
 import re
 
+from ..cluster.code_digest import source_hash
 from ..errors import ConfigError
 from ..layout import consolidated_manifest_key, job_record_key, manifest_key
 from ..manifest import UNIT_RANGE, checksum, task_entry
@@ -47,8 +48,6 @@ def call_identity(func) -> tuple[str, str]:
     function is another function: with its source alone, a constant or a closure's
     value changed returned the results kept of the old one."""
     import functools
-
-    from ..workloads.map.usercode import source_hash
 
     digest = source_hash(func)
     while isinstance(func, functools.partial):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 
+from ...cluster.code_digest import has_address
 from ...contract import as_recorded, json_value
 from ...errors import ConfigError, InputError
 
@@ -182,14 +182,6 @@ def recorded(values: list, count: str) -> list | dict:
 
 
 #: Python's default text of an object: its memory address, another in every process.
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
-
-
-def has_address(text: str) -> bool:
-    """Whether ``text`` (a repr) holds a memory address: another in every process."""
-    return _ADDRESS.search(text) is not None
-
-
 def check_stable_text(key: str, values: list) -> None:
     """Values written as their repr must say the same in every run: the key column,
     the job's record (which a resume compares) and the output's bytes are that text."""

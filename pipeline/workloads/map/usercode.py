@@ -11,8 +11,6 @@ workers that join later.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import importlib
 import inspect
@@ -26,13 +24,11 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError
-from .inputs import has_address
 
 __all__ = [
     "code_hash",
     "failure_frame",
     "load_function",
-    "source_hash",
     "unit_seed",
 ]
 
@@ -186,45 +182,3 @@ def check_code_path(path: str) -> Path:
             "are taken from the folder the command runs in)"
         )
     raise ConfigError(f"code = {path!r}: expected a .py file or a folder of Python code")
-
-
-def source_hash(fn: Callable) -> str | None:
-    """A hash of what the function's results depend on that the job's settings do not
-    say: its source, and the values it captures (closures, a partial's arguments) or
-    reads from its module (constants; helper functions' source): a resume with
-    ``make(5)`` where ``make(2)`` ran returned the old results."""
-    texts = _code_texts(fn)
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16] if texts else None
-
-
-def _code_texts(fn: Callable, helper: bool = False) -> list[str]:
-    if isinstance(fn, functools.partial):
-        bound = [*fn.args, *sorted(fn.keywords.items())]
-        return [*_code_texts(fn.func, helper), *filter(None, map(_stable_text, bound))]
-    try:
-        texts = [inspect.getsource(fn)]
-    except (OSError, TypeError):
-        return []
-    code = getattr(fn, "__code__", None)
-    if code is None or helper:
-        return texts  # a helper's own source: not what it reads in turn
-    cells = []
-    for cell in fn.__closure__ or ():
-        with contextlib.suppress(ValueError):  # an empty cell
-            cells.append(cell.cell_contents)
-    names = getattr(fn, "__globals__", {})
-    for value in [*cells, *(names[n] for n in code.co_names if n in names)]:
-        if inspect.isfunction(value):
-            texts += _code_texts(value, helper=True)
-        elif (text := _stable_text(value)) is not None:
-            texts.append(text)
-    return texts
-
-
-def _stable_text(value) -> str | None:
-    """A plain value's repr, the same in every process (not a set's: its order is not;
-    not an object's default repr: its address is not)."""
-    if not isinstance(value, int | float | str | bytes | bool | tuple | list | dict | type(None)):
-        return None
-    text = repr(value)
-    return None if has_address(text) else text

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...cluster.code_digest import source_hash
 from ...cluster.shipped_code import add_import_paths
 from ...config.settings import RowsFile, split_list
 from ...errors import ConfigError, InputError
@@ -39,7 +40,6 @@ from .usercode import (
     code_hash,
     describe_function,
     load_function,
-    source_hash,
 )
 
 __all__ = ["MapJob", "MapWorkload"]
