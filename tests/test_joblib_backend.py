@@ -341,14 +341,18 @@ print([value for value, _ in out])
 
 
 def test_script_without_a_main_guard(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path,
-    )  # fmt: skip
+    out = _run_script(tmp_path, SCRIPT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-2:] == ["on the cluster: True", "[0, 1, 8, 27, 64]"]
+
+
+def _run_script(folder, text: str) -> subprocess.CompletedProcess:
+    """``text`` run as a script of its own, in ``folder``, by this interpreter."""
+    script = folder / "script.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=folder
+    )
 
 
 TWO_CLUSTERS = """
@@ -365,12 +369,7 @@ for workers in (1, 2):
 def test_a_program_on_two_clusters_ends_without_dasks_closing_lines(tmp_path):
     """The sessions were closed first opened first: the first cluster's close put back
     the level of Dask's log handlers, and the second's printed 18 INFO lines."""
-    script = tmp_path / "script.py"
-    script.write_text(TWO_CLUSTERS)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path,
-    )  # fmt: skip
+    out = _run_script(tmp_path, TWO_CLUSTERS)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[0, 1, 2]", "[0, 1, 2]"]
     assert "distributed." not in out.stderr, out.stderr

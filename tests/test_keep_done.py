@@ -5,6 +5,7 @@ names the option."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -128,16 +129,7 @@ def test_keep_done_from_python_and_a_changed_meaning_still_refused(tmp_path, cli
 
     calls = tmp_path / "calls"
     calls.mkdir()
-    source = tmp_path / "fitmod.py"
-
-    def load(text: str):
-        # A module of this test's own, not in sys.modules: its function travels by value
-        source.write_text(text)
-        spec = importlib.util.spec_from_file_location("fitmod", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.fit
-
+    load = functools.partial(_fit_of, tmp_path / "fitmod.py")
     grid = {"x": list(range(8)), "calls": [str(calls)]}
     common = {"grid": grid, "output": str(tmp_path / "out"), "name": "fit", "client": client,
               "progress": False, "units_per_task": 4}  # fmt: skip
@@ -162,15 +154,7 @@ def test_keep_done_on_a_complete_job_records_the_new_code(tmp_path, client):
 
     calls = tmp_path / "calls"
     calls.mkdir()
-    source = tmp_path / "fitmod.py"
-
-    def load(text: str):
-        source.write_text(text)
-        spec = importlib.util.spec_from_file_location("fitmod", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.fit
-
+    load = functools.partial(_fit_of, tmp_path / "fitmod.py")
     grid = {"x": list(range(8)), "calls": [str(calls)]}
     common = {"grid": grid, "output": str(tmp_path / "out"), "name": "fit", "client": client,
               "progress": False, "units_per_task": 4, "verbose": 0}  # fmt: skip
@@ -187,6 +171,16 @@ def test_keep_done_on_a_complete_job_records_the_new_code(tmp_path, client):
     assert len(record["code_versions"]) == 2
     (check,) = verify_output(str(tmp_path / "out"))
     assert check.ok and len(check.code_versions) == 1  # (every task by the first code)
+
+
+def _fit_of(source, text: str):
+    """``fit`` of a module of the test's own, written to ``source`` (not in sys.modules:
+    its function travels by value)."""
+    source.write_text(text)
+    spec = importlib.util.spec_from_file_location("fitmod", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fit
 
 
 def _regressions(data, engine: str, **settings) -> RegressionWorkload:
