@@ -10,7 +10,7 @@ from pathlib import Path
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["ShippedCode", "forget_modules", "ship_code", "top_level_modules"]
+__all__ = ["ShippedCode", "forget_modules", "ship_code", "shipped_files", "top_level_modules"]
 
 
 def ship_code(client, path: Path) -> None:
@@ -102,19 +102,29 @@ def _zipped(path: Path) -> bytes:
     import zipfile
 
     buffer = io.BytesIO()
-    files = [path] if path.is_file() else sorted(path.rglob("*"))
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
-        for f in files:
+        for f in shipped_files(path):
             parts = f.relative_to(path.parent).parts
-            if (
-                f.is_file()
-                and f.suffix != ".pyc"
-                and not any(p.startswith(".") or p == "__pycache__" for p in parts)
-            ):
-                info = zipfile.ZipInfo("/".join(parts), date_time=(1980, 1, 1, 0, 0, 0))
-                info.external_attr = (f.stat().st_mode & 0o777) << 16
-                z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
+            info = zipfile.ZipInfo("/".join(parts), date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (f.stat().st_mode & 0o777) << 16
+            z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
     return buffer.getvalue()
+
+
+def shipped_files(path: Path) -> list[Path]:
+    """The files ``code = path`` ships, in path order: the file, or the folder's files
+    without its caches and hidden files (hidden folders, a ``.venv``, not walked)."""
+    if path.is_file():
+        return [path]
+    if path.name.startswith(".") or path.name == "__pycache__":
+        return []
+    files = []
+    for folder, subfolders, names in os.walk(path):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d != "__pycache__"]
+        files += [
+            Path(folder, n) for n in names if not n.startswith(".") and not n.endswith(".pyc")
+        ]
+    return sorted(files)
 
 
 def add_import_paths(*folders: str | os.PathLike | None) -> None:

@@ -221,7 +221,7 @@ class ProbeRounds:
             worker = r.worker_key
             cold = worker not in warm
             warm.add(worker)
-            if rest is not False or cold or not (r.complete and r.units):
+            if rest is not False or cold or not _measures(r):
                 continue
             samples.append(self._sample(r))
             # Half the large probes in: the hand-over is then that of the round's typical
@@ -239,7 +239,7 @@ class ProbeRounds:
         rest, counted = False, False
         for r in self.launcher.launch(round_):
             got.append(r)
-            if rest is not False or not (r.complete and r.units):
+            if rest is not False or not _measures(r):
                 continue
             self._add([r])
             if not counted:  # the round counts from its first measured probe
@@ -357,9 +357,13 @@ class ProbeRounds:
         return measured
 
 
+def _measures(r: TaskReceipt) -> bool:
+    """Whether ``r`` measures the model: a complete task with units."""
+    return r.complete and bool(r.units)
+
+
 def _timed(receipts: list[TaskReceipt]) -> list[TaskReceipt]:
-    """The receipts that measure the model: complete tasks with units."""
-    return [r for r in receipts if r.complete and r.units]
+    return [r for r in receipts if _measures(r)]
 
 
 def _many(samples) -> bool:

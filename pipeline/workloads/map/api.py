@@ -61,7 +61,7 @@ def map_job(
             "write it with df.to_parquet(path) first (or give grid=df: a call per row)"
         )
     # (paths as pathlib.Path: refused as "--output: expected a string, got PosixPath")
-    settings = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in settings.items()}
+    settings = {k: _text(v) for k, v in settings.items()}
     given = {
         "name": name,
         "function": describe_function(fn),

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ...cluster.shipped_code import shipped_files
 from ...errors import ConfigError
 
 __all__ = [
@@ -159,12 +160,7 @@ def code_hash(path: str | os.PathLike) -> str:
     ten thousand modules, and a package installed there made the job's code another)."""
     p = Path(path)
     digest = hashlib.sha256()
-    files = [p] if p.is_file() else sorted(
-        f for f in p.rglob("*.py")
-        if not any(part.startswith(".") or part == "__pycache__"
-                   for part in f.relative_to(p.parent).parts)
-    )  # fmt: skip
-    for f in files:
+    for f in (f for f in shipped_files(p) if f.suffix == ".py" or f == p):
         digest.update(str(f.relative_to(p.parent)).encode())
         digest.update(f.read_bytes())
     return digest.hexdigest()[:16]
